@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * NPU hardware contract: PCI identity, BAR0 register map, command
+ * descriptors and completion records shared by the QEMU device model
+ * (qemu_device/) and the Linux driver (kernel_module/).
+ *
+ * All registers are 32 bits wide and little endian; all memory structures
+ * are little endian. docs/npu-spec.md is the prose version of this file.
+ */
+#ifndef NPU_HW_H
+#define NPU_HW_H
+
+#include <linux/types.h>
+
+/* PCI identity: QEMU's experimental vendor ID, class "processing accelerator". */
+#define NPU_PCI_VENDOR_ID	0x1234
+#define NPU_PCI_DEVICE_ID	0x4e50
+#define NPU_PCI_REVISION	0x01
+#define NPU_PCI_CLASS		0x1200
+
+/* BARs */
+#define NPU_BAR_REGS		0	/* MMIO registers + doorbell pages */
+#define NPU_BAR_MSIX		4	/* MSI-X table and PBA */
+#define NPU_BAR0_SIZE		0x100000
+
+#define NPU_MAGIC		0x4e505530	/* "NPU0" */
+#define NPU_HW_VERSION		0x00010000	/* major << 16 | minor */
+#define NPU_ABI_VERSION		1		/* descriptor/completion format */
+
+/* MSI-X vectors: 0 for device events, 1 + q for queue q completions. */
+#define NPU_MSIX_VECTORS	2
+#define NPU_VEC_DEVICE		0
+#define NPU_VEC_QUEUE(q)	(1 + (q))
+
+/* Device-global registers (BAR0) */
+enum npu_reg {
+	NPU_REG_MAGIC		= 0x000,	/* RO: NPU_MAGIC */
+	NPU_REG_HW_VERSION	= 0x004,	/* RO */
+	NPU_REG_ABI_VERSION	= 0x008,	/* RO */
+	NPU_REG_CAPS		= 0x00c,	/* RO: NPU_CAP_* */
+	NPU_REG_NUM_QUEUES	= 0x010,	/* RO */
+	NPU_REG_NUM_CORES	= 0x014,	/* RO */
+	NPU_REG_MAX_RING	= 0x018,	/* RO: max ring entries */
+	NPU_REG_STATUS		= 0x020,	/* RO: NPU_STATUS_* */
+	NPU_REG_CONTROL		= 0x024,	/* RW: NPU_CONTROL_* */
+	NPU_REG_IRQ_STATUS	= 0x028,	/* RW1C: NPU_IRQ_* */
+	NPU_REG_IRQ_MASK	= 0x02c,	/* RW: 1 = enabled */
+	NPU_REG_ERROR		= 0x030,	/* RO: last device error (NPU_ERR_*) */
+	NPU_REG_TIMESTAMP_LO	= 0x038,	/* RO: device clock, ns */
+	NPU_REG_TIMESTAMP_HI	= 0x03c,	/* RO: latched by a TIMESTAMP_LO read */
+	NPU_REG_SCRATCH		= 0x040,	/* RW: no side effects */
+};
+
+#define NPU_CAP_COPY		(1u << 0)
+#define NPU_CAP_FILL		(1u << 1)
+#define NPU_CAP_GEMM_FP32	(1u << 2)
+#define NPU_CAP_MSIX		(1u << 3)
+#define NPU_CAP_TIMESTAMPS	(1u << 4)
+
+#define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
+#define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
+#define NPU_STATUS_RESETTING	(1u << 2)	/* soft reset still draining */
+#define NPU_STATUS_ERROR	(1u << 3)	/* a queue stopped on an error */
+
+#define NPU_CONTROL_ENABLE	(1u << 0)
+#define NPU_CONTROL_RESET	(1u << 1)	/* write 1: soft reset, self-clearing */
+
+#define NPU_IRQ_QUEUE(q)	(1u << (q))	/* queue q completed a command */
+#define NPU_IRQ_ERROR		(1u << 31)	/* a queue stopped: see NPU_REG_ERROR */
+
+/* Per-queue register block: NPU_QREG_BASE + q * NPU_QREG_STRIDE + reg */
+#define NPU_QREG_BASE		0x1000
+#define NPU_QREG_STRIDE		0x100
+#define NPU_QREG(q, reg)	(NPU_QREG_BASE + (q) * NPU_QREG_STRIDE + (reg))
+
+enum npu_qreg {
+	NPU_Q_RING_LO		= 0x00,	/* RW: ring DMA address, 64-byte aligned */
+	NPU_Q_RING_HI		= 0x04,
+	NPU_Q_RING_SIZE		= 0x08,	/* RW: entries, power of two */
+	NPU_Q_CONTROL		= 0x0c,	/* RW: NPU_QCTL_* */
+	NPU_Q_HEAD		= 0x10,	/* RO: free-running consumer index */
+	NPU_Q_TAIL		= 0x14,	/* RW: free-running producer index; doorbell */
+	NPU_Q_CPL_LO		= 0x18,	/* RW: completion ring DMA address */
+	NPU_Q_CPL_HI		= 0x1c,
+	NPU_Q_FENCE_LO		= 0x20,	/* RW: fence write-back DMA address */
+	NPU_Q_FENCE_HI		= 0x24,
+	NPU_Q_STATUS		= 0x28,	/* RO: NPU_QSTAT_* */
+	NPU_Q_DONE_LO		= 0x30,	/* RO: last completed fence value */
+	NPU_Q_DONE_HI		= 0x34,
+};
+
+#define NPU_QCTL_ENABLE		(1u << 0)
+
+#define NPU_QSTAT_IDLE		(1u << 0)	/* head == tail */
+#define NPU_QSTAT_STOPPED	(1u << 1)	/* stopped on a ring error */
+
+/*
+ * Doorbell pages: writing a new TAIL value to offset 0 of page q is the same
+ * as writing NPU_Q_TAIL of queue q. One page per queue so that a page can be
+ * mapped into one process.
+ */
+#define NPU_DOORBELL_BASE	0x10000
+#define NPU_DOORBELL_STRIDE	0x1000
+#define NPU_DOORBELL(q)		(NPU_DOORBELL_BASE + (q) * NPU_DOORBELL_STRIDE)
+
+#define NPU_NUM_QUEUES		1
+#define NPU_MAX_QUEUES		16
+#define NPU_RING_MAX_ENTRIES	65536
+
+/* Opcodes */
+enum npu_opcode {
+	NPU_OP_NOP	= 0,
+	NPU_OP_COPY	= 1,
+	NPU_OP_FILL	= 2,
+	NPU_OP_GEMM	= 3,
+	NPU_OP_COUNT,
+};
+
+/* Descriptor flags */
+#define NPU_CMD_F_IRQ		(1u << 0)	/* interrupt when this command completes */
+#define NPU_CMD_F_MASK		NPU_CMD_F_IRQ
+
+/* GEMM flags (npu_cmd.gemm.flags) */
+#define NPU_GEMM_TRANS_A	(1u << 0)
+#define NPU_GEMM_TRANS_B	(1u << 1)
+#define NPU_GEMM_F_MASK		(NPU_GEMM_TRANS_A | NPU_GEMM_TRANS_B)
+
+enum npu_dtype {
+	NPU_DTYPE_FP32	= 0,
+};
+
+/* Upper bounds the device enforces on one command. */
+#define NPU_MAX_XFER		(1ull << 32)	/* bytes per COPY/FILL */
+#define NPU_MAX_DIM		65536		/* GEMM m, n, k */
+
+/*
+ * Command descriptor: 128 bytes in the ring. Addresses are bus (DMA)
+ * addresses. Every reserved field must be zero.
+ */
+struct npu_cmd {
+	__u16 opcode;		/* enum npu_opcode */
+	__u16 flags;		/* NPU_CMD_F_* */
+	__u32 rsvd0;
+	__u64 fence;		/* timeline value written back on completion */
+	union {
+		struct {
+			__u64 src;
+			__u64 dst;
+			__u64 len;	/* bytes, 1..NPU_MAX_XFER */
+		} copy;
+		struct {
+			__u64 dst;
+			__u64 len;	/* bytes, multiple of 4 */
+			__u32 pattern;	/* 32-bit pattern, little endian */
+			__u32 rsvd;
+		} fill;
+		struct {
+			/* C[m][n] = op(A)[m][k] x op(B)[k][n], row major */
+			__u64 a;
+			__u64 b;
+			__u64 c;
+			__u32 m, n, k;
+			__u32 lda, ldb, ldc;	/* row strides, elements */
+			__u32 dtype;		/* enum npu_dtype */
+			__u32 flags;		/* NPU_GEMM_* */
+		} gemm;
+		__u64 raw[14];
+	};
+};
+
+/* Completion record: 32 bytes, one per ring slot (same index). */
+struct npu_cpl {
+	__u64 fence;
+	__u32 status;		/* enum npu_status */
+	__u16 opcode;
+	__u16 rsvd;
+	__u64 t_start;		/* device clock, ns */
+	__u64 t_end;
+};
+
+/* Fence write-back: the device writes this after every completion. */
+struct npu_fence_wb {
+	__u64 value;		/* last completed fence */
+	__u64 timestamp;	/* device clock at completion, ns */
+};
+
+/* Completion status codes */
+enum npu_status {
+	NPU_ST_OK		= 0,
+	NPU_ST_BAD_OPCODE	= 1,	/* opcode unknown */
+	NPU_ST_BAD_FLAGS	= 2,	/* unknown flag bits */
+	NPU_ST_BAD_RESERVED	= 3,	/* a reserved field is not zero */
+	NPU_ST_BAD_ARGS		= 4,	/* shape, length, stride or dtype invalid */
+	NPU_ST_BAD_ADDR		= 5,	/* range overflows or hits the device's BARs */
+	NPU_ST_DMA_ERROR	= 6,	/* a DMA transfer failed */
+	NPU_ST_ABORTED		= 7,	/* dropped by a reset */
+	NPU_ST_NO_MEMORY	= 8,	/* device-side allocation failed */
+	NPU_ST_COUNT,
+};
+
+/* Device errors in NPU_REG_ERROR (queue-level, stop the queue). */
+enum npu_dev_error {
+	NPU_ERR_NONE		= 0,
+	NPU_ERR_RING_OVERRUN	= 1,	/* tail - head > ring size */
+	NPU_ERR_RING_FETCH	= 2,	/* descriptor fetch DMA failed */
+	NPU_ERR_CPL_WRITE	= 3,	/* completion write DMA failed */
+	NPU_ERR_BAD_RING	= 4,	/* ring registers invalid at enable */
+};
+
+#endif /* NPU_HW_H */

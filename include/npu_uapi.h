@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * NPU ioctl ABI for /dev/npuN. docs/uapi.md is the prose version.
+ *
+ * Rules: every struct is a multiple of 8 bytes with explicit padding, user
+ * pointers are __u64, reserved fields and unknown flags must be zero (else
+ * -EINVAL), and everything a file descriptor creates is released when it is
+ * closed.
+ */
+#ifndef NPU_UAPI_H
+#define NPU_UAPI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define NPU_IOCTL_BASE		'N'
+
+/* Capability bits reported by GET_INFO (same values as NPU_CAP_* in hw). */
+#define NPU_INFO_CAP_COPY	(1u << 0)
+#define NPU_INFO_CAP_FILL	(1u << 1)
+#define NPU_INFO_CAP_GEMM_FP32	(1u << 2)
+#define NPU_INFO_CAP_MSIX	(1u << 3)
+#define NPU_INFO_CAP_TIMESTAMPS	(1u << 4)
+
+struct npu_info {
+	__u32 hw_version;	/* out: major << 16 | minor */
+	__u32 abi_version;	/* out: descriptor ABI of the device */
+	__u32 driver_version;	/* out: major << 16 | minor */
+	__u32 caps;		/* out: NPU_INFO_CAP_* */
+	__u32 num_queues;	/* out */
+	__u32 num_cores;	/* out */
+	__u32 max_submit;	/* out: max ops per SUBMIT */
+	__u32 ring_entries;	/* out: ring size of each queue */
+	__u64 max_bo_size;	/* out: bytes */
+	__u16 pci_vendor;	/* out */
+	__u16 pci_device;	/* out */
+	__u32 rsvd[7];		/* out: zero */
+};
+
+#define NPU_BO_MAX_SIZE		(1ull << 30)
+
+struct npu_bo_create {
+	__u64 size;		/* in: bytes, 1..max_bo_size; rounded up to pages */
+	__u32 flags;		/* in: must be zero */
+	__u32 handle;		/* out: nonzero, per file descriptor */
+	__u64 mmap_offset;	/* out: offset to pass to mmap() */
+	__u64 alloc_size;	/* out: size after rounding */
+};
+
+struct npu_bo_destroy {
+	__u32 handle;		/* in */
+	__u32 rsvd;		/* must be zero */
+};
+
+/* A byte range of a buffer object. */
+struct npu_buf_ref {
+	__u32 handle;
+	__u32 rsvd;		/* must be zero */
+	__u64 offset;		/* bytes from the start of the BO */
+	__u64 size;		/* bytes */
+};
+
+#define NPU_OP_MAX_BUFS		3
+#define NPU_OP_MAX_PARAMS	8
+
+/*
+ * One operation of a SUBMIT. Buffers and params per opcode (docs/uapi.md):
+ *   NOP:  none
+ *   COPY: bufs[0] = src, bufs[1] = dst, equal sizes
+ *   FILL: bufs[0] = dst (size multiple of 4), params[0] = 32-bit pattern
+ *   GEMM: bufs[0..2] = A, B, C; params = m, n, k, lda, ldb, ldc, dtype, flags
+ */
+struct npu_op {
+	__u16 opcode;		/* NPU_OP_* from npu_hw.h */
+	__u16 flags;		/* must be zero */
+	__u32 num_bufs;		/* buffers used by this op */
+	struct npu_buf_ref bufs[NPU_OP_MAX_BUFS];
+	__u32 params[NPU_OP_MAX_PARAMS];
+	__u64 rsvd;		/* must be zero */
+};
+
+#define NPU_SUBMIT_MAX_OPS	256
+
+struct npu_submit {
+	__u64 ops_ptr;		/* in: user pointer to struct npu_op[num_ops] */
+	__u32 num_ops;		/* in: 1..NPU_SUBMIT_MAX_OPS */
+	__u32 queue;		/* in: queue index */
+	__u32 flags;		/* in: must be zero */
+	__u32 op_size;		/* in: sizeof(struct npu_op) */
+	__u64 fence;		/* out: fence value of the last op */
+};
+
+struct npu_wait {
+	__u64 fence;		/* in: value to wait for */
+	__u64 timeout_ns;	/* in: relative; 0 = poll */
+	__u32 queue;		/* in */
+	__u32 flags;		/* in: must be zero */
+	__u32 status;		/* out: device status of the failed op, if any */
+	__u32 rsvd;		/* must be zero */
+	__u64 error_fence;	/* out: fence of the failed op (-EIO) */
+};
+
+#define NPU_IOCTL_GET_INFO	_IOR(NPU_IOCTL_BASE, 0x00, struct npu_info)
+#define NPU_IOCTL_BO_CREATE	_IOWR(NPU_IOCTL_BASE, 0x01, struct npu_bo_create)
+#define NPU_IOCTL_BO_DESTROY	_IOW(NPU_IOCTL_BASE, 0x02, struct npu_bo_destroy)
+#define NPU_IOCTL_SUBMIT	_IOWR(NPU_IOCTL_BASE, 0x03, struct npu_submit)
+#define NPU_IOCTL_WAIT		_IOWR(NPU_IOCTL_BASE, 0x04, struct npu_wait)
+
+#endif /* NPU_UAPI_H */

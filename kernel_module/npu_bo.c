@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU buffer objects: host DMA memory owned by a file descriptor, named by
+ * a per-fd handle, mmap-able at a per-handle offset.
+ *
+ * mmap offset of a BO = handle << NPU_BO_OFFSET_SHIFT; the low bits select a
+ * page inside the BO, so part of a BO can be mapped.
+ */
+#include <linux/dma-mapping.h>
+#include <linux/mm.h>
+#include <linux/slab.h>
+
+#include "npu_drv.h"
+#include "npu_trace.h"
+
+#define NPU_BO_OFFSET_SHIFT	32
+
+static void npu_bo_free(struct kref *ref)
+{
+	struct npu_bo *bo = container_of(ref, struct npu_bo, ref);
+	struct npu_device *ndev = bo->ndev;
+
+	trace_npu_bo_free(bo->handle, bo->size);
+	dma_free_coherent(&ndev->pdev->dev, bo->size, bo->vaddr, bo->dma);
+	kfree(bo);
+	npu_device_put(ndev);
+}
+
+void npu_bo_put(struct npu_bo *bo)
+{
+	kref_put(&bo->ref, npu_bo_free);
+}
+
+/* Look up @handle and take a reference, or NULL. */
+struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle)
+{
+	struct npu_bo *bo;
+
+	xa_lock(&ctx->bos);
+	bo = xa_load(&ctx->bos, handle);
+	if (bo)
+		kref_get(&bo->ref);
+	xa_unlock(&ctx->bos);
+	return bo;
+}
+
+int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_bo_create args;
+	struct npu_bo *bo;
+	u32 handle;
+	int ret;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.flags || args.size == 0)
+		return -EINVAL;
+	if (args.size > NPU_BO_MAX_SIZE)
+		return -E2BIG;
+
+	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	if (!bo)
+		return -ENOMEM;
+	kref_init(&bo->ref);
+	bo->size = PAGE_ALIGN(args.size);
+	bo->vaddr = dma_alloc_coherent(&ndev->pdev->dev, bo->size, &bo->dma,
+				       GFP_KERNEL | __GFP_NOWARN);
+	if (!bo->vaddr) {
+		ret = -ENOMEM;
+		goto err_free_bo;
+	}
+	/* The device may not leak another user's old data. */
+	memset(bo->vaddr, 0, bo->size);
+	bo->ndev = ndev;
+	kref_get(&ndev->ref);
+
+	ret = xa_alloc(&ctx->bos, &handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
+	if (ret)
+		goto err_put_bo;
+	bo->handle = handle;
+	trace_npu_bo_create(handle, bo->size);
+
+	args.handle = handle;
+	args.mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
+	args.alloc_size = bo->size;
+	if (copy_to_user(arg, &args, sizeof(args))) {
+		xa_erase(&ctx->bos, handle);
+		npu_bo_put(bo);
+		return -EFAULT;
+	}
+	return 0;
+
+err_put_bo:
+	npu_bo_put(bo);
+	return ret;
+err_free_bo:
+	kfree(bo);
+	return ret;
+}
+
+int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_bo_destroy args;
+	struct npu_bo *bo;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.rsvd)
+		return -EINVAL;
+	bo = xa_erase(&ctx->bos, args.handle);
+	if (!bo)
+		return -ENOENT;
+	/* Mappings and jobs in flight keep their own references. */
+	npu_bo_put(bo);
+	return 0;
+}
+
+void npu_bo_release_all(struct npu_context *ctx)
+{
+	struct npu_bo *bo;
+	unsigned long handle;
+
+	xa_for_each(&ctx->bos, handle, bo) {
+		xa_erase(&ctx->bos, handle);
+		npu_bo_put(bo);
+	}
+	xa_destroy(&ctx->bos);
+}
+
+static void npu_bo_vm_open(struct vm_area_struct *vma)
+{
+	struct npu_bo *bo = vma->vm_private_data;
+
+	kref_get(&bo->ref);
+}
+
+static void npu_bo_vm_close(struct vm_area_struct *vma)
+{
+	npu_bo_put(vma->vm_private_data);
+}
+
+static const struct vm_operations_struct npu_bo_vm_ops = {
+	.open = npu_bo_vm_open,
+	.close = npu_bo_vm_close,
+};
+
+int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
+{
+	u64 offset = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	u32 handle = offset >> NPU_BO_OFFSET_SHIFT;
+	u64 start = offset & (BIT_ULL(NPU_BO_OFFSET_SHIFT) - 1);
+	u64 len = vma->vm_end - vma->vm_start;
+	struct npu_bo *bo;
+	int ret;
+
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	bo = npu_bo_lookup(ctx, handle);
+	if (!bo)
+		return -EINVAL;
+	if (start >= bo->size || len > bo->size - start) {
+		ret = -EINVAL;
+		goto err_put;
+	}
+	/* dma_mmap_coherent() takes vm_pgoff as the offset into the buffer. */
+	vma->vm_pgoff = start >> PAGE_SHIFT;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	ret = dma_mmap_coherent(&bo->ndev->pdev->dev, vma, bo->vaddr, bo->dma,
+				bo->size);
+	if (ret)
+		goto err_put;
+	vma->vm_private_data = bo;
+	vma->vm_ops = &npu_bo_vm_ops;
+	return 0;
+
+err_put:
+	npu_bo_put(bo);
+	return ret;
+}

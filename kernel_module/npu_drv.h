@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * NPU driver: shared definitions of the driver's subsystems.
+ *
+ *   npu_drv.c    PCI probe/remove, char device, file operations
+ *   npu_hw.c     registers, queue rings, interrupts, completions, reset
+ *   npu_bo.c     buffer objects and mmap
+ *   npu_job.c    SUBMIT validation, fences, WAIT
+ *   npu_sysfs.c  device attributes
+ */
+#ifndef NPU_DRV_H
+#define NPU_DRV_H
+
+#include <linux/cdev.h>
+#include <linux/kref.h>
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/pci.h>
+#include <linux/rwsem.h>
+#include <linux/spinlock.h>
+#include <linux/wait.h>
+#include <linux/xarray.h>
+
+#include "npu_hw.h"
+#include "npu_uapi.h"
+
+#define NPU_DRIVER_NAME		"npu"
+#define NPU_DRIVER_VERSION	0x00010000	/* major << 16 | minor */
+#define NPU_MAX_DEVICES		16
+#define NPU_RING_ENTRIES	4096
+
+#define npu_dbg(ndev, fmt, ...) \
+	dev_dbg(&(ndev)->pdev->dev, fmt, ##__VA_ARGS__)
+
+struct npu_device;
+
+/* A failed op, kept until a WAIT covering its fence reports it. */
+struct npu_error {
+	struct list_head node;
+	u64 fence;
+	u32 status;
+};
+
+struct npu_context {
+	struct npu_device *ndev;
+	struct kref ref;		/* the file, plus one per job in flight */
+	struct xarray bos;		/* handle -> struct npu_bo; has its own lock */
+	spinlock_t err_lock;		/* protects errors and num_errors */
+	struct list_head errors;	/* struct npu_error, by fence */
+	u32 num_errors;
+};
+
+struct npu_bo {
+	struct kref ref;		/* the handle, each mapping, each job */
+	struct npu_device *ndev;
+	size_t size;
+	void *vaddr;
+	dma_addr_t dma;
+	u32 handle;
+};
+
+struct npu_job {
+	struct list_head node;		/* in npu_queue.jobs */
+	struct npu_context *ctx;
+	u64 first_fence;
+	u64 last_fence;
+	u64 err_fence;			/* first failed op, 0 if none */
+	u32 err_status;
+	u32 num_bos;
+	struct npu_bo *bos[];
+};
+
+struct npu_queue {
+	struct npu_device *ndev;
+	u32 index;
+	u32 entries;
+	int irq;
+
+	struct npu_cmd *ring;
+	dma_addr_t ring_dma;
+	struct npu_cpl *cpl;
+	dma_addr_t cpl_dma;
+	struct npu_fence_wb *wb;
+	dma_addr_t wb_dma;
+
+	/*
+	 * submit_lock serialises writers of the ring: it protects tail,
+	 * next_fence and the ring contents, and is held across a recovery.
+	 */
+	struct mutex submit_lock;
+	u32 tail;
+	u64 next_fence;			/* last fence handed out */
+
+	/* job_lock protects jobs and completed; taken from the IRQ thread. */
+	spinlock_t job_lock;
+	struct list_head jobs;		/* in flight, ascending fences */
+	u64 completed;			/* last retired fence */
+
+	wait_queue_head_t wq;		/* completions and ring space */
+};
+
+struct npu_device {
+	struct pci_dev *pdev;
+	void __iomem *regs;
+	struct kref ref;		/* probe, plus one per open file */
+	int minor;
+	struct cdev *cdev;
+	struct device *chardev;
+
+	/* unplug_sem: ioctls hold it for read; remove() for write. */
+	struct rw_semaphore unplug_sem;
+	bool unplugged;
+
+	u32 hw_version;
+	u32 abi_version;
+	u32 caps;
+	u32 num_queues;
+	u32 num_cores;
+
+	atomic_t irq_count;
+	atomic_t recoveries;
+	struct npu_queue queue;
+};
+
+static inline u32 npu_rd(struct npu_device *ndev, u32 reg)
+{
+	return readl(ndev->regs + reg);
+}
+
+static inline void npu_wr(struct npu_device *ndev, u32 reg, u32 val)
+{
+	writel(val, ndev->regs + reg);
+}
+
+/* npu_drv.c */
+void npu_device_put(struct npu_device *ndev);
+
+/* npu_hw.c */
+int npu_hw_init(struct npu_device *ndev);
+void npu_hw_fini(struct npu_device *ndev);
+void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
+void npu_queue_kick(struct npu_queue *q);
+u32 npu_queue_space(struct npu_queue *q);
+bool npu_fence_done(struct npu_queue *q, u64 fence);
+void npu_queue_abort_all(struct npu_queue *q, u32 status);
+
+/* npu_bo.c */
+int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg);
+struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
+void npu_bo_put(struct npu_bo *bo);
+void npu_bo_release_all(struct npu_context *ctx);
+int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
+
+/* npu_job.c */
+int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_wait(struct npu_context *ctx, void __user *arg);
+void npu_job_retire(struct npu_job *job);
+void npu_context_put(struct npu_context *ctx);
+
+/* npu_sysfs.c */
+extern const struct attribute_group *npu_attr_groups[];
+
+#endif /* NPU_DRV_H */

@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU hardware layer: device bring-up, the command ring of each queue,
+ * MSI-X interrupts, completion processing and recovery from queue errors.
+ */
+#include <linux/delay.h>
+#include <linux/interrupt.h>
+#include <linux/iopoll.h>
+#include <linux/slab.h>
+
+#include "npu_drv.h"
+#include "npu_trace.h"
+
+#define NPU_RESET_TIMEOUT_US	(2 * USEC_PER_SEC)
+
+static int npu_hw_reset(struct npu_device *ndev)
+{
+	u32 st;
+	int ret;
+
+	npu_wr(ndev, NPU_REG_CONTROL, NPU_CONTROL_RESET);
+	ret = readl_poll_timeout(ndev->regs + NPU_REG_STATUS, st,
+				 !(st & NPU_STATUS_RESETTING), 100,
+				 NPU_RESET_TIMEOUT_US);
+	if (ret)
+		dev_err(&ndev->pdev->dev, "soft reset timed out (status 0x%x)\n", st);
+	return ret;
+}
+
+/* Program the ring registers of @q and enable it; the device is in reset. */
+static void npu_queue_start(struct npu_queue *q)
+{
+	struct npu_device *ndev = q->ndev;
+	u32 i = q->index;
+
+	q->tail = 0;
+	q->next_fence = 0;
+	q->completed = 0;
+	q->wb->value = 0;
+	q->wb->timestamp = 0;
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_LO), lower_32_bits(q->ring_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_HI), upper_32_bits(q->ring_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_SIZE), q->entries);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_LO), lower_32_bits(q->cpl_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_HI), upper_32_bits(q->cpl_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_LO), lower_32_bits(q->wb_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_HI), upper_32_bits(q->wb_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
+}
+
+static void npu_hw_start(struct npu_device *ndev)
+{
+	npu_queue_start(&ndev->queue);
+	npu_wr(ndev, NPU_REG_IRQ_STATUS, ~0u);
+	npu_wr(ndev, NPU_REG_IRQ_MASK, NPU_IRQ_QUEUE(0) | NPU_IRQ_ERROR);
+	npu_wr(ndev, NPU_REG_CONTROL, NPU_CONTROL_ENABLE);
+}
+
+u32 npu_queue_space(struct npu_queue *q)
+{
+	return q->entries - (u32)(q->next_fence - READ_ONCE(q->completed));
+}
+
+bool npu_fence_done(struct npu_queue *q, u64 fence)
+{
+	return READ_ONCE(q->completed) >= fence;
+}
+
+/* Write one descriptor at the tail; caller holds submit_lock and has space. */
+void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd)
+{
+	q->ring[q->tail & (q->entries - 1)] = *cmd;
+	q->tail++;
+}
+
+/* Make the new descriptors visible to the device, then ring the doorbell. */
+void npu_queue_kick(struct npu_queue *q)
+{
+	dma_wmb();
+	npu_wr(q->ndev, NPU_DOORBELL(q->index), q->tail);
+}
+
+/* Retire jobs whose last fence is done; caller holds job_lock. */
+static void npu_queue_collect(struct npu_queue *q, struct list_head *done)
+{
+	struct npu_job *job, *tmp;
+
+	list_for_each_entry_safe(job, tmp, &q->jobs, node) {
+		if (job->last_fence > q->completed)
+			break;
+		list_move_tail(&job->node, done);
+	}
+}
+
+static void npu_retire_list(struct list_head *done)
+{
+	struct npu_job *job, *tmp;
+
+	list_for_each_entry_safe(job, tmp, done, node) {
+		list_del(&job->node);
+		npu_job_retire(job);
+	}
+}
+
+/* Find the job holding @fence; caller holds job_lock. */
+static struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence)
+{
+	struct npu_job *job;
+
+	list_for_each_entry(job, &q->jobs, node)
+		if (fence >= job->first_fence && fence <= job->last_fence)
+			return job;
+	return NULL;
+}
+
+/* Read completion records up to the device's fence write-back. */
+static void npu_queue_process(struct npu_queue *q)
+{
+	struct npu_device *ndev = q->ndev;
+	LIST_HEAD(done);
+	u64 hw_fence, f;
+
+	spin_lock(&q->job_lock);
+	hw_fence = READ_ONCE(q->wb->value);
+	/* Only fences we handed out can complete. */
+	if (hw_fence > READ_ONCE(q->next_fence)) {
+		dev_warn_ratelimited(&ndev->pdev->dev,
+				     "queue %u: device reports fence %llu beyond %llu\n",
+				     q->index, hw_fence, q->next_fence);
+		hw_fence = q->completed;
+	}
+	dma_rmb();
+	for (f = q->completed + 1; f <= hw_fence; f++) {
+		const struct npu_cpl *cpl = &q->cpl[(f - 1) & (q->entries - 1)];
+		u32 status = READ_ONCE(cpl->status);
+		struct npu_job *job;
+
+		if (status == NPU_ST_OK)
+			continue;
+		trace_npu_op_error(q->index, f, status, READ_ONCE(cpl->opcode));
+		job = npu_queue_find_job(q, f);
+		if (job && !job->err_fence) {
+			job->err_fence = f;
+			job->err_status = status;
+		}
+	}
+	if (hw_fence > q->completed) {
+		WRITE_ONCE(q->completed, hw_fence);
+		trace_npu_complete(q->index, hw_fence);
+	}
+	npu_queue_collect(q, &done);
+	spin_unlock(&q->job_lock);
+
+	npu_retire_list(&done);
+	wake_up_all(&q->wq);
+}
+
+/*
+ * Complete every job in flight with @status; used when the hardware state
+ * is lost (reset, removal). Caller holds submit_lock and the device must not
+ * be executing this queue any more.
+ */
+void npu_queue_abort_all(struct npu_queue *q, u32 status)
+{
+	struct npu_job *job;
+	LIST_HEAD(done);
+
+	spin_lock(&q->job_lock);
+	list_for_each_entry(job, &q->jobs, node) {
+		if (!job->err_fence && job->last_fence > q->completed) {
+			job->err_fence = max(job->first_fence, q->completed + 1);
+			job->err_status = status;
+		}
+	}
+	WRITE_ONCE(q->completed, q->next_fence);
+	list_splice_init(&q->jobs, &done);
+	spin_unlock(&q->job_lock);
+
+	npu_retire_list(&done);
+	wake_up_all(&q->wq);
+}
+
+static irqreturn_t npu_irq_hard(int irq, void *arg)
+{
+	return IRQ_WAKE_THREAD;
+}
+
+static irqreturn_t npu_queue_irq_thread(int irq, void *arg)
+{
+	struct npu_queue *q = arg;
+
+	atomic_inc(&q->ndev->irq_count);
+	npu_wr(q->ndev, NPU_REG_IRQ_STATUS, NPU_IRQ_QUEUE(q->index));
+	trace_npu_irq(q->index);
+	npu_queue_process(q);
+	return IRQ_HANDLED;
+}
+
+/*
+ * A queue stopped on a ring error (the driver wrote something the device
+ * could not use): reset the device, fail what was in flight, start again.
+ */
+static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
+{
+	struct npu_device *ndev = arg;
+	struct npu_queue *q = &ndev->queue;
+	u32 status = npu_rd(ndev, NPU_REG_IRQ_STATUS);
+	u32 err = npu_rd(ndev, NPU_REG_ERROR);
+
+	atomic_inc(&ndev->irq_count);
+	if (!(status & NPU_IRQ_ERROR))
+		return IRQ_HANDLED;
+	dev_err(&ndev->pdev->dev, "device error %u; resetting\n", err);
+	mutex_lock(&q->submit_lock);
+	npu_queue_process(q);
+	if (!npu_hw_reset(ndev)) {
+		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_hw_start(ndev);
+		atomic_inc(&ndev->recoveries);
+	}
+	mutex_unlock(&q->submit_lock);
+	return IRQ_HANDLED;
+}
+
+static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 index)
+{
+	struct device *dev = &ndev->pdev->dev;
+	int ret;
+
+	q->ndev = ndev;
+	q->index = index;
+	q->entries = NPU_RING_ENTRIES;
+	mutex_init(&q->submit_lock);
+	spin_lock_init(&q->job_lock);
+	INIT_LIST_HEAD(&q->jobs);
+	init_waitqueue_head(&q->wq);
+
+	q->ring = dmam_alloc_coherent(dev, q->entries * sizeof(*q->ring),
+				      &q->ring_dma, GFP_KERNEL);
+	q->cpl = dmam_alloc_coherent(dev, q->entries * sizeof(*q->cpl),
+				     &q->cpl_dma, GFP_KERNEL);
+	q->wb = dmam_alloc_coherent(dev, sizeof(*q->wb), &q->wb_dma, GFP_KERNEL);
+	if (!q->ring || !q->cpl || !q->wb)
+		return -ENOMEM;
+
+	q->irq = pci_irq_vector(ndev->pdev, NPU_VEC_QUEUE(index));
+	ret = devm_request_threaded_irq(dev, q->irq, npu_irq_hard,
+					npu_queue_irq_thread, IRQF_ONESHOT,
+					"npu-queue", q);
+	if (ret)
+		dev_err(dev, "queue %u: cannot request IRQ %d: %d\n", index, q->irq, ret);
+	return ret;
+}
+
+int npu_hw_init(struct npu_device *ndev)
+{
+	struct pci_dev *pdev = ndev->pdev;
+	struct device *dev = &pdev->dev;
+	u32 magic;
+	int ret;
+
+	magic = npu_rd(ndev, NPU_REG_MAGIC);
+	if (magic != NPU_MAGIC) {
+		dev_err(dev, "bad magic 0x%08x (expected 0x%08x)\n", magic, NPU_MAGIC);
+		return -ENODEV;
+	}
+	ndev->hw_version = npu_rd(ndev, NPU_REG_HW_VERSION);
+	ndev->abi_version = npu_rd(ndev, NPU_REG_ABI_VERSION);
+	ndev->caps = npu_rd(ndev, NPU_REG_CAPS);
+	ndev->num_queues = npu_rd(ndev, NPU_REG_NUM_QUEUES);
+	ndev->num_cores = npu_rd(ndev, NPU_REG_NUM_CORES);
+	if (ndev->abi_version != NPU_ABI_VERSION) {
+		dev_err(dev, "device ABI %u, driver speaks %u\n",
+			ndev->abi_version, NPU_ABI_VERSION);
+		return -ENODEV;
+	}
+	if (ndev->num_queues < 1 || npu_rd(ndev, NPU_REG_MAX_RING) < NPU_RING_ENTRIES) {
+		dev_err(dev, "device offers no usable queue\n");
+		return -ENODEV;
+	}
+	/* This driver drives queue 0; more queues come with user queues. */
+	ndev->num_queues = 1;
+
+	ret = npu_hw_reset(ndev);
+	if (ret)
+		return ret;
+
+	/* pcim_enable_device() makes the vectors managed. */
+	ret = pci_alloc_irq_vectors(pdev, NPU_MSIX_VECTORS, NPU_MSIX_VECTORS,
+				    PCI_IRQ_MSIX);
+	if (ret < 0) {
+		dev_err(dev, "MSI-X unavailable: %d\n", ret);
+		return ret;
+	}
+	ret = devm_request_threaded_irq(dev, pci_irq_vector(pdev, NPU_VEC_DEVICE),
+					npu_irq_hard, npu_dev_irq_thread,
+					IRQF_ONESHOT, "npu-dev", ndev);
+	if (ret)
+		return ret;
+	ret = npu_queue_init(ndev, &ndev->queue, 0);
+	if (ret)
+		return ret;
+
+	npu_hw_start(ndev);
+	return 0;
+}
+
+/*
+ * Stop the device and fail everything in flight. The IRQs, vectors and ring
+ * memory are managed and go after this, IRQs first.
+ */
+void npu_hw_fini(struct npu_device *ndev)
+{
+	struct npu_queue *q = &ndev->queue;
+
+	mutex_lock(&q->submit_lock);
+	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
+	npu_hw_reset(ndev);
+	npu_queue_abort_all(q, NPU_ST_ABORTED);
+	mutex_unlock(&q->submit_lock);
+}

@@ -1,0 +1,376 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU jobs: SUBMIT validates every op against the caller's buffer objects,
+ * translates it into device descriptors and queues it; WAIT sleeps on a
+ * fence value and reports the device errors of the caller's ops.
+ */
+#include <linux/overflow.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "npu_drv.h"
+#include "npu_trace.h"
+
+#define NPU_SUBMIT_SPACE_TIMEOUT	(10 * HZ)
+#define NPU_WAIT_SPIN_NS		(20 * NSEC_PER_USEC)
+#define NPU_MAX_PENDING_ERRORS		1024
+
+static void npu_context_free(struct kref *ref)
+{
+	struct npu_context *ctx = container_of(ref, struct npu_context, ref);
+	struct npu_error *err, *tmp;
+
+	list_for_each_entry_safe(err, tmp, &ctx->errors, node)
+		kfree(err);
+	npu_device_put(ctx->ndev);
+	kfree(ctx);
+}
+
+void npu_context_put(struct npu_context *ctx)
+{
+	kref_put(&ctx->ref, npu_context_free);
+}
+
+/* Record a failed op for the next WAIT that covers it. */
+static void npu_context_add_error(struct npu_context *ctx, u64 fence, u32 status)
+{
+	struct npu_error *err = kmalloc(sizeof(*err), GFP_KERNEL);
+
+	spin_lock(&ctx->err_lock);
+	if (err && ctx->num_errors < NPU_MAX_PENDING_ERRORS) {
+		err->fence = fence;
+		err->status = status;
+		list_add_tail(&err->node, &ctx->errors);
+		ctx->num_errors++;
+		err = NULL;
+	}
+	spin_unlock(&ctx->err_lock);
+	kfree(err);
+}
+
+/* Called once the job's last fence is done (or aborted), in process context. */
+void npu_job_retire(struct npu_job *job)
+{
+	u32 i;
+
+	trace_npu_job_retire(job->first_fence, job->last_fence, job->err_status);
+	if (job->err_fence)
+		npu_context_add_error(job->ctx, job->err_fence, job->err_status);
+	for (i = 0; i < job->num_bos; i++)
+		npu_bo_put(job->bos[i]);
+	npu_context_put(job->ctx);
+	kvfree(job);
+}
+
+/* Resolve buffer @i of @op into @job and return its DMA address in @dma. */
+static int npu_resolve_buf(struct npu_context *ctx, struct npu_job *job,
+			   const struct npu_buf_ref *ref, dma_addr_t *dma)
+{
+	struct npu_bo *bo;
+	u64 end;
+
+	if (ref->rsvd || ref->size == 0)
+		return -EINVAL;
+	bo = npu_bo_lookup(ctx, ref->handle);
+	if (!bo)
+		return -ENOENT;
+	job->bos[job->num_bos++] = bo;
+	if (check_add_overflow(ref->offset, ref->size, &end) || end > bo->size)
+		return -ERANGE;
+	*dma = bo->dma + ref->offset;
+	return 0;
+}
+
+static bool npu_mem_is_zero(const void *p, size_t len)
+{
+	return !memchr_inv(p, 0, len);
+}
+
+/* Bytes spanned by a rows x cols fp32 row-major matrix with stride ld. */
+static u64 npu_matrix_bytes(u32 rows, u32 cols, u32 ld)
+{
+	return ((u64)(rows - 1) * ld + cols) * sizeof(u32);
+}
+
+static int npu_check_matrix(u32 rows, u32 cols, u32 ld, u64 ref_size)
+{
+	if (ld < cols)
+		return -EINVAL;
+	if (npu_matrix_bytes(rows, cols, ld) > ref_size)
+		return -EINVAL;
+	return 0;
+}
+
+static int npu_build_gemm(const struct npu_op *op, const dma_addr_t *dma,
+			  struct npu_cmd *cmd)
+{
+	u32 m = op->params[0], n = op->params[1], k = op->params[2];
+	u32 lda = op->params[3], ldb = op->params[4], ldc = op->params[5];
+	u32 dtype = op->params[6], flags = op->params[7];
+	bool ta = flags & NPU_GEMM_TRANS_A, tb = flags & NPU_GEMM_TRANS_B;
+	int ret;
+
+	if (dtype != NPU_DTYPE_FP32 || (flags & ~NPU_GEMM_F_MASK))
+		return -EINVAL;
+	if (!m || !n || !k || m > NPU_MAX_DIM || n > NPU_MAX_DIM || k > NPU_MAX_DIM)
+		return -EINVAL;
+	ret = npu_check_matrix(ta ? k : m, ta ? m : k, lda, op->bufs[0].size);
+	if (!ret)
+		ret = npu_check_matrix(tb ? n : k, tb ? k : n, ldb, op->bufs[1].size);
+	if (!ret)
+		ret = npu_check_matrix(m, n, ldc, op->bufs[2].size);
+	if (ret)
+		return ret;
+
+	cmd->gemm.a = dma[0];
+	cmd->gemm.b = dma[1];
+	cmd->gemm.c = dma[2];
+	cmd->gemm.m = m;
+	cmd->gemm.n = n;
+	cmd->gemm.k = k;
+	cmd->gemm.lda = lda;
+	cmd->gemm.ldb = ldb;
+	cmd->gemm.ldc = ldc;
+	cmd->gemm.dtype = dtype;
+	cmd->gemm.flags = flags;
+	return 0;
+}
+
+static const u32 npu_op_num_bufs[NPU_OP_COUNT] = {
+	[NPU_OP_NOP] = 0,
+	[NPU_OP_COPY] = 2,
+	[NPU_OP_FILL] = 1,
+	[NPU_OP_GEMM] = 3,
+};
+
+static const u32 npu_op_num_params[NPU_OP_COUNT] = {
+	[NPU_OP_NOP] = 0,
+	[NPU_OP_COPY] = 0,
+	[NPU_OP_FILL] = 1,
+	[NPU_OP_GEMM] = 8,
+};
+
+/* Validate one user op and translate it into a device descriptor. */
+static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
+			 const struct npu_op *op, struct npu_cmd *cmd)
+{
+	dma_addr_t dma[NPU_OP_MAX_BUFS] = {};
+	u32 i, nparams;
+	int ret;
+
+	if (op->opcode >= NPU_OP_COUNT || op->flags || op->rsvd)
+		return -EINVAL;
+	if (op->num_bufs != npu_op_num_bufs[op->opcode])
+		return -EINVAL;
+	nparams = npu_op_num_params[op->opcode];
+	if (!npu_mem_is_zero(&op->bufs[op->num_bufs],
+			     (NPU_OP_MAX_BUFS - op->num_bufs) * sizeof(op->bufs[0])) ||
+	    !npu_mem_is_zero(&op->params[nparams],
+			     (NPU_OP_MAX_PARAMS - nparams) * sizeof(op->params[0])))
+		return -EINVAL;
+	for (i = 0; i < op->num_bufs; i++) {
+		ret = npu_resolve_buf(ctx, job, &op->bufs[i], &dma[i]);
+		if (ret)
+			return ret;
+	}
+
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->opcode = op->opcode;
+	switch (op->opcode) {
+	case NPU_OP_NOP:
+		return 0;
+	case NPU_OP_COPY:
+		if (op->bufs[0].size != op->bufs[1].size)
+			return -EINVAL;
+		/* Overlapping ranges can only come from one BO. */
+		if (op->bufs[0].handle == op->bufs[1].handle &&
+		    op->bufs[0].offset < op->bufs[1].offset + op->bufs[1].size &&
+		    op->bufs[1].offset < op->bufs[0].offset + op->bufs[0].size)
+			return -EINVAL;
+		cmd->copy.src = dma[0];
+		cmd->copy.dst = dma[1];
+		cmd->copy.len = op->bufs[0].size;
+		return 0;
+	case NPU_OP_FILL:
+		if (op->bufs[0].size % 4)
+			return -EINVAL;
+		cmd->fill.dst = dma[0];
+		cmd->fill.len = op->bufs[0].size;
+		cmd->fill.pattern = op->params[0];
+		return 0;
+	case NPU_OP_GEMM:
+		return npu_build_gemm(op, dma, cmd);
+	}
+	return -EINVAL;
+}
+
+/* Wait, with submit_lock dropped, until @n ring slots are free. */
+static int npu_wait_space(struct npu_queue *q, u32 n)
+{
+	long ret;
+
+	while (npu_queue_space(q) < n) {
+		mutex_unlock(&q->submit_lock);
+		ret = wait_event_interruptible_timeout(q->wq, npu_queue_space(q) >= n,
+						       NPU_SUBMIT_SPACE_TIMEOUT);
+		mutex_lock(&q->submit_lock);
+		if (ret < 0)
+			return -EINTR;
+		if (ret == 0)
+			return -EBUSY;
+	}
+	return 0;
+}
+
+int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue *q = &ndev->queue;
+	struct npu_submit args;
+	struct npu_op *ops;
+	struct npu_cmd *cmds;
+	struct npu_job *job;
+	u32 i;
+	int ret;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.flags || args.op_size != sizeof(struct npu_op) ||
+	    args.num_ops == 0 || args.num_ops > NPU_SUBMIT_MAX_OPS ||
+	    args.queue >= ndev->num_queues)
+		return -EINVAL;
+
+	ops = vmemdup_user(u64_to_user_ptr(args.ops_ptr),
+			   array_size(args.num_ops, sizeof(*ops)));
+	if (IS_ERR(ops))
+		return PTR_ERR(ops);
+	cmds = kvmalloc_array(args.num_ops, sizeof(*cmds), GFP_KERNEL);
+	job = kvzalloc(struct_size(job, bos, args.num_ops * NPU_OP_MAX_BUFS),
+		       GFP_KERNEL);
+	if (!cmds || !job) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	job->ctx = ctx;
+	for (i = 0; i < args.num_ops; i++) {
+		ret = npu_build_cmd(ctx, job, &ops[i], &cmds[i]);
+		if (ret) {
+			npu_dbg(ndev, "submit: op %u (opcode %u) rejected: %d\n",
+				i, ops[i].opcode, ret);
+			goto out_put_bos;
+		}
+	}
+
+	mutex_lock(&q->submit_lock);
+	ret = npu_wait_space(q, args.num_ops);
+	if (ret) {
+		mutex_unlock(&q->submit_lock);
+		goto out_put_bos;
+	}
+	job->first_fence = q->next_fence + 1;
+	for (i = 0; i < args.num_ops; i++) {
+		cmds[i].fence = job->first_fence + i;
+		if (i == args.num_ops - 1)
+			cmds[i].flags |= NPU_CMD_F_IRQ;
+		npu_queue_push(q, &cmds[i]);
+	}
+	job->last_fence = job->first_fence + args.num_ops - 1;
+	kref_get(&ctx->ref);
+	spin_lock(&q->job_lock);
+	list_add_tail(&job->node, &q->jobs);
+	WRITE_ONCE(q->next_fence, job->last_fence);
+	spin_unlock(&q->job_lock);
+	trace_npu_submit(q->index, job->first_fence, job->last_fence);
+	npu_queue_kick(q);
+	mutex_unlock(&q->submit_lock);
+
+	args.fence = job->last_fence;
+	kvfree(cmds);
+	kvfree(ops);
+	/* The job is queued: a fault here leaves it running, like any exit. */
+	return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+
+out_put_bos:
+	for (i = 0; i < job->num_bos; i++)
+		npu_bo_put(job->bos[i]);
+out_free:
+	kvfree(job);
+	kvfree(cmds);
+	kvfree(ops);
+	return ret;
+}
+
+/* Take the oldest pending error at or below @fence, if any. */
+static bool npu_context_take_error(struct npu_context *ctx, u64 fence,
+				   struct npu_wait *args)
+{
+	struct npu_error *err, *found = NULL;
+
+	spin_lock(&ctx->err_lock);
+	list_for_each_entry(err, &ctx->errors, node) {
+		if (err->fence <= fence && (!found || err->fence < found->fence))
+			found = err;
+	}
+	if (found) {
+		list_del(&found->node);
+		ctx->num_errors--;
+	}
+	spin_unlock(&ctx->err_lock);
+	if (!found)
+		return false;
+	args->status = found->status;
+	args->error_fence = found->fence;
+	kfree(found);
+	return true;
+}
+
+/* Spin briefly on the fence write-back before sleeping. */
+static bool npu_wait_spin(struct npu_queue *q, u64 fence)
+{
+	ktime_t end = ktime_add_ns(ktime_get(), NPU_WAIT_SPIN_NS);
+
+	do {
+		if (npu_fence_done(q, fence))
+			return true;
+		cpu_relax();
+	} while (ktime_before(ktime_get(), end));
+	return npu_fence_done(q, fence);
+}
+
+int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue *q = &ndev->queue;
+	struct npu_wait args;
+	long timeout, ret;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.flags || args.rsvd || args.queue >= ndev->num_queues ||
+	    args.fence > READ_ONCE(q->next_fence))
+		return -EINVAL;
+	args.status = NPU_ST_OK;
+	args.error_fence = 0;
+
+	if (!npu_wait_spin(q, args.fence)) {
+		if (!args.timeout_ns)
+			return -ETIMEDOUT;
+		timeout = min_t(u64, nsecs_to_jiffies64(args.timeout_ns),
+				MAX_SCHEDULE_TIMEOUT - 1);
+		ret = wait_event_interruptible_timeout(q->wq,
+						       npu_fence_done(q, args.fence),
+						       timeout ?: 1);
+		if (ret < 0)
+			return -EINTR;
+		if (ret == 0)
+			return -ETIMEDOUT;
+	}
+	trace_npu_wait_done(q->index, args.fence);
+
+	if (!npu_context_take_error(ctx, args.fence, &args))
+		return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+	if (copy_to_user(arg, &args, sizeof(args)))
+		return -EFAULT;
+	return -EIO;
+}

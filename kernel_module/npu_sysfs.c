@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU sysfs attributes of /sys/class/npu/npuN (read only).
+ */
+#include <linux/device.h>
+#include <linux/sysfs.h>
+
+#include "npu_drv.h"
+
+#define NPU_ATTR(name, fmt, ...)					\
+static ssize_t name##_show(struct device *dev,				\
+			   struct device_attribute *attr, char *buf)	\
+{									\
+	struct npu_device *ndev __maybe_unused = dev_get_drvdata(dev);	\
+									\
+	return sysfs_emit(buf, fmt "\n", __VA_ARGS__);		\
+}									\
+static DEVICE_ATTR_RO(name)
+
+NPU_ATTR(hw_version, "%u.%u", ndev->hw_version >> 16, ndev->hw_version & 0xffff);
+NPU_ATTR(abi_version, "%u", ndev->abi_version);
+NPU_ATTR(driver_version, "%u.%u", NPU_DRIVER_VERSION >> 16,
+	     NPU_DRIVER_VERSION & 0xffff);
+NPU_ATTR(caps, "0x%08x", ndev->caps);
+NPU_ATTR(num_queues, "%u", ndev->num_queues);
+NPU_ATTR(num_cores, "%u", ndev->num_cores);
+NPU_ATTR(ring_entries, "%u", ndev->queue.entries);
+NPU_ATTR(irq_count, "%d", atomic_read(&ndev->irq_count));
+NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
+
+static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	struct npu_device *ndev = dev_get_drvdata(dev);
+
+	return sysfs_emit(buf, "%llu %llu\n", READ_ONCE(ndev->queue.next_fence),
+			  READ_ONCE(ndev->queue.completed));
+}
+static DEVICE_ATTR_RO(fences);
+
+static struct attribute *npu_attrs[] = {
+	&dev_attr_hw_version.attr,
+	&dev_attr_abi_version.attr,
+	&dev_attr_driver_version.attr,
+	&dev_attr_caps.attr,
+	&dev_attr_num_queues.attr,
+	&dev_attr_num_cores.attr,
+	&dev_attr_ring_entries.attr,
+	&dev_attr_irq_count.attr,
+	&dev_attr_recoveries.attr,
+	&dev_attr_fences.attr,
+	NULL,
+};
+
+static const struct attribute_group npu_attr_group = {
+	.attrs = npu_attrs,
+};
+
+const struct attribute_group *npu_attr_groups[] = {
+	&npu_attr_group,
+	NULL,
+};

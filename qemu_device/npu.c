@@ -1,0 +1,637 @@
+/*
+ * NPU PCI device model: PCI identity, BAR0 registers, doorbells, MSI-X and
+ * the command processor thread. Command execution is in npu_exec.c.
+ * The register map is include/npu_hw.h; docs/npu-spec.md describes it.
+ *
+ * Threads: MMIO runs on the vCPU thread under the BQL; descriptors are
+ * fetched and executed on the device's own worker thread, which never takes
+ * the BQL. Interrupts are raised from a bottom half (main loop, BQL held).
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/units.h"
+#include "qemu/log.h"
+#include "qemu/main-loop.h"
+#include "qemu/module.h"
+#include "qemu/timer.h"
+#include "qapi/error.h"
+#include "hw/pci/pci.h"
+#include "hw/pci/msix.h"
+#include "hw/qdev-properties.h"
+#include "hw/misc/trace.h"
+#include "npu_dev.h"
+
+uint64_t npu_now_ns(void)
+{
+    return qemu_clock_get_ns(QEMU_CLOCK_VIRTUAL);
+}
+
+/* Interrupts ---------------------------------------------------------- */
+
+/* Level of the legacy INTx line; MSI-X is edge-signalled from the BH. */
+static void npu_update_intx_locked(NpuState *s)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+
+    if (!msix_enabled(pdev)) {
+        pci_set_irq(pdev, (s->irq_status & s->irq_mask) != 0);
+    }
+}
+
+static void npu_irq_bh(void *opaque)
+{
+    NpuState *s = opaque;
+    PCIDevice *pdev = PCI_DEVICE(s);
+    uint32_t fire;
+    int q;
+
+    qemu_mutex_lock(&s->lock);
+    fire = s->irq_fire & s->irq_mask;
+    s->irq_fire &= ~fire;
+    npu_update_intx_locked(s);
+    qemu_mutex_unlock(&s->lock);
+
+    if (!fire || !msix_enabled(pdev)) {
+        return;
+    }
+    if (fire & NPU_IRQ_ERROR) {
+        trace_npu_irq(NPU_VEC_DEVICE);
+        msix_notify(pdev, NPU_VEC_DEVICE);
+    }
+    for (q = 0; q < NPU_NUM_QUEUES; q++) {
+        if (fire & NPU_IRQ_QUEUE(q)) {
+            trace_npu_irq(NPU_VEC_QUEUE(q));
+            msix_notify(pdev, NPU_VEC_QUEUE(q));
+        }
+    }
+}
+
+/* Latch interrupt status bits and signal them from the bottom half. */
+static void npu_raise_locked(NpuState *s, uint32_t bits)
+{
+    s->irq_status |= bits;
+    s->irq_fire |= bits;
+    qemu_bh_schedule(s->irq_bh);
+}
+
+static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
+{
+    s->q[qi].status |= NPU_QSTAT_STOPPED;
+    s->error = err;
+    trace_npu_queue_error(qi, err);
+    npu_raise_locked(s, NPU_IRQ_ERROR);
+}
+
+/* Soft reset ----------------------------------------------------------- */
+
+static void npu_reset_state_locked(NpuState *s)
+{
+    memset(s->q, 0, sizeof(s->q));
+    s->control = 0;
+    s->irq_status = 0;
+    s->irq_mask = 0;
+    s->irq_fire = 0;
+    s->error = NPU_ERR_NONE;
+    s->scratch = 0;
+    s->ts_hi_latch = 0;
+}
+
+/*
+ * Ask the worker to reset the device between two commands, so that a reset
+ * never tears a DMA transfer in half. With @wait, block until it is done.
+ */
+static void npu_request_reset(NpuState *s, bool wait)
+{
+    qemu_mutex_lock(&s->lock);
+    trace_npu_reset(wait);
+    s->reset_pending = true;
+    qemu_cond_broadcast(&s->cond);
+    while (wait && s->reset_pending) {
+        qemu_cond_wait(&s->reset_done, &s->lock);
+    }
+    qemu_mutex_unlock(&s->lock);
+}
+
+/* Command processor ---------------------------------------------------- */
+
+static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
+{
+    return (s->control & NPU_CONTROL_ENABLE) && (q->ctrl & NPU_QCTL_ENABLE) &&
+           !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail;
+}
+
+/* Run the descriptor at the queue's head; called and returns with the lock. */
+static void npu_process_one_locked(NpuState *s, int qi)
+{
+    NpuQueue *q = &s->q[qi];
+    uint32_t idx = q->head;
+    uint32_t slot = idx & (q->ring_size - 1);
+    uint64_t ring = q->ring_base, cpl_base = q->cpl_base;
+    uint64_t fence_addr = q->fence_addr;
+    struct npu_fence_wb wb;
+    struct npu_cmd cmd;
+    struct npu_cpl cpl;
+    uint32_t status;
+
+    if (q->tail - q->head > q->ring_size) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d tail %u overruns head %u"
+                      " (ring of %u)\n", qi, q->tail, q->head, q->ring_size);
+        npu_queue_error_locked(s, qi, NPU_ERR_RING_OVERRUN);
+        return;
+    }
+    qemu_mutex_unlock(&s->lock);
+
+    /* The descriptor is copied once; only the local copy is looked at. */
+    if (pci_dma_read(PCI_DEVICE(s), ring + (uint64_t)slot * sizeof(cmd),
+                     &cmd, sizeof(cmd)) != MEMTX_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
+                      " 0x%" PRIx64 " failed\n", qi, ring);
+        qemu_mutex_lock(&s->lock);
+        npu_queue_error_locked(s, qi, NPU_ERR_RING_FETCH);
+        return;
+    }
+    cmd.opcode = le16_to_cpu(cmd.opcode);
+    cmd.flags = le16_to_cpu(cmd.flags);
+    cmd.fence = le64_to_cpu(cmd.fence);
+
+    memset(&cpl, 0, sizeof(cpl));
+    cpl.t_start = cpu_to_le64(npu_now_ns());
+    trace_npu_cmd_start(qi, idx, cmd.opcode, cmd.fence);
+    if (cmd.flags & ~NPU_CMD_F_MASK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown descriptor flags 0x%x\n",
+                      cmd.flags);
+        status = NPU_ST_BAD_FLAGS;
+    } else if (cmd.rsvd0) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
+        status = NPU_ST_BAD_RESERVED;
+    } else {
+        status = npu_exec_cmd(s, &cmd);
+    }
+    cpl.t_end = cpu_to_le64(npu_now_ns());
+    cpl.fence = cpu_to_le64(cmd.fence);
+    cpl.status = cpu_to_le32(status);
+    cpl.opcode = cpu_to_le16(cmd.opcode);
+    trace_npu_cmd_done(qi, cmd.fence, status,
+                       le64_to_cpu(cpl.t_end) - le64_to_cpu(cpl.t_start));
+
+    wb.value = cpl.fence;
+    wb.timestamp = cpl.t_end;
+    if (pci_dma_write(PCI_DEVICE(s), cpl_base + (uint64_t)slot * sizeof(cpl),
+                      &cpl, sizeof(cpl)) != MEMTX_OK ||
+        (fence_addr &&
+         pci_dma_write(PCI_DEVICE(s), fence_addr, &wb, sizeof(wb)) !=
+         MEMTX_OK)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
+                      " failed\n", qi);
+        qemu_mutex_lock(&s->lock);
+        npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
+        return;
+    }
+
+    qemu_mutex_lock(&s->lock);
+    if (s->reset_pending) {
+        return;     /* the reset drops the queue state anyway */
+    }
+    q->head = idx + 1;
+    q->done_fence = cmd.fence;
+    if ((cmd.flags & NPU_CMD_F_IRQ) || status != NPU_ST_OK) {
+        npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
+    }
+}
+
+static void *npu_worker(void *opaque)
+{
+    NpuState *s = opaque;
+    int qi;
+
+    qemu_mutex_lock(&s->lock);
+    while (!s->stop) {
+        bool busy = false;
+
+        if (s->reset_pending) {
+            npu_reset_state_locked(s);
+            s->reset_pending = false;
+            qemu_cond_broadcast(&s->reset_done);
+            continue;
+        }
+        for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
+            if (npu_queue_runnable_locked(s, &s->q[qi])) {
+                npu_process_one_locked(s, qi);
+                busy = true;
+            }
+        }
+        if (!busy) {
+            qemu_cond_wait(&s->cond, &s->lock);
+        }
+    }
+    qemu_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Registers ------------------------------------------------------------ */
+
+static uint32_t npu_status_locked(NpuState *s)
+{
+    uint32_t st = NPU_STATUS_READY;
+    int qi;
+
+    if (s->control & NPU_CONTROL_ENABLE) {
+        st |= NPU_STATUS_ENABLED;
+    }
+    if (s->reset_pending) {
+        st |= NPU_STATUS_RESETTING;
+    }
+    for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
+        if (s->q[qi].status & NPU_QSTAT_STOPPED) {
+            st |= NPU_STATUS_ERROR;
+        }
+    }
+    return st;
+}
+
+static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
+{
+    switch (reg) {
+    case NPU_Q_RING_LO:
+        return (uint32_t)q->ring_base;
+    case NPU_Q_RING_HI:
+        return q->ring_base >> 32;
+    case NPU_Q_RING_SIZE:
+        return q->ring_size;
+    case NPU_Q_CONTROL:
+        return q->ctrl;
+    case NPU_Q_HEAD:
+        return q->head;
+    case NPU_Q_TAIL:
+        return q->tail;
+    case NPU_Q_CPL_LO:
+        return (uint32_t)q->cpl_base;
+    case NPU_Q_CPL_HI:
+        return q->cpl_base >> 32;
+    case NPU_Q_FENCE_LO:
+        return (uint32_t)q->fence_addr;
+    case NPU_Q_FENCE_HI:
+        return q->fence_addr >> 32;
+    case NPU_Q_STATUS:
+        return q->status | (q->head == q->tail ? NPU_QSTAT_IDLE : 0);
+    case NPU_Q_DONE_LO:
+        return (uint32_t)q->done_fence;
+    case NPU_Q_DONE_HI:
+        return q->done_fence >> 32;
+    default:
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown queue register"
+                      " 0x%" HWADDR_PRIx "\n", reg);
+        return 0;
+    }
+}
+
+static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
+{
+    NpuState *s = opaque;
+    uint64_t val = 0;
+    uint64_t now;
+
+    qemu_mutex_lock(&s->lock);
+    switch (addr) {
+    case NPU_REG_MAGIC:
+        val = NPU_MAGIC;
+        break;
+    case NPU_REG_HW_VERSION:
+        val = NPU_HW_VERSION;
+        break;
+    case NPU_REG_ABI_VERSION:
+        val = NPU_ABI_VERSION;
+        break;
+    case NPU_REG_CAPS:
+        val = NPU_CAP_COPY | NPU_CAP_FILL | NPU_CAP_GEMM_FP32 | NPU_CAP_MSIX |
+              NPU_CAP_TIMESTAMPS;
+        break;
+    case NPU_REG_NUM_QUEUES:
+        val = NPU_NUM_QUEUES;
+        break;
+    case NPU_REG_NUM_CORES:
+        val = s->num_cores;
+        break;
+    case NPU_REG_MAX_RING:
+        val = NPU_RING_MAX_ENTRIES;
+        break;
+    case NPU_REG_STATUS:
+        val = npu_status_locked(s);
+        break;
+    case NPU_REG_CONTROL:
+        val = s->control;
+        break;
+    case NPU_REG_IRQ_STATUS:
+        val = s->irq_status;
+        break;
+    case NPU_REG_IRQ_MASK:
+        val = s->irq_mask;
+        break;
+    case NPU_REG_ERROR:
+        val = s->error;
+        break;
+    case NPU_REG_TIMESTAMP_LO:
+        now = npu_now_ns();
+        s->ts_hi_latch = now >> 32;
+        val = (uint32_t)now;
+        break;
+    case NPU_REG_TIMESTAMP_HI:
+        val = s->ts_hi_latch;
+        break;
+    case NPU_REG_SCRATCH:
+        val = s->scratch;
+        break;
+    default:
+        if (addr >= NPU_QREG_BASE &&
+            addr < NPU_QREG_BASE + NPU_NUM_QUEUES * NPU_QREG_STRIDE) {
+            hwaddr off = addr - NPU_QREG_BASE;
+
+            val = npu_qreg_read_locked(s, &s->q[off / NPU_QREG_STRIDE],
+                                       off % NPU_QREG_STRIDE);
+        } else {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register"
+                          " 0x%" HWADDR_PRIx "\n", addr);
+        }
+        break;
+    }
+    qemu_mutex_unlock(&s->lock);
+    trace_npu_mmio_read(addr, size, val);
+    return val;
+}
+
+static bool npu_ring_config_ok(NpuQueue *q)
+{
+    uint32_t n = q->ring_size;
+
+    return n >= 2 && n <= NPU_RING_MAX_ENTRIES && is_power_of_2(n) &&
+           q->ring_base && !(q->ring_base & 63) &&
+           q->cpl_base && !(q->cpl_base & 31) && !(q->fence_addr & 15);
+}
+
+static void npu_doorbell_locked(NpuState *s, int qi, uint32_t tail)
+{
+    NpuQueue *q = &s->q[qi];
+
+    trace_npu_doorbell(qi, tail);
+    q->tail = tail;
+    qemu_cond_broadcast(&s->cond);
+}
+
+static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
+                                  uint32_t val)
+{
+    NpuQueue *q = &s->q[qi];
+    bool enabled = q->ctrl & NPU_QCTL_ENABLE;
+
+    switch (reg) {
+    case NPU_Q_RING_LO:
+    case NPU_Q_RING_HI:
+    case NPU_Q_RING_SIZE:
+    case NPU_Q_CPL_LO:
+    case NPU_Q_CPL_HI:
+    case NPU_Q_FENCE_LO:
+    case NPU_Q_FENCE_HI:
+        if (enabled) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d register 0x%"
+                          HWADDR_PRIx " written while enabled\n", qi, reg);
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+
+    switch (reg) {
+    case NPU_Q_RING_LO:
+        q->ring_base = deposit64(q->ring_base, 0, 32, val);
+        break;
+    case NPU_Q_RING_HI:
+        q->ring_base = deposit64(q->ring_base, 32, 32, val);
+        break;
+    case NPU_Q_RING_SIZE:
+        q->ring_size = val;
+        break;
+    case NPU_Q_CPL_LO:
+        q->cpl_base = deposit64(q->cpl_base, 0, 32, val);
+        break;
+    case NPU_Q_CPL_HI:
+        q->cpl_base = deposit64(q->cpl_base, 32, 32, val);
+        break;
+    case NPU_Q_FENCE_LO:
+        q->fence_addr = deposit64(q->fence_addr, 0, 32, val);
+        break;
+    case NPU_Q_FENCE_HI:
+        q->fence_addr = deposit64(q->fence_addr, 32, 32, val);
+        break;
+    case NPU_Q_CONTROL:
+        if (val & ~NPU_QCTL_ENABLE) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d control 0x%x has"
+                          " unknown bits\n", qi, val);
+        }
+        if ((val & NPU_QCTL_ENABLE) && !enabled) {
+            if (!npu_ring_config_ok(q)) {
+                qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d enabled with an"
+                              " invalid ring configuration\n", qi);
+                npu_queue_error_locked(s, qi, NPU_ERR_BAD_RING);
+                return;
+            }
+            q->head = q->tail = 0;
+            q->status = 0;
+            q->done_fence = 0;
+        }
+        q->ctrl = val & NPU_QCTL_ENABLE;
+        qemu_cond_broadcast(&s->cond);
+        break;
+    case NPU_Q_TAIL:
+        npu_doorbell_locked(s, qi, val);
+        break;
+    default:
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or unknown"
+                      " queue register 0x%" HWADDR_PRIx "\n", reg);
+        break;
+    }
+}
+
+static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
+                           unsigned size)
+{
+    NpuState *s = opaque;
+    bool reset = false;
+
+    trace_npu_mmio_write(addr, size, val);
+    qemu_mutex_lock(&s->lock);
+    if (s->reset_pending) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: write to 0x%" HWADDR_PRIx
+                      " during reset ignored\n", addr);
+        qemu_mutex_unlock(&s->lock);
+        return;
+    }
+    switch (addr) {
+    case NPU_REG_CONTROL:
+        if (val & ~(uint64_t)(NPU_CONTROL_ENABLE | NPU_CONTROL_RESET)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: control 0x%" PRIx64
+                          " has unknown bits\n", val);
+        }
+        if (val & NPU_CONTROL_RESET) {
+            reset = true;
+            break;
+        }
+        s->control = val & NPU_CONTROL_ENABLE;
+        qemu_cond_broadcast(&s->cond);
+        break;
+    case NPU_REG_IRQ_STATUS:
+        s->irq_status &= ~val;
+        s->irq_fire &= ~val;
+        npu_update_intx_locked(s);
+        break;
+    case NPU_REG_IRQ_MASK:
+        /* Unmasking a pending bit signals it now. */
+        s->irq_fire |= s->irq_status & val & ~s->irq_mask;
+        s->irq_mask = val;
+        npu_update_intx_locked(s);
+        if (s->irq_fire) {
+            qemu_bh_schedule(s->irq_bh);
+        }
+        break;
+    case NPU_REG_SCRATCH:
+        s->scratch = val;
+        break;
+    default:
+        if (addr >= NPU_QREG_BASE &&
+            addr < NPU_QREG_BASE + NPU_NUM_QUEUES * NPU_QREG_STRIDE) {
+            hwaddr off = addr - NPU_QREG_BASE;
+
+            npu_qreg_write_locked(s, off / NPU_QREG_STRIDE,
+                                  off % NPU_QREG_STRIDE, val);
+        } else if (addr >= NPU_DOORBELL_BASE &&
+                   addr < NPU_DOORBELL(NPU_NUM_QUEUES) &&
+                   (addr - NPU_DOORBELL_BASE) % NPU_DOORBELL_STRIDE == 0) {
+            npu_doorbell_locked(s, (addr - NPU_DOORBELL_BASE) /
+                                NPU_DOORBELL_STRIDE, val);
+        } else {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or"
+                          " unknown register 0x%" HWADDR_PRIx "\n", addr);
+        }
+        break;
+    }
+    qemu_mutex_unlock(&s->lock);
+
+    if (reset) {
+        npu_request_reset(s, false);
+    }
+}
+
+static const MemoryRegionOps npu_mmio_ops = {
+    .read = npu_mmio_read,
+    .write = npu_mmio_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    .valid = {
+        .min_access_size = 4,
+        .max_access_size = 8,
+    },
+    .impl = {
+        .min_access_size = 4,
+        .max_access_size = 4,
+    },
+};
+
+/* Device lifecycle ----------------------------------------------------- */
+
+static void npu_realize(PCIDevice *pdev, Error **errp)
+{
+    NpuState *s = NPU_PCI(pdev);
+    int i;
+
+    if (s->num_cores < 1 || s->num_cores > 64) {
+        error_setg(errp, "npu: cores must be between 1 and 64");
+        return;
+    }
+    pci_config_set_interrupt_pin(pdev->config, 1);
+
+    memory_region_init_io(&s->mmio, OBJECT(s), &npu_mmio_ops, s, "npu-mmio",
+                          NPU_BAR0_SIZE);
+    pci_register_bar(pdev, NPU_BAR_REGS, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->mmio);
+    if (msix_init_exclusive_bar(pdev, NPU_MSIX_VECTORS, NPU_BAR_MSIX, errp)) {
+        return;
+    }
+    for (i = 0; i < NPU_MSIX_VECTORS; i++) {
+        msix_vector_use(pdev, i);
+    }
+
+    s->chunk = g_malloc(NPU_CHUNK);
+    qemu_mutex_init(&s->lock);
+    qemu_cond_init(&s->cond);
+    qemu_cond_init(&s->reset_done);
+    s->irq_bh = qemu_bh_new_guarded(npu_irq_bh, s,
+                                    &DEVICE(pdev)->mem_reentrancy_guard);
+    s->stop = false;
+    npu_reset_state_locked(s);
+    qemu_thread_create(&s->thread, "npu-cp", npu_worker, s,
+                       QEMU_THREAD_JOINABLE);
+}
+
+static void npu_exit(PCIDevice *pdev)
+{
+    NpuState *s = NPU_PCI(pdev);
+
+    qemu_mutex_lock(&s->lock);
+    s->stop = true;
+    qemu_cond_broadcast(&s->cond);
+    qemu_mutex_unlock(&s->lock);
+    qemu_thread_join(&s->thread);
+
+    qemu_bh_delete(s->irq_bh);
+    qemu_cond_destroy(&s->reset_done);
+    qemu_cond_destroy(&s->cond);
+    qemu_mutex_destroy(&s->lock);
+    g_free(s->chunk);
+    msix_uninit_exclusive_bar(pdev);
+}
+
+static void npu_qdev_reset(DeviceState *dev)
+{
+    npu_request_reset(NPU_PCI(dev), true);
+}
+
+static Property npu_properties[] = {
+    DEFINE_PROP_UINT32("cores", NpuState, num_cores, 1),
+    DEFINE_PROP_END_OF_LIST(),
+};
+
+static void npu_class_init(ObjectClass *klass, void *data)
+{
+    DeviceClass *dc = DEVICE_CLASS(klass);
+    PCIDeviceClass *k = PCI_DEVICE_CLASS(klass);
+
+    k->realize = npu_realize;
+    k->exit = npu_exit;
+    k->vendor_id = NPU_PCI_VENDOR_ID;
+    k->device_id = NPU_PCI_DEVICE_ID;
+    k->revision = NPU_PCI_REVISION;
+    k->class_id = NPU_PCI_CLASS;
+    dc->desc = "Emulated NPU (neural processing unit)";
+    dc->reset = npu_qdev_reset;
+    device_class_set_props(dc, npu_properties);
+    set_bit(DEVICE_CATEGORY_MISC, dc->categories);
+}
+
+static const TypeInfo npu_info = {
+    .name = TYPE_NPU_PCI,
+    .parent = TYPE_PCI_DEVICE,
+    .instance_size = sizeof(NpuState),
+    .class_init = npu_class_init,
+    .interfaces = (InterfaceInfo[]) {
+        { INTERFACE_CONVENTIONAL_PCI_DEVICE },
+        { },
+    },
+};
+
+static void npu_register_types(void)
+{
+    type_register_static(&npu_info);
+}
+
+type_init(npu_register_types)

@@ -1,0 +1,72 @@
+/*
+ * NPU PCI device model: state shared by the register front end (npu.c) and
+ * the command engine (npu_exec.c).
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+#ifndef HW_MISC_NPU_DEV_H
+#define HW_MISC_NPU_DEV_H
+
+#include "hw/pci/pci.h"
+#include "qemu/thread.h"
+#include "npu_hw.h"
+
+#define TYPE_NPU_PCI "npu"
+OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
+
+/* Size of the bounce/pattern buffers of the command engine. */
+#define NPU_CHUNK (1 * MiB)
+
+typedef struct NpuQueue {
+    uint64_t ring_base;
+    uint64_t cpl_base;
+    uint64_t fence_addr;
+    uint32_t ring_size;
+    uint32_t ctrl;
+    uint32_t head;          /* free-running consumer index */
+    uint32_t tail;          /* free-running producer index */
+    uint32_t status;        /* NPU_QSTAT_STOPPED */
+    uint64_t done_fence;
+} NpuQueue;
+
+struct NpuState {
+    PCIDevice parent_obj;
+
+    MemoryRegion mmio;
+    QEMUBH *irq_bh;
+    QemuThread thread;
+
+    /* Properties */
+    uint32_t num_cores;
+
+    /*
+     * @lock protects every field below up to @chunk: register state, queue
+     * state, the interrupt bits and the worker's stop/reset requests. It is
+     * taken by the vCPU (MMIO, under the BQL), the worker and the IRQ
+     * bottom half; it is never held across DMA or command execution.
+     */
+    QemuMutex lock;
+    QemuCond cond;          /* wakes the worker: doorbell, enable, reset, stop */
+    QemuCond reset_done;    /* signalled when a reset request is finished */
+    bool stop;
+    bool reset_pending;
+    uint32_t control;
+    uint32_t irq_status;
+    uint32_t irq_mask;
+    uint32_t irq_fire;      /* status bits not yet signalled by MSI-X */
+    uint32_t error;
+    uint32_t scratch;
+    uint32_t ts_hi_latch;
+    NpuQueue q[NPU_NUM_QUEUES];
+
+    /* Worker-private: bounce buffer for DMA. */
+    uint8_t *chunk;
+};
+
+/* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
+uint32_t npu_exec_cmd(NpuState *s, const struct npu_cmd *cmd);
+
+/* Device clock in ns, usable from any thread. */
+uint64_t npu_now_ns(void);
+
+#endif

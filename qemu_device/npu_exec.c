@@ -1,0 +1,316 @@
+/*
+ * NPU command engine: validation and execution of one descriptor.
+ * Runs on the device worker thread. Every guest-controlled length, stride
+ * and address is checked with overflow-safe arithmetic before any DMA, and
+ * no transfer may touch the device's own BARs.
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/units.h"
+#include "qemu/log.h"
+#include "qemu/cutils.h"
+#include "hw/pci/pci.h"
+#include <cblas.h>
+#include "npu_dev.h"
+
+/* Does [addr, addr + len) overlap a BAR of this device? */
+static bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    int i;
+
+    for (i = 0; i < PCI_NUM_REGIONS; i++) {
+        pcibus_t base = pci_get_bar_addr(pdev, i);
+        pcibus_t size = pdev->io_regions[i].size;
+
+        if (!size || base == PCI_BAR_UNMAPPED ||
+            (pdev->io_regions[i].type & PCI_BASE_ADDRESS_SPACE_IO)) {
+            continue;
+        }
+        if (addr < base + size && base < addr + len) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Validate a guest byte range; returns NPU_ST_OK or the status to report. */
+static uint32_t npu_check_range(NpuState *s, const char *what, uint64_t addr,
+                                uint64_t len)
+{
+    uint64_t end;
+
+    if (len == 0 || len > NPU_MAX_XFER) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s length %" PRIu64
+                      " out of range\n", what, len);
+        return NPU_ST_BAD_ARGS;
+    }
+    if (uadd64_overflow(addr, len, &end)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s range 0x%" PRIx64 "+0x%"
+                      PRIx64 " wraps around\n", what, addr, len);
+        return NPU_ST_BAD_ADDR;
+    }
+    if (npu_hits_own_bar(s, addr, len)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s range 0x%" PRIx64 "+0x%"
+                      PRIx64 " targets the device's own BAR\n", what, addr,
+                      len);
+        return NPU_ST_BAD_ADDR;
+    }
+    return NPU_ST_OK;
+}
+
+static uint32_t npu_dma_result(const char *what, uint64_t addr, MemTxResult r)
+{
+    if (r != MEMTX_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s DMA at 0x%" PRIx64
+                      " failed\n", what, addr);
+        return NPU_ST_DMA_ERROR;
+    }
+    return NPU_ST_OK;
+}
+
+static uint32_t npu_exec_copy(NpuState *s, const struct npu_cmd *cmd)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    uint64_t src = le64_to_cpu(cmd->copy.src);
+    uint64_t dst = le64_to_cpu(cmd->copy.dst);
+    uint64_t len = le64_to_cpu(cmd->copy.len);
+    uint64_t done = 0;
+    uint32_t st;
+
+    st = npu_check_range(s, "copy source", src, len);
+    if (st == NPU_ST_OK) {
+        st = npu_check_range(s, "copy destination", dst, len);
+    }
+    if (st != NPU_ST_OK) {
+        return st;
+    }
+    if (src < dst + len && dst < src + len) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: copy source and destination"
+                      " overlap\n");
+        return NPU_ST_BAD_ARGS;
+    }
+
+    while (done < len) {
+        dma_addr_t want = MIN(len - done, (uint64_t)NPU_CHUNK);
+        dma_addr_t slen = want, dlen = want;
+        void *sp = pci_dma_map(pdev, src + done, &slen,
+                               DMA_DIRECTION_TO_DEVICE);
+        void *dp = sp ? pci_dma_map(pdev, dst + done, &dlen,
+                                    DMA_DIRECTION_FROM_DEVICE) : NULL;
+
+        if (sp && dp) {
+            /* Both sides are RAM: one copy, no bounce. */
+            dma_addr_t n = MIN(slen, dlen);
+
+            memcpy(dp, sp, n);
+            pci_dma_unmap(pdev, dp, dlen, DMA_DIRECTION_FROM_DEVICE, n);
+            pci_dma_unmap(pdev, sp, slen, DMA_DIRECTION_TO_DEVICE, n);
+            done += n;
+            continue;
+        }
+        if (sp) {
+            pci_dma_unmap(pdev, sp, slen, DMA_DIRECTION_TO_DEVICE, 0);
+        }
+        st = npu_dma_result("copy read", src + done,
+                            pci_dma_read(pdev, src + done, s->chunk, want));
+        if (st == NPU_ST_OK) {
+            st = npu_dma_result("copy write", dst + done,
+                                pci_dma_write(pdev, dst + done, s->chunk,
+                                              want));
+        }
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        done += want;
+    }
+    return NPU_ST_OK;
+}
+
+static uint32_t npu_exec_fill(NpuState *s, const struct npu_cmd *cmd)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    uint64_t dst = le64_to_cpu(cmd->fill.dst);
+    uint64_t len = le64_to_cpu(cmd->fill.len);
+    uint32_t pattern = cmd->fill.pattern;   /* kept in guest byte order */
+    uint64_t done = 0;
+    uint32_t st;
+    size_t i;
+
+    if (cmd->fill.rsvd) {
+        return NPU_ST_BAD_RESERVED;
+    }
+    st = npu_check_range(s, "fill destination", dst, len);
+    if (st != NPU_ST_OK) {
+        return st;
+    }
+    if (len % 4) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: fill length %" PRIu64
+                      " is not a multiple of 4\n", len);
+        return NPU_ST_BAD_ARGS;
+    }
+    for (i = 0; i < NPU_CHUNK / 4; i++) {
+        memcpy(s->chunk + i * 4, &pattern, 4);
+    }
+    while (done < len) {
+        uint64_t n = MIN(len - done, (uint64_t)NPU_CHUNK);
+
+        st = npu_dma_result("fill write", dst + done,
+                            pci_dma_write(pdev, dst + done, s->chunk, n));
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        done += n;
+    }
+    return NPU_ST_OK;
+}
+
+/*
+ * Bytes spanned by a row-major rows x cols fp32 matrix with row stride ld
+ * (elements): ((rows - 1) * ld + cols) * 4. Dimensions are bounded by
+ * NPU_MAX_DIM, so this cannot overflow 64 bits.
+ */
+static uint64_t npu_matrix_bytes(uint32_t rows, uint32_t cols, uint32_t ld)
+{
+    return (((uint64_t)rows - 1) * ld + cols) * sizeof(float);
+}
+
+typedef struct NpuMatrix {
+    const char *name;
+    uint64_t addr;
+    uint32_t rows, cols, ld;
+    uint64_t bytes;
+    float *data;
+} NpuMatrix;
+
+static uint32_t npu_matrix_check(NpuState *s, NpuMatrix *mat)
+{
+    if (mat->ld < mat->cols) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm %s stride %u is less than"
+                      " its %u columns\n", mat->name, mat->ld, mat->cols);
+        return NPU_ST_BAD_ARGS;
+    }
+    mat->bytes = npu_matrix_bytes(mat->rows, mat->cols, mat->ld);
+    return npu_check_range(s, mat->name, mat->addr, mat->bytes);
+}
+
+static uint32_t npu_exec_gemm(NpuState *s, const struct npu_cmd *cmd)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    uint32_t m = le32_to_cpu(cmd->gemm.m);
+    uint32_t n = le32_to_cpu(cmd->gemm.n);
+    uint32_t k = le32_to_cpu(cmd->gemm.k);
+    uint32_t flags = le32_to_cpu(cmd->gemm.flags);
+    bool ta = flags & NPU_GEMM_TRANS_A, tb = flags & NPU_GEMM_TRANS_B;
+    NpuMatrix a = {
+        .name = "A", .addr = le64_to_cpu(cmd->gemm.a),
+        .rows = ta ? k : m, .cols = ta ? m : k,
+        .ld = le32_to_cpu(cmd->gemm.lda),
+    };
+    NpuMatrix b = {
+        .name = "B", .addr = le64_to_cpu(cmd->gemm.b),
+        .rows = tb ? n : k, .cols = tb ? k : n,
+        .ld = le32_to_cpu(cmd->gemm.ldb),
+    };
+    NpuMatrix c = {
+        .name = "C", .addr = le64_to_cpu(cmd->gemm.c),
+        .rows = m, .cols = n, .ld = le32_to_cpu(cmd->gemm.ldc),
+    };
+    uint32_t st;
+
+    if (le32_to_cpu(cmd->gemm.dtype) != NPU_DTYPE_FP32) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm dtype %u unsupported\n",
+                      le32_to_cpu(cmd->gemm.dtype));
+        return NPU_ST_BAD_ARGS;
+    }
+    if (flags & ~NPU_GEMM_F_MASK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm flags 0x%x unknown\n",
+                      flags);
+        return NPU_ST_BAD_FLAGS;
+    }
+    if (!m || !n || !k || m > NPU_MAX_DIM || n > NPU_MAX_DIM ||
+        k > NPU_MAX_DIM) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm shape %ux%ux%u out of"
+                      " range\n", m, n, k);
+        return NPU_ST_BAD_ARGS;
+    }
+    st = npu_matrix_check(s, &a);
+    if (st == NPU_ST_OK) {
+        st = npu_matrix_check(s, &b);
+    }
+    if (st == NPU_ST_OK) {
+        st = npu_matrix_check(s, &c);
+    }
+    if (st != NPU_ST_OK) {
+        return st;
+    }
+
+    a.data = g_try_malloc(a.bytes);
+    b.data = g_try_malloc(b.bytes);
+    c.data = g_try_malloc(c.bytes);
+    if (!a.data || !b.data || !c.data) {
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    st = npu_dma_result("gemm A read", a.addr,
+                        pci_dma_read(pdev, a.addr, a.data, a.bytes));
+    if (st == NPU_ST_OK) {
+        st = npu_dma_result("gemm B read", b.addr,
+                            pci_dma_read(pdev, b.addr, b.data, b.bytes));
+    }
+    /* Rows of C may have gaps (ldc > n) that must survive the write-back. */
+    if (st == NPU_ST_OK && c.ld != c.cols) {
+        st = npu_dma_result("gemm C read", c.addr,
+                            pci_dma_read(pdev, c.addr, c.data, c.bytes));
+    }
+    if (st != NPU_ST_OK) {
+        goto out;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a.data, a.ld,
+                b.data, b.ld, 0.0f, c.data, c.ld);
+    st = npu_dma_result("gemm C write", c.addr,
+                        pci_dma_write(pdev, c.addr, c.data, c.bytes));
+out:
+    g_free(a.data);
+    g_free(b.data);
+    g_free(c.data);
+    return st;
+}
+
+/* Payload bytes each opcode uses; the rest of the descriptor must be 0. */
+static const size_t npu_payload_used[NPU_OP_COUNT] = {
+    [NPU_OP_NOP] = 0,
+    [NPU_OP_COPY] = sizeof(((struct npu_cmd *)0)->copy),
+    [NPU_OP_FILL] = sizeof(((struct npu_cmd *)0)->fill),
+    [NPU_OP_GEMM] = sizeof(((struct npu_cmd *)0)->gemm),
+};
+
+uint32_t npu_exec_cmd(NpuState *s, const struct npu_cmd *cmd)
+{
+    if (cmd->opcode < NPU_OP_COUNT &&
+        !buffer_is_zero((const uint8_t *)cmd->raw +
+                        npu_payload_used[cmd->opcode],
+                        sizeof(cmd->raw) - npu_payload_used[cmd->opcode])) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u descriptor has"
+                      " non-zero unused bytes\n", cmd->opcode);
+        return NPU_ST_BAD_RESERVED;
+    }
+
+    switch (cmd->opcode) {
+    case NPU_OP_NOP:
+        return NPU_ST_OK;
+    case NPU_OP_COPY:
+        return npu_exec_copy(s, cmd);
+    case NPU_OP_FILL:
+        return npu_exec_fill(s, cmd);
+    case NPU_OP_GEMM:
+        return npu_exec_gemm(s, cmd);
+    default:
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",
+                      cmd->opcode);
+        return NPU_ST_BAD_OPCODE;
+    }
+}

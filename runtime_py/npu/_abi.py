@@ -1,0 +1,378 @@
+"""ctypes mirrors of ``include/npu_hw.h`` and ``include/npu_uapi.h``.
+
+This module is the only place that knows the binary layout of the device
+descriptors and of the ``/dev/npuN`` ioctl structures. Every struct, field and
+constant of the two headers has a counterpart here with the same name minus
+the ``npu_``/``NPU_`` prefix turned into CamelCase for types; the host test
+``tests/host/test_abi_layout.py`` compiles the headers with gcc and checks that
+sizes, offsets, constants and ioctl numbers agree.
+
+Hardware structures (``npu_cmd``, ``npu_cpl``, ``npu_fence_wb``) are little
+endian by contract; the uapi structures use the native byte order of the host,
+as the kernel does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Final
+
+from ioctl_opt import IOR, IOW, IOWR
+
+# --------------------------------------------------------------------------
+# npu_hw.h: identity and versions
+# --------------------------------------------------------------------------
+
+NPU_PCI_VENDOR_ID: Final = 0x1234
+NPU_PCI_DEVICE_ID: Final = 0x4E50
+NPU_PCI_REVISION: Final = 0x01
+NPU_PCI_CLASS: Final = 0x1200
+
+NPU_MAGIC: Final = 0x4E505530
+NPU_HW_VERSION: Final = 0x00010000
+NPU_ABI_VERSION: Final = 1
+
+# --------------------------------------------------------------------------
+# npu_hw.h: capabilities, opcodes, flags, dtypes, limits, status codes
+# --------------------------------------------------------------------------
+
+NPU_CAP_COPY: Final = 1 << 0
+NPU_CAP_FILL: Final = 1 << 1
+NPU_CAP_GEMM_FP32: Final = 1 << 2
+NPU_CAP_MSIX: Final = 1 << 3
+NPU_CAP_TIMESTAMPS: Final = 1 << 4
+
+NPU_NUM_QUEUES: Final = 1
+NPU_MAX_QUEUES: Final = 16
+NPU_RING_MAX_ENTRIES: Final = 65536
+
+NPU_OP_NOP: Final = 0
+NPU_OP_COPY: Final = 1
+NPU_OP_FILL: Final = 2
+NPU_OP_GEMM: Final = 3
+NPU_OP_COUNT: Final = 4
+
+NPU_CMD_F_IRQ: Final = 1 << 0
+NPU_CMD_F_MASK: Final = NPU_CMD_F_IRQ
+
+NPU_GEMM_TRANS_A: Final = 1 << 0
+NPU_GEMM_TRANS_B: Final = 1 << 1
+NPU_GEMM_F_MASK: Final = NPU_GEMM_TRANS_A | NPU_GEMM_TRANS_B
+
+NPU_DTYPE_FP32: Final = 0
+
+NPU_MAX_XFER: Final = 1 << 32
+NPU_MAX_DIM: Final = 65536
+
+NPU_ST_OK: Final = 0
+NPU_ST_BAD_OPCODE: Final = 1
+NPU_ST_BAD_FLAGS: Final = 2
+NPU_ST_BAD_RESERVED: Final = 3
+NPU_ST_BAD_ARGS: Final = 4
+NPU_ST_BAD_ADDR: Final = 5
+NPU_ST_DMA_ERROR: Final = 6
+NPU_ST_ABORTED: Final = 7
+NPU_ST_NO_MEMORY: Final = 8
+NPU_ST_COUNT: Final = 9
+
+NPU_ERR_NONE: Final = 0
+NPU_ERR_RING_OVERRUN: Final = 1
+NPU_ERR_RING_FETCH: Final = 2
+NPU_ERR_CPL_WRITE: Final = 3
+NPU_ERR_BAD_RING: Final = 4
+
+# --------------------------------------------------------------------------
+# npu_uapi.h: constants
+# --------------------------------------------------------------------------
+
+NPU_IOCTL_BASE: Final = ord("N")
+
+NPU_INFO_CAP_COPY: Final = 1 << 0
+NPU_INFO_CAP_FILL: Final = 1 << 1
+NPU_INFO_CAP_GEMM_FP32: Final = 1 << 2
+NPU_INFO_CAP_MSIX: Final = 1 << 3
+NPU_INFO_CAP_TIMESTAMPS: Final = 1 << 4
+
+NPU_BO_MAX_SIZE: Final = 1 << 30
+NPU_OP_MAX_BUFS: Final = 3
+NPU_OP_MAX_PARAMS: Final = 8
+NPU_SUBMIT_MAX_OPS: Final = 256
+
+U32_MAX: Final = (1 << 32) - 1
+U64_MAX: Final = (1 << 64) - 1
+
+
+class Opcode(enum.IntEnum):
+    """Operation codes (``enum npu_opcode``)."""
+
+    NOP = NPU_OP_NOP
+    COPY = NPU_OP_COPY
+    FILL = NPU_OP_FILL
+    GEMM = NPU_OP_GEMM
+
+
+class Status(enum.IntEnum):
+    """Device completion status codes (``enum npu_status``, ``NPU_ST_*``)."""
+
+    OK = NPU_ST_OK
+    BAD_OPCODE = NPU_ST_BAD_OPCODE
+    BAD_FLAGS = NPU_ST_BAD_FLAGS
+    BAD_RESERVED = NPU_ST_BAD_RESERVED
+    BAD_ARGS = NPU_ST_BAD_ARGS
+    BAD_ADDR = NPU_ST_BAD_ADDR
+    DMA_ERROR = NPU_ST_DMA_ERROR
+    ABORTED = NPU_ST_ABORTED
+    NO_MEMORY = NPU_ST_NO_MEMORY
+
+
+class DevError(enum.IntEnum):
+    """Queue-level device errors (``enum npu_dev_error``, ``NPU_ERR_*``)."""
+
+    NONE = NPU_ERR_NONE
+    RING_OVERRUN = NPU_ERR_RING_OVERRUN
+    RING_FETCH = NPU_ERR_RING_FETCH
+    CPL_WRITE = NPU_ERR_CPL_WRITE
+    BAD_RING = NPU_ERR_BAD_RING
+
+
+class Cap(enum.IntFlag):
+    """Capability bits reported by GET_INFO (``NPU_INFO_CAP_*``)."""
+
+    COPY = NPU_INFO_CAP_COPY
+    FILL = NPU_INFO_CAP_FILL
+    GEMM_FP32 = NPU_INFO_CAP_GEMM_FP32
+    MSIX = NPU_INFO_CAP_MSIX
+    TIMESTAMPS = NPU_INFO_CAP_TIMESTAMPS
+
+
+class DType(enum.IntEnum):
+    """GEMM element types (``enum npu_dtype``)."""
+
+    FP32 = NPU_DTYPE_FP32
+
+
+def status_name(status: int) -> str:
+    """Return the C name of a completion status, e.g. ``"NPU_ST_BAD_ARGS"``.
+
+    Unknown values are rendered as ``"NPU_ST_UNKNOWN(<n>)"``.
+    """
+    try:
+        return f"NPU_ST_{Status(status).name}"
+    except ValueError:
+        return f"NPU_ST_UNKNOWN({status})"
+
+
+# --------------------------------------------------------------------------
+# npu_hw.h: structures (little endian)
+# --------------------------------------------------------------------------
+
+
+class NpuCmdCopy(ctypes.LittleEndianStructure):
+    """``npu_cmd.copy``."""
+
+    _fields_ = [
+        ("src", ctypes.c_uint64),
+        ("dst", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+    ]
+
+
+class NpuCmdFill(ctypes.LittleEndianStructure):
+    """``npu_cmd.fill``."""
+
+    _fields_ = [
+        ("dst", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("pattern", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+    ]
+
+
+class NpuCmdGemm(ctypes.LittleEndianStructure):
+    """``npu_cmd.gemm``."""
+
+    _fields_ = [
+        ("a", ctypes.c_uint64),
+        ("b", ctypes.c_uint64),
+        ("c", ctypes.c_uint64),
+        ("m", ctypes.c_uint32),
+        ("n", ctypes.c_uint32),
+        ("k", ctypes.c_uint32),
+        ("lda", ctypes.c_uint32),
+        ("ldb", ctypes.c_uint32),
+        ("ldc", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+class NpuCmdArgs(ctypes.LittleEndianUnion):
+    """The anonymous union of ``struct npu_cmd``."""
+
+    _fields_ = [
+        ("copy", NpuCmdCopy),
+        ("fill", NpuCmdFill),
+        ("gemm", NpuCmdGemm),
+        ("raw", ctypes.c_uint64 * 14),
+    ]
+
+
+class NpuCmd(ctypes.LittleEndianStructure):
+    """``struct npu_cmd``: a 128-byte ring descriptor.
+
+    The C union is anonymous, so its members are reachable directly
+    (``cmd.gemm.m``) as well as through ``cmd.args``.
+    """
+
+    _anonymous_ = ("args",)
+    _fields_ = [
+        ("opcode", ctypes.c_uint16),
+        ("flags", ctypes.c_uint16),
+        ("rsvd0", ctypes.c_uint32),
+        ("fence", ctypes.c_uint64),
+        ("args", NpuCmdArgs),
+    ]
+
+
+class NpuCpl(ctypes.LittleEndianStructure):
+    """``struct npu_cpl``: a 32-byte completion record."""
+
+    _fields_ = [
+        ("fence", ctypes.c_uint64),
+        ("status", ctypes.c_uint32),
+        ("opcode", ctypes.c_uint16),
+        ("rsvd", ctypes.c_uint16),
+        ("t_start", ctypes.c_uint64),
+        ("t_end", ctypes.c_uint64),
+    ]
+
+
+class NpuFenceWb(ctypes.LittleEndianStructure):
+    """``struct npu_fence_wb``: the fence write-back record."""
+
+    _fields_ = [
+        ("value", ctypes.c_uint64),
+        ("timestamp", ctypes.c_uint64),
+    ]
+
+
+# --------------------------------------------------------------------------
+# npu_uapi.h: structures (native byte order)
+# --------------------------------------------------------------------------
+
+
+class NpuInfo(ctypes.Structure):
+    """``struct npu_info`` (GET_INFO)."""
+
+    _fields_ = [
+        ("hw_version", ctypes.c_uint32),
+        ("abi_version", ctypes.c_uint32),
+        ("driver_version", ctypes.c_uint32),
+        ("caps", ctypes.c_uint32),
+        ("num_queues", ctypes.c_uint32),
+        ("num_cores", ctypes.c_uint32),
+        ("max_submit", ctypes.c_uint32),
+        ("ring_entries", ctypes.c_uint32),
+        ("max_bo_size", ctypes.c_uint64),
+        ("pci_vendor", ctypes.c_uint16),
+        ("pci_device", ctypes.c_uint16),
+        ("rsvd", ctypes.c_uint32 * 7),
+    ]
+
+
+class NpuBoCreate(ctypes.Structure):
+    """``struct npu_bo_create`` (BO_CREATE)."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("handle", ctypes.c_uint32),
+        ("mmap_offset", ctypes.c_uint64),
+        ("alloc_size", ctypes.c_uint64),
+    ]
+
+
+class NpuBoDestroy(ctypes.Structure):
+    """``struct npu_bo_destroy`` (BO_DESTROY)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+    ]
+
+
+class NpuBufRef(ctypes.Structure):
+    """``struct npu_buf_ref``: a byte range of a buffer object."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+        ("offset", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+    ]
+
+
+class NpuOp(ctypes.Structure):
+    """``struct npu_op``: one operation of a SUBMIT."""
+
+    _fields_ = [
+        ("opcode", ctypes.c_uint16),
+        ("flags", ctypes.c_uint16),
+        ("num_bufs", ctypes.c_uint32),
+        ("bufs", NpuBufRef * NPU_OP_MAX_BUFS),
+        ("params", ctypes.c_uint32 * NPU_OP_MAX_PARAMS),
+        ("rsvd", ctypes.c_uint64),
+    ]
+
+
+class NpuSubmit(ctypes.Structure):
+    """``struct npu_submit`` (SUBMIT)."""
+
+    _fields_ = [
+        ("ops_ptr", ctypes.c_uint64),
+        ("num_ops", ctypes.c_uint32),
+        ("queue", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("op_size", ctypes.c_uint32),
+        ("fence", ctypes.c_uint64),
+    ]
+
+
+class NpuWait(ctypes.Structure):
+    """``struct npu_wait`` (WAIT)."""
+
+    _fields_ = [
+        ("fence", ctypes.c_uint64),
+        ("timeout_ns", ctypes.c_uint64),
+        ("queue", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("status", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+        ("error_fence", ctypes.c_uint64),
+    ]
+
+
+#: C struct name -> ctypes mirror, for introspection and the layout test.
+STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
+    "npu_cmd": NpuCmd,
+    "npu_cpl": NpuCpl,
+    "npu_fence_wb": NpuFenceWb,
+    "npu_info": NpuInfo,
+    "npu_bo_create": NpuBoCreate,
+    "npu_bo_destroy": NpuBoDestroy,
+    "npu_buf_ref": NpuBufRef,
+    "npu_op": NpuOp,
+    "npu_submit": NpuSubmit,
+    "npu_wait": NpuWait,
+}
+
+# --------------------------------------------------------------------------
+# npu_uapi.h: ioctl request numbers
+# --------------------------------------------------------------------------
+
+NPU_IOCTL_GET_INFO: Final[int] = int(IOR(NPU_IOCTL_BASE, 0x00, NpuInfo))
+NPU_IOCTL_BO_CREATE: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x01, NpuBoCreate))
+NPU_IOCTL_BO_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x02, NpuBoDestroy))
+NPU_IOCTL_SUBMIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x03, NpuSubmit))
+NPU_IOCTL_WAIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x04, NpuWait))

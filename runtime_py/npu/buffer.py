@@ -1,0 +1,236 @@
+"""Device buffers: a buffer object (BO) of the driver mapped into this process.
+
+A :class:`Buffer` is created by :meth:`npu.Device.alloc`: BO_CREATE allocates
+the memory, ``mmap`` of the device file descriptor at the returned offset
+maps it, and :meth:`Buffer.numpy` / :attr:`Buffer.view` expose the mapping
+without copying. :meth:`Buffer.free` (or leaving a ``with`` block) drops the
+runtime's view, unmaps and destroys the BO; it is idempotent.
+
+Using a freed buffer raises :class:`npu.NpuError` with ``errno.EBADF``, the
+same error a closed file descriptor gives. If numpy arrays returned by
+:meth:`Buffer.numpy` are still alive when the buffer is freed, the mapping
+stays valid until the last of them is garbage-collected (the driver keeps the
+pages of a mapped BO alive), so such arrays never dangle.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import mmap
+import weakref
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import NpuError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    from .device import Device
+
+__all__ = ["Buffer"]
+
+log = logging.getLogger(__name__)
+
+
+class Buffer:
+    """A mapped buffer object of a :class:`npu.Device`.
+
+    Do not construct directly; use :meth:`npu.Device.alloc`.
+
+    Attributes:
+        device: the device owning the buffer object.
+        size: usable size in bytes (the size asked for).
+        alloc_size: size of the allocation after the driver rounded it up.
+        mmap_offset: the offset the mapping was made at.
+    """
+
+    def __init__(
+        self, device: Device, handle: int, size: int, alloc_size: int, mmap_offset: int
+    ) -> None:
+        self.device = device
+        self.size = size
+        self.alloc_size = alloc_size
+        self.mmap_offset = mmap_offset
+        self._handle = handle
+        self._view: memoryview | None = None
+        try:
+            self._mmap: mmap.mmap | None = mmap.mmap(
+                device.fileno(),
+                alloc_size,
+                flags=mmap.MAP_SHARED,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                offset=mmap_offset,
+            )
+        except OSError as exc:
+            raise NpuError.from_oserror(
+                exc, f"mmap(handle={handle}, offset={mmap_offset:#x}, size={alloc_size})"
+            ) from exc
+        # Destroys the BO if the buffer is garbage-collected without free().
+        self._finalizer = weakref.finalize(self, _destroy_unreferenced, weakref.ref(device), handle)
+        self._finalizer.atexit = False
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def handle(self) -> int:
+        """The BO handle (raises :class:`npu.NpuError` ``EBADF`` once freed)."""
+        self._check_alive("handle")
+        return self._handle
+
+    @property
+    def freed(self) -> bool:
+        """True once :meth:`free` has run (or the device was closed)."""
+        return self._mmap is None
+
+    @property
+    def view(self) -> memoryview:
+        """A writable ``memoryview`` of the ``size`` usable bytes of the mapping."""
+        mapping = self._check_alive("view")
+        if self._view is None:
+            self._view = memoryview(mapping)[: self.size]
+        return self._view
+
+    # -- data access ----------------------------------------------------------
+
+    def numpy(
+        self,
+        dtype: npt.DTypeLike = np.uint8,
+        shape: int | tuple[int, ...] | None = None,
+        offset: int = 0,
+    ) -> npt.NDArray[Any]:
+        """Return a writable ndarray viewing the buffer (no copy).
+
+        Args:
+            dtype: element type.
+            shape: array shape; by default a 1-D array of as many elements as
+                fit between ``offset`` and ``size``.
+            offset: byte offset of the first element.
+
+        Raises:
+            ValueError: the array does not fit in the buffer.
+            NpuError: the buffer was freed (``EBADF``).
+        """
+        mapping = self._check_alive("numpy")
+        dt = np.dtype(dtype)
+        if offset < 0 or offset > self.size:
+            raise ValueError(f"offset={offset} is outside the buffer of {self.size} bytes")
+        if shape is None:
+            count = (self.size - offset) // dt.itemsize
+            dims: tuple[int, ...] = (count,)
+        else:
+            dims = (shape,) if isinstance(shape, int) else tuple(shape)
+            count = math.prod(dims)
+        if count < 0 or offset + count * dt.itemsize > self.size:
+            raise ValueError(
+                f"array of shape {dims} and dtype {dt} at offset {offset} does not fit "
+                f"the buffer of {self.size} bytes"
+            )
+        array: npt.NDArray[Any] = np.frombuffer(mapping, dtype=dt, count=count, offset=offset)
+        return array.reshape(dims)
+
+    def write(self, data: ReadableBuffer | npt.NDArray[Any], offset: int = 0) -> None:
+        """Copy the bytes of ``data`` into the buffer at ``offset``.
+
+        ``data`` is any bytes-like object or an ndarray (whose raw bytes, in C
+        order, are written).
+
+        Raises:
+            ValueError: the data does not fit.
+            NpuError: the buffer was freed (``EBADF``).
+        """
+        self._check_alive("write")
+        if isinstance(data, np.ndarray):
+            src: npt.NDArray[Any] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        else:
+            src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        if offset < 0 or offset + src.nbytes > self.size:
+            raise ValueError(
+                f"{src.nbytes} bytes at offset {offset} do not fit the buffer of {self.size} bytes"
+            )
+        self.numpy(np.uint8, src.nbytes, offset)[:] = src
+
+    def read(self, nbytes: int | None = None, offset: int = 0) -> bytes:
+        """Return a copy of ``nbytes`` bytes (default: up to the end) from ``offset``.
+
+        Raises:
+            ValueError: the range is outside the buffer.
+            NpuError: the buffer was freed (``EBADF``).
+        """
+        end = self.size if nbytes is None else offset + nbytes
+        if offset < 0 or end < offset or end > self.size:
+            raise ValueError(f"range [{offset}, {end}) is outside the buffer of {self.size} bytes")
+        return bytes(self.view[offset:end])
+
+    # -- lifetime -------------------------------------------------------------
+
+    def free(self) -> None:
+        """Release the view, unmap and destroy the buffer object. Idempotent.
+
+        Raises:
+            NpuError: BO_DESTROY failed (the buffer is considered freed anyway).
+        """
+        mapping = self._mmap
+        if mapping is None:
+            return
+        self._mmap = None
+        self._finalizer.detach()
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        try:
+            mapping.close()
+        except BufferError:
+            log.debug(
+                "buffer %d: numpy views still reference the mapping; it is unmapped "
+                "when they are garbage-collected",
+                self._handle,
+            )
+        self.device._forget_buffer(self)
+        if not self.device.closed:
+            self.device.bo_destroy(self._handle)
+
+    def close(self) -> None:
+        """Alias of :meth:`free`."""
+        self.free()
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"<npu.Buffer handle={self._handle} size={self.size}{state}>"
+
+    def _check_alive(self, what: str) -> mmap.mmap:
+        if self._mmap is None:
+            raise NpuError(
+                errno.EBADF,
+                "buffer has been freed",
+                f"Buffer(handle={self._handle}).{what}",
+            )
+        return self._mmap
+
+
+def _destroy_unreferenced(device_ref: weakref.ref[Device], handle: int) -> None:
+    """Finalizer: destroy the BO of a buffer collected without :meth:`Buffer.free`."""
+    device = device_ref()
+    if device is None or device.closed:
+        return
+    log.debug("buffer %d collected without free(); destroying it", handle)
+    try:
+        device.bo_destroy(handle)
+    except NpuError as exc:
+        log.warning("destroying unreferenced buffer %d failed: %s", handle, exc)

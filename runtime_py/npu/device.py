@@ -1,0 +1,524 @@
+"""Device discovery and :class:`Device`, one open ``/dev/npuN``.
+
+:class:`Device` is a thin layer over the ioctls of ``include/npu_uapi.h``
+(GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT, WAIT): it packs the ctypes
+structures of :mod:`npu._abi`, calls ``fcntl.ioctl`` on them and turns every
+``OSError`` into an :class:`npu.NpuError` that keeps the errno and says which
+call failed.
+
+Device nodes are named ``/dev/npuN``; an integer device index ``N`` always
+means ``/dev/npuN``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import glob
+import logging
+import os
+import re
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final
+
+from . import _abi
+from .buffer import Buffer
+from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .ops import Op
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "Device",
+    "DeviceInfo",
+    "close_default_device",
+    "default_device",
+    "devices",
+    "open_device",
+    "set_default_device",
+]
+
+log = logging.getLogger(__name__)
+
+#: Default timeout of :meth:`Device.wait` and of the high-level functions.
+DEFAULT_TIMEOUT_S: Final = 10.0
+
+_DEV_DIR = "/dev"
+_UDEV_SUBSYSTEM = "npu"
+_NODE_RE = re.compile(r"npu(\d+)$")
+# WAIT with timeout_s=None is issued in slices of this length.
+_FOREVER_SLICE_NS = 60 * 10**9
+# Submissions remembered per queue to name the op of a device error.
+_INFLIGHT_HISTORY = 1024
+_TIMEOUT_ERRNOS = frozenset({errno.ETIMEDOUT, errno.ETIME})
+
+
+# ---------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------
+
+
+def _node_key(path: str) -> tuple[int, str]:
+    match = _NODE_RE.search(os.path.basename(path))
+    return (int(match.group(1)) if match else -1, path)
+
+
+def _udev_nodes() -> list[str]:
+    """Device nodes of the ``npu`` subsystem according to udev ([] if unavailable)."""
+    try:
+        import pyudev
+    except ImportError:
+        log.debug("pyudev is not installed; skipping udev discovery")
+        return []
+    try:
+        context = pyudev.Context()
+        nodes = [str(dev.device_node) for dev in context.list_devices(subsystem=_UDEV_SUBSYSTEM)]
+    except Exception as exc:  # libudev missing, no /sys, ...: fall back to the glob
+        log.debug("udev discovery failed: %s", exc)
+        return []
+    return [node for node in nodes if node and node != "None"]
+
+
+def _glob_nodes(dev_dir: str = _DEV_DIR) -> list[str]:
+    """Paths ``<dev_dir>/npuN`` that exist."""
+    candidates = glob.glob(os.path.join(glob.escape(dev_dir), "npu[0-9]*"))
+    return [path for path in candidates if _NODE_RE.fullmatch(os.path.basename(path))]
+
+
+def devices() -> list[str]:
+    """Return the NPU device nodes of this machine, sorted by index.
+
+    udev (subsystem ``npu``) is asked first; when it knows of no device (or
+    pyudev/libudev is unavailable) ``/dev/npu*`` is globbed. Returns ``[]``
+    when there is no NPU.
+    """
+    nodes = _udev_nodes()
+    if not nodes:
+        nodes = _glob_nodes(_DEV_DIR)
+    return sorted(set(nodes), key=_node_key)
+
+
+def node_path(device: int | str | os.PathLike[str]) -> str:
+    """Return the device node path for an index ``N`` (``/dev/npuN``) or a path."""
+    if isinstance(device, bool):
+        raise TypeError("device must be an index or a path, not bool")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device index {device} is negative")
+        return os.path.join(_DEV_DIR, f"npu{device}")
+    return os.fspath(device)
+
+
+# ---------------------------------------------------------------------------
+# Device
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What GET_INFO reports about a device (``struct npu_info``)."""
+
+    path: str
+    hw_version: int
+    abi_version: int
+    driver_version: int
+    caps: _abi.Cap
+    num_queues: int
+    num_cores: int
+    max_submit: int
+    ring_entries: int
+    max_bo_size: int
+    pci_vendor: int
+    pci_device: int
+
+    @property
+    def hw_version_str(self) -> str:
+        """Hardware version as ``"major.minor"``."""
+        return _version_str(self.hw_version)
+
+    @property
+    def driver_version_str(self) -> str:
+        """Driver version as ``"major.minor"``."""
+        return _version_str(self.driver_version)
+
+    def has(self, cap: _abi.Cap) -> bool:
+        """True if the device has every capability bit in ``cap``."""
+        return (self.caps & cap) == cap
+
+
+def _version_str(version: int) -> str:
+    return f"{version >> 16}.{version & 0xFFFF}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    first_fence: int
+    last_fence: int
+    ops: tuple[Op, ...]
+
+
+class Device:
+    """An open NPU device (``/dev/npuN``).
+
+    Args:
+        device: an index ``N`` (opens ``/dev/npuN``) or a device node path.
+
+    Raises:
+        DeviceNotFoundError: the node does not exist (``ENOENT``) or has no
+            device behind it (``ENODEV``/``ENXIO``).
+        NpuError: any other ``open`` failure (e.g. ``EACCES``).
+
+    A device is a context manager; :meth:`close` frees every buffer still
+    allocated from it and closes the file descriptor. Methods called after
+    :meth:`close` raise :class:`NpuError` with ``errno.EBADF``.
+    """
+
+    def __init__(self, device: int | str | os.PathLike[str] = 0) -> None:
+        path = node_path(device)
+        context = f"open({path})"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+                raise DeviceNotFoundError(context, exc.errno, exc.strerror) from exc
+            raise NpuError.from_oserror(exc, context) from exc
+        self.path = path
+        self._fd = fd
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._info: DeviceInfo | None = None
+        self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._inflight: dict[int, deque[_Submitted]] = {}
+        log.debug("opened %s (fd %d)", path, fd)
+
+    # -- lifetime -----------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return not self._closer.alive
+
+    def fileno(self) -> int:
+        """The file descriptor (raises :class:`NpuError` ``EBADF`` once closed)."""
+        if self.closed:
+            raise NpuError(errno.EBADF, "device is closed", f"Device({self.path})")
+        return self._fd
+
+    def close(self) -> None:
+        """Free the buffers still allocated from this device and close it. Idempotent."""
+        if self.closed:
+            return
+        for buf in list(self._buffers):
+            try:
+                buf.free()
+            except NpuError as exc:
+                log.warning("freeing %r while closing %s failed: %s", buf, self.path, exc)
+        self._closer()
+        log.debug("closed %s", self.path)
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"fd={self._fd}"
+        return f"<npu.Device {self.path} {state}>"
+
+    # -- ioctls ---------------------------------------------------------------
+
+    def _ioctl(self, request: int, arg: ctypes.Structure, context: str | Callable[[], str]) -> None:
+        fd = self.fileno()
+        try:
+            fcntl.ioctl(fd, request, arg, True)
+        except OSError as exc:
+            text = context if isinstance(context, str) else context()
+            raise NpuError.from_oserror(exc, text) from exc
+
+    @property
+    def info(self) -> DeviceInfo:
+        """Device properties from GET_INFO (queried once, then cached)."""
+        if self._info is None:
+            raw = _abi.NpuInfo()
+            self._ioctl(_abi.NPU_IOCTL_GET_INFO, raw, "GET_INFO")
+            self._info = DeviceInfo(
+                path=self.path,
+                hw_version=raw.hw_version,
+                abi_version=raw.abi_version,
+                driver_version=raw.driver_version,
+                caps=_abi.Cap(raw.caps),
+                num_queues=raw.num_queues,
+                num_cores=raw.num_cores,
+                max_submit=raw.max_submit,
+                ring_entries=raw.ring_entries,
+                max_bo_size=raw.max_bo_size,
+                pci_vendor=raw.pci_vendor,
+                pci_device=raw.pci_device,
+            )
+        return self._info
+
+    def bo_create(self, size: int) -> tuple[int, int, int]:
+        """Create a buffer object (BO_CREATE).
+
+        Returns:
+            ``(handle, mmap_offset, alloc_size)``.
+
+        Raises:
+            ValueError: ``size`` is not a u64.
+            NpuError: the driver refused, e.g. ``EINVAL`` for ``size=0`` or
+                ``ENOMEM``; the context reads ``"BO_CREATE(size=...)"``.
+        """
+        _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
+        arg = _abi.NpuBoCreate(size=size, flags=0)
+        self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, f"BO_CREATE(size={size})")
+        log.debug(
+            "BO_CREATE size=%d -> handle=%d offset=%#x alloc=%d",
+            size,
+            arg.handle,
+            arg.mmap_offset,
+            arg.alloc_size,
+        )
+        return int(arg.handle), int(arg.mmap_offset), int(arg.alloc_size)
+
+    def bo_destroy(self, handle: int) -> None:
+        """Destroy a buffer object (BO_DESTROY).
+
+        Raises:
+            NpuError: e.g. ``ENOENT``/``EINVAL`` for an unknown handle.
+        """
+        _check_u(f"BO_DESTROY handle={handle}", handle, _abi.U32_MAX)
+        arg = _abi.NpuBoDestroy(handle=handle, rsvd=0)
+        self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, arg, f"BO_DESTROY(handle={handle})")
+        log.debug("BO_DESTROY handle=%d", handle)
+
+    def submit(self, ops: Sequence[Op], queue: int = 0) -> int:
+        """Submit operations to a queue (SUBMIT) and return the fence of the last one.
+
+        The ops run in order. Completion is observed with :meth:`wait`.
+
+        Raises:
+            ValueError: no ops, more than ``NPU_SUBMIT_MAX_OPS``, or an op uses
+                a buffer of another device.
+            NpuError: a buffer was freed (``EBADF``) or the driver refused the
+                submission (e.g. ``EINVAL``, ``ENOENT`` for an unknown handle).
+        """
+        batch = tuple(ops)
+        if not batch:
+            raise ValueError("submit: no ops")
+        if len(batch) > _abi.NPU_SUBMIT_MAX_OPS:
+            raise ValueError(
+                f"submit: {len(batch)} ops, at most {_abi.NPU_SUBMIT_MAX_OPS} per submission"
+            )
+        _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
+        for op in batch:
+            for buf in op.buffers:
+                if isinstance(buf, Buffer):
+                    if buf.device is not self:
+                        raise ValueError(f"submit: {op} uses {buf!r} of {buf.device!r}")
+                    buf.handle  # noqa: B018 - raises NpuError(EBADF) if freed
+        raw_ops = (_abi.NpuOp * len(batch))(*(op.pack() for op in batch))
+        arg = _abi.NpuSubmit(
+            ops_ptr=ctypes.addressof(raw_ops),
+            num_ops=len(batch),
+            queue=queue,
+            flags=0,
+            op_size=ctypes.sizeof(_abi.NpuOp),
+        )
+
+        def context() -> str:
+            shown = ", ".join(str(op) for op in batch[:4])
+            more = ", ..." if len(batch) > 4 else ""
+            return f"SUBMIT(queue={queue}, num_ops={len(batch)}, ops=[{shown}{more}])"
+
+        self._ioctl(_abi.NPU_IOCTL_SUBMIT, arg, context)
+        fence = int(arg.fence)
+        with self._lock:
+            history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
+            history.append(_Submitted(fence - len(batch) + 1, fence, batch))
+        log.debug("SUBMIT queue=%d num_ops=%d -> fence %d", queue, len(batch), fence)
+        return fence
+
+    def wait(self, fence: int, timeout_s: float | None = DEFAULT_TIMEOUT_S, queue: int = 0) -> None:
+        """Wait until ``fence`` has completed on ``queue`` (WAIT).
+
+        Args:
+            fence: a fence returned by :meth:`submit`.
+            timeout_s: seconds to wait; ``0`` polls, ``None`` waits forever.
+            queue: the queue the fence belongs to.
+
+        Raises:
+            NpuDeviceError: an op up to ``fence`` failed on the device
+                (``EIO``); carries ``status``, ``status_name``, ``fence`` (the
+                failed op's) and ``op``.
+            NpuTimeoutError: the fence did not complete in time.
+            NpuError: any other failure, e.g. ``EINVAL`` for a fence never
+                submitted.
+        """
+        _check_u(f"WAIT fence={fence}", fence, _abi.U64_MAX)
+        _check_u(f"WAIT queue={queue}", queue, _abi.U32_MAX)
+        if timeout_s is not None and not timeout_s >= 0:
+            raise ValueError(f"WAIT timeout_s={timeout_s} must be >= 0 or None")
+        fd = self.fileno()
+        context = f"WAIT(fence={fence}, queue={queue}, timeout_s={timeout_s})"
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if deadline is None:
+                timeout_ns = _FOREVER_SLICE_NS
+            else:
+                remaining = max(0.0, deadline - time.monotonic())
+                timeout_ns = min(int(remaining * 1e9), _abi.U64_MAX)
+            arg = _abi.NpuWait(fence=fence, timeout_ns=timeout_ns, queue=queue)
+            try:
+                fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, arg, True)
+            except InterruptedError:
+                continue  # signal handlers have run; wait for the remaining time
+            except OSError as exc:
+                if exc.errno in _TIMEOUT_ERRNOS:
+                    if deadline is None:
+                        continue
+                    raise NpuTimeoutError(
+                        fence, timeout_s or 0.0, context, exc.errno, exc.strerror
+                    ) from exc
+                if exc.errno == errno.EIO:
+                    error_fence = int(arg.error_fence)
+                    raise NpuDeviceError(
+                        int(arg.status),
+                        error_fence,
+                        self._find_op(queue, error_fence),
+                        context,
+                        errno.EIO,
+                        exc.strerror,
+                    ) from exc
+                raise NpuError.from_oserror(exc, context) from exc
+            break
+        with self._lock:
+            history = self._inflight.get(queue)
+            while history and history[0].last_fence <= fence:
+                history.popleft()
+        log.debug("WAIT queue=%d fence=%d done", queue, fence)
+
+    def run(
+        self, ops: Sequence[Op], queue: int = 0, timeout_s: float | None = DEFAULT_TIMEOUT_S
+    ) -> int:
+        """Submit ``ops`` and wait for them; return the fence of the last one."""
+        fence = self.submit(ops, queue)
+        self.wait(fence, timeout_s=timeout_s, queue=queue)
+        return fence
+
+    def alloc(self, size: int) -> Buffer:
+        """Allocate and map a buffer of ``size`` bytes (BO_CREATE + mmap).
+
+        Raises:
+            NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``).
+        """
+        handle, mmap_offset, alloc_size = self.bo_create(size)
+        try:
+            buf = Buffer(self, handle, size, alloc_size, mmap_offset)
+        except BaseException:
+            try:
+                self.bo_destroy(handle)
+            except NpuError as exc:
+                log.warning("BO_DESTROY after a failed mmap failed: %s", exc)
+            raise
+        self._buffers.add(buf)
+        return buf
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        """The buffers allocated from this device and not freed yet."""
+        return list(self._buffers)
+
+    def _forget_buffer(self, buf: Buffer) -> None:
+        self._buffers.discard(buf)
+
+    def _find_op(self, queue: int, fence: int) -> Op | None:
+        """The op that got ``fence`` (fences of one SUBMIT are consecutive)."""
+        with self._lock:
+            for sub in self._inflight.get(queue, ()):
+                if sub.first_fence <= fence <= sub.last_fence:
+                    return sub.ops[fence - sub.first_fence]
+        return None
+
+
+def _check_u(what: str, value: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what}: must be an int, not {type(value).__name__}")
+    if not 0 <= value <= hi:
+        raise ValueError(f"{what}: out of range [0, {hi}]")
+
+
+# ---------------------------------------------------------------------------
+# Opening and the default device
+# ---------------------------------------------------------------------------
+
+
+def open_device(device: int | str | os.PathLike[str] = 0) -> Device:
+    """Open an NPU: an index ``N`` (``/dev/npuN``, default 0) or a node path.
+
+    Raises:
+        DeviceNotFoundError: ``ENODEV`` when the machine has no NPU at all,
+            ``ENOENT`` when this one does not exist.
+        NpuError: the device could not be opened (e.g. ``EACCES``).
+    """
+    path = node_path(device)
+    if not os.path.exists(path) and not devices():
+        raise DeviceNotFoundError(
+            f"open_device({device!r}): no NPU device found (udev subsystem "
+            f"{_UDEV_SUBSYSTEM!r}, {_DEV_DIR}/npu*)",
+            errno.ENODEV,
+        )
+    return Device(path)
+
+
+_default_device: Device | None = None
+_default_lock = threading.Lock()
+
+#: Environment variable naming the default device (index or path).
+DEVICE_ENV: Final = "NPU_DEVICE"
+
+
+def default_device() -> Device:
+    """Return the device used by the high-level functions, opening it on first use.
+
+    It is ``$NPU_DEVICE`` (an index or a path) if set, else ``/dev/npu0``; it
+    is reopened if it was closed.
+    """
+    global _default_device
+    with _default_lock:
+        if _default_device is None or _default_device.closed:
+            spec = os.environ.get(DEVICE_ENV, "").strip()
+            target: int | str = int(spec) if spec.isdigit() else (spec or 0)
+            _default_device = open_device(target)
+            log.debug("default device is %s", _default_device.path)
+        return _default_device
+
+
+def set_default_device(device: Device | None) -> None:
+    """Make ``device`` the default device (``None``: reopen lazily on next use).
+
+    The previous default device is not closed.
+    """
+    global _default_device
+    with _default_lock:
+        _default_device = device
+
+
+def close_default_device() -> None:
+    """Close the default device if it was opened; the next use reopens it."""
+    global _default_device
+    with _default_lock:
+        device, _default_device = _default_device, None
+    if device is not None:
+        device.close()
