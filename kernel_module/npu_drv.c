@@ -208,6 +208,7 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_del_cdev;
 	}
 	pci_set_drvdata(pdev, ndev);
+	npu_debugfs_init(ndev);
 	dev_info(dev, "NPU %u.%u, ABI %u, %u queue(s), %u core(s): /dev/npu%d\n",
 		 ndev->hw_version >> 16, ndev->hw_version & 0xffff,
 		 ndev->abi_version, ndev->num_queues, ndev->num_cores, ndev->minor);
@@ -241,6 +242,7 @@ static void npu_remove(struct pci_dev *pdev)
 	ndev->unplugged = true;
 	up_write(&ndev->unplug_sem);
 
+	npu_debugfs_fini(ndev);
 	device_destroy(npu_class, MKDEV(MAJOR(npu_devt), ndev->minor));
 	cdev_del(ndev->cdev);
 	npu_hw_fini(ndev);
@@ -273,12 +275,14 @@ static int __init npu_init(void)
 		ret = PTR_ERR(npu_class);
 		goto err_unregister_region;
 	}
+	npu_debugfs_module_init();
 	ret = pci_register_driver(&npu_pci_driver);
 	if (ret)
-		goto err_destroy_class;
+		goto err_remove_debugfs;
 	return 0;
 
-err_destroy_class:
+err_remove_debugfs:
+	npu_debugfs_module_exit();
 	class_destroy(npu_class);
 err_unregister_region:
 	unregister_chrdev_region(npu_devt, NPU_MAX_DEVICES);
@@ -288,6 +292,7 @@ err_unregister_region:
 static void __exit npu_exit(void)
 {
 	pci_unregister_driver(&npu_pci_driver);
+	npu_debugfs_module_exit();
 	class_destroy(npu_class);
 	unregister_chrdev_region(npu_devt, NPU_MAX_DEVICES);
 	idr_destroy(&npu_devices);

@@ -7,6 +7,7 @@
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_sysfs.c  device attributes
+ *   npu_debugfs.c  debug and fault-injection files
  */
 #ifndef NPU_DRV_H
 #define NPU_DRV_H
@@ -61,7 +62,7 @@ struct npu_bo {
 
 struct npu_job {
 	struct list_head node;		/* in npu_queue.jobs */
-	struct npu_context *ctx;
+	struct npu_context *ctx;	/* NULL for driver-internal jobs */
 	u64 first_fence;
 	u64 last_fence;
 	u64 err_fence;			/* first failed op, 0 if none */
@@ -117,8 +118,10 @@ struct npu_device {
 	u32 num_queues;
 	u32 num_cores;
 
+	struct dentry *debugfs;
 	atomic_t irq_count;
 	atomic_t recoveries;
+	atomic_t op_errors;		/* ops completed with a non-OK status */
 	struct npu_queue queue;
 };
 
@@ -157,6 +160,12 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_wait(struct npu_context *ctx, void __user *arg);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
+
+/* npu_debugfs.c */
+void npu_debugfs_init(struct npu_device *ndev);
+void npu_debugfs_fini(struct npu_device *ndev);
+void npu_debugfs_module_init(void);
+void npu_debugfs_module_exit(void);
 
 /* npu_sysfs.c */
 extern const struct attribute_group *npu_attr_groups[];

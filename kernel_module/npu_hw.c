@@ -137,6 +137,7 @@ static void npu_queue_process(struct npu_queue *q)
 
 		if (status == NPU_ST_OK)
 			continue;
+		atomic_inc(&ndev->op_errors);
 		trace_npu_op_error(q->index, f, status, READ_ONCE(cpl->opcode));
 		job = npu_queue_find_job(q, f);
 		if (job && !job->err_fence) {

@@ -55,11 +55,12 @@ void npu_job_retire(struct npu_job *job)
 	u32 i;
 
 	trace_npu_job_retire(job->first_fence, job->last_fence, job->err_status);
-	if (job->err_fence)
+	if (job->err_fence && job->ctx)
 		npu_context_add_error(job->ctx, job->err_fence, job->err_status);
 	for (i = 0; i < job->num_bos; i++)
 		npu_bo_put(job->bos[i]);
-	npu_context_put(job->ctx);
+	if (job->ctx)
+		npu_context_put(job->ctx);
 	kvfree(job);
 }
 

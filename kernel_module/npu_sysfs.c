@@ -19,14 +19,14 @@ static DEVICE_ATTR_RO(name)
 
 NPU_ATTR(hw_version, "%u.%u", ndev->hw_version >> 16, ndev->hw_version & 0xffff);
 NPU_ATTR(abi_version, "%u", ndev->abi_version);
-NPU_ATTR(driver_version, "%u.%u", NPU_DRIVER_VERSION >> 16,
-	     NPU_DRIVER_VERSION & 0xffff);
+NPU_ATTR(driver_version, "%u.%u", NPU_DRIVER_VERSION >> 16, NPU_DRIVER_VERSION & 0xffff);
 NPU_ATTR(caps, "0x%08x", ndev->caps);
 NPU_ATTR(num_queues, "%u", ndev->num_queues);
 NPU_ATTR(num_cores, "%u", ndev->num_cores);
 NPU_ATTR(ring_entries, "%u", ndev->queue.entries);
 NPU_ATTR(irq_count, "%d", atomic_read(&ndev->irq_count));
 NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
+NPU_ATTR(op_errors, "%d", atomic_read(&ndev->op_errors));
 
 static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
@@ -48,6 +48,7 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_ring_entries.attr,
 	&dev_attr_irq_count.attr,
 	&dev_attr_recoveries.attr,
+	&dev_attr_op_errors.attr,
 	&dev_attr_fences.attr,
 	NULL,
 };

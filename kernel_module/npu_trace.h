@@ -11,120 +11,92 @@
 #include <linux/tracepoint.h>
 
 TRACE_EVENT(npu_submit,
-	TP_PROTO(u32 queue, u64 first, u64 last),
-	TP_ARGS(queue, first, last),
-	TP_STRUCT__entry(
-		__field(u32, queue)
-		__field(u64, first)
-		__field(u64, last)
-	),
-	TP_fast_assign(
-		__entry->queue = queue;
-		__entry->first = first;
-		__entry->last = last;
-	),
-	TP_printk("queue=%u fences=%llu..%llu", __entry->queue, __entry->first,
-		  __entry->last)
+	    TP_PROTO(u32 queue, u64 first, u64 last),
+	    TP_ARGS(queue, first, last),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, first)
+			     __field(u64, last)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->first = first;
+			   __entry->last = last;),
+	    TP_printk("queue=%u fences=%llu..%llu", __entry->queue,
+		      __entry->first, __entry->last)
 );
 
 TRACE_EVENT(npu_complete,
-	TP_PROTO(u32 queue, u64 fence),
-	TP_ARGS(queue, fence),
-	TP_STRUCT__entry(
-		__field(u32, queue)
-		__field(u64, fence)
-	),
-	TP_fast_assign(
-		__entry->queue = queue;
-		__entry->fence = fence;
-	),
-	TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
+	    TP_PROTO(u32 queue, u64 fence),
+	    TP_ARGS(queue, fence),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, fence)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->fence = fence;),
+	    TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
 );
 
 TRACE_EVENT(npu_op_error,
-	TP_PROTO(u32 queue, u64 fence, u32 status, u16 opcode),
-	TP_ARGS(queue, fence, status, opcode),
-	TP_STRUCT__entry(
-		__field(u32, queue)
-		__field(u64, fence)
-		__field(u32, status)
-		__field(u16, opcode)
-	),
-	TP_fast_assign(
-		__entry->queue = queue;
-		__entry->fence = fence;
-		__entry->status = status;
-		__entry->opcode = opcode;
-	),
-	TP_printk("queue=%u fence=%llu status=%u opcode=%u", __entry->queue,
-		  __entry->fence, __entry->status, __entry->opcode)
+	    TP_PROTO(u32 queue, u64 fence, u32 status, u16 opcode),
+	    TP_ARGS(queue, fence, status, opcode),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, fence)
+			     __field(u32, status)
+			     __field(u16, opcode)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->fence = fence;
+			   __entry->status = status;
+			   __entry->opcode = opcode;),
+	    TP_printk("queue=%u fence=%llu status=%u opcode=%u",
+		      __entry->queue, __entry->fence, __entry->status,
+		      __entry->opcode)
 );
 
 TRACE_EVENT(npu_irq,
-	TP_PROTO(u32 queue),
-	TP_ARGS(queue),
-	TP_STRUCT__entry(
-		__field(u32, queue)
-	),
-	TP_fast_assign(
-		__entry->queue = queue;
-	),
-	TP_printk("queue=%u", __entry->queue)
+	    TP_PROTO(u32 queue),
+	    TP_ARGS(queue),
+	    TP_STRUCT__entry(__field(u32, queue)),
+	    TP_fast_assign(__entry->queue = queue;),
+	    TP_printk("queue=%u", __entry->queue)
 );
 
 TRACE_EVENT(npu_job_retire,
-	TP_PROTO(u64 first, u64 last, u32 status),
-	TP_ARGS(first, last, status),
-	TP_STRUCT__entry(
-		__field(u64, first)
-		__field(u64, last)
-		__field(u32, status)
-	),
-	TP_fast_assign(
-		__entry->first = first;
-		__entry->last = last;
-		__entry->status = status;
-	),
-	TP_printk("fences=%llu..%llu status=%u", __entry->first, __entry->last,
-		  __entry->status)
+	    TP_PROTO(u64 first, u64 last, u32 status),
+	    TP_ARGS(first, last, status),
+	    TP_STRUCT__entry(__field(u64, first)
+			     __field(u64, last)
+			     __field(u32, status)),
+	    TP_fast_assign(__entry->first = first;
+			   __entry->last = last;
+			   __entry->status = status;),
+	    TP_printk("fences=%llu..%llu status=%u", __entry->first, __entry->last, __entry->status)
 );
 
 TRACE_EVENT(npu_wait_done,
-	TP_PROTO(u32 queue, u64 fence),
-	TP_ARGS(queue, fence),
-	TP_STRUCT__entry(
-		__field(u32, queue)
-		__field(u64, fence)
-	),
-	TP_fast_assign(
-		__entry->queue = queue;
-		__entry->fence = fence;
-	),
-	TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
+	    TP_PROTO(u32 queue, u64 fence),
+	    TP_ARGS(queue, fence),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, fence)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->fence = fence;),
+	    TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
 );
 
 DECLARE_EVENT_CLASS(npu_bo,
-	TP_PROTO(u32 handle, size_t size),
-	TP_ARGS(handle, size),
-	TP_STRUCT__entry(
-		__field(u32, handle)
-		__field(size_t, size)
-	),
-	TP_fast_assign(
-		__entry->handle = handle;
-		__entry->size = size;
-	),
-	TP_printk("handle=%u size=%zu", __entry->handle, __entry->size)
+		    TP_PROTO(u32 handle, size_t size),
+		    TP_ARGS(handle, size),
+		    TP_STRUCT__entry(__field(u32, handle)
+				     __field(size_t, size)),
+		    TP_fast_assign(__entry->handle = handle;
+				   __entry->size = size;),
+		    TP_printk("handle=%u size=%zu", __entry->handle, __entry->size)
 );
 
 DEFINE_EVENT(npu_bo, npu_bo_create,
-	TP_PROTO(u32 handle, size_t size),
-	TP_ARGS(handle, size)
+	     TP_PROTO(u32 handle, size_t size),
+	     TP_ARGS(handle, size)
 );
 
 DEFINE_EVENT(npu_bo, npu_bo_free,
-	TP_PROTO(u32 handle, size_t size),
-	TP_ARGS(handle, size)
+	     TP_PROTO(u32 handle, size_t size),
+	     TP_ARGS(handle, size)
 );
 
 #endif /* NPU_TRACE_H */

@@ -46,7 +46,7 @@ struct NpuState {
      * bottom half; it is never held across DMA or command execution.
      */
     QemuMutex lock;
-    QemuCond cond;          /* wakes the worker: doorbell, enable, reset, stop */
+    QemuCond cond;          /* wakes the worker: doorbell, enable, reset */
     QemuCond reset_done;    /* signalled when a reset request is finished */
     bool stop;
     bool reset_pending;

@@ -95,4 +95,5 @@ fi
 grep -E 'hw/misc/npu/.*warning' "$top/build.log" >&2 || true
 mkdir -p "$(dirname "$out")"
 ln -sf "$bld/qemu-system-x86_64" "$out"
+ln -sfn "$top" "$NPU_CACHE/qemu/current"
 log "QEMU ready: $out"

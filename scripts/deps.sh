@@ -11,6 +11,7 @@ APT_PKGS=(
 	debootstrap e2fsprogs dpkg-dev fakeroot cpio xz-utils zstd
 	python3-venv pciutils sparse git
 	libcap-ng-dev libattr1-dev libfdt-dev qemu-system-data seabios
+	shellcheck
 )
 
 stamp="$NPU_CACHE/stamps/deps-$(hash_files "$here/deps.sh" "$here/common.sh" "$NPU_ROOT/requirements-dev.txt")"

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import glob
 import logging
+import operator
 import os
 import re
 import threading
@@ -26,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final
+from typing import Final, SupportsIndex
 
 from . import _abi
 from .buffer import Buffer
@@ -239,13 +240,32 @@ class Device:
 
     # -- ioctls ---------------------------------------------------------------
 
-    def _ioctl(self, request: int, arg: ctypes.Structure, context: str | Callable[[], str]) -> None:
+    def _ioctl(
+        self,
+        request: int,
+        arg: ctypes.Structure,
+        context: str | Callable[[], str],
+        retry_eintr: bool = False,
+    ) -> None:
+        """Issue one ioctl on ``arg`` (updated in place); OSError -> NpuError.
+
+        With ``retry_eintr`` an ioctl interrupted by a signal (``EINTR``, which
+        the driver only returns before doing anything) is issued again once
+        the signal handlers have run.
+        """
         fd = self.fileno()
-        try:
-            fcntl.ioctl(fd, request, arg, True)
-        except OSError as exc:
-            text = context if isinstance(context, str) else context()
-            raise NpuError.from_oserror(exc, text) from exc
+        while True:
+            try:
+                fcntl.ioctl(fd, request, arg, True)
+            except InterruptedError as exc:
+                if retry_eintr:
+                    continue
+                text = context if isinstance(context, str) else context()
+                raise NpuError.from_oserror(exc, text) from exc
+            except OSError as exc:
+                text = context if isinstance(context, str) else context()
+                raise NpuError.from_oserror(exc, text) from exc
+            return
 
     @property
     def info(self) -> DeviceInfo:
@@ -269,7 +289,7 @@ class Device:
             )
         return self._info
 
-    def bo_create(self, size: int) -> tuple[int, int, int]:
+    def bo_create(self, size: SupportsIndex) -> tuple[int, int, int]:
         """Create a buffer object (BO_CREATE).
 
         Returns:
@@ -280,7 +300,7 @@ class Device:
             NpuError: the driver refused, e.g. ``EINVAL`` for ``size=0`` or
                 ``ENOMEM``; the context reads ``"BO_CREATE(size=...)"``.
         """
-        _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
+        size = _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
         arg = _abi.NpuBoCreate(size=size, flags=0)
         self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, f"BO_CREATE(size={size})")
         log.debug(
@@ -298,7 +318,7 @@ class Device:
         Raises:
             NpuError: e.g. ``ENOENT``/``EINVAL`` for an unknown handle.
         """
-        _check_u(f"BO_DESTROY handle={handle}", handle, _abi.U32_MAX)
+        handle = _check_u(f"BO_DESTROY handle={handle}", handle, _abi.U32_MAX)
         arg = _abi.NpuBoDestroy(handle=handle, rsvd=0)
         self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, arg, f"BO_DESTROY(handle={handle})")
         log.debug("BO_DESTROY handle=%d", handle)
@@ -306,7 +326,9 @@ class Device:
     def submit(self, ops: Sequence[Op], queue: int = 0) -> int:
         """Submit operations to a queue (SUBMIT) and return the fence of the last one.
 
-        The ops run in order. Completion is observed with :meth:`wait`.
+        The ops run in order and get consecutive fences. Completion is
+        observed with :meth:`wait`. A SUBMIT interrupted by a signal while
+        the driver waits for ring space is retried.
 
         Raises:
             ValueError: no ops, more than ``NPU_SUBMIT_MAX_OPS``, or an op uses
@@ -321,7 +343,7 @@ class Device:
             raise ValueError(
                 f"submit: {len(batch)} ops, at most {_abi.NPU_SUBMIT_MAX_OPS} per submission"
             )
-        _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
+        queue = _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
         for op in batch:
             for buf in op.buffers:
                 if isinstance(buf, Buffer):
@@ -342,7 +364,7 @@ class Device:
             more = ", ..." if len(batch) > 4 else ""
             return f"SUBMIT(queue={queue}, num_ops={len(batch)}, ops=[{shown}{more}])"
 
-        self._ioctl(_abi.NPU_IOCTL_SUBMIT, arg, context)
+        self._ioctl(_abi.NPU_IOCTL_SUBMIT, arg, context, retry_eintr=True)
         fence = int(arg.fence)
         with self._lock:
             history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
@@ -366,8 +388,8 @@ class Device:
             NpuError: any other failure, e.g. ``EINVAL`` for a fence never
                 submitted.
         """
-        _check_u(f"WAIT fence={fence}", fence, _abi.U64_MAX)
-        _check_u(f"WAIT queue={queue}", queue, _abi.U32_MAX)
+        fence = _check_u(f"WAIT fence={fence}", fence, _abi.U64_MAX)
+        queue = _check_u(f"WAIT queue={queue}", queue, _abi.U32_MAX)
         if timeout_s is not None and not timeout_s >= 0:
             raise ValueError(f"WAIT timeout_s={timeout_s} must be >= 0 or None")
         fd = self.fileno()
@@ -417,7 +439,7 @@ class Device:
         self.wait(fence, timeout_s=timeout_s, queue=queue)
         return fence
 
-    def alloc(self, size: int) -> Buffer:
+    def alloc(self, size: SupportsIndex) -> Buffer:
         """Allocate and map a buffer of ``size`` bytes (BO_CREATE + mmap).
 
         Raises:
@@ -425,7 +447,7 @@ class Device:
         """
         handle, mmap_offset, alloc_size = self.bo_create(size)
         try:
-            buf = Buffer(self, handle, size, alloc_size, mmap_offset)
+            buf = Buffer(self, handle, operator.index(size), alloc_size, mmap_offset)
         except BaseException:
             try:
                 self.bo_destroy(handle)
@@ -452,11 +474,17 @@ class Device:
         return None
 
 
-def _check_u(what: str, value: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what}: must be an int, not {type(value).__name__}")
-    if not 0 <= value <= hi:
+def _check_u(what: str, value: SupportsIndex, hi: int) -> int:
+    """Return ``value`` as a plain int (numpy integers accepted) if in ``[0, hi]``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: must be an int, not bool")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: must be an int, not {type(value).__name__}") from None
+    if not 0 <= number <= hi:
         raise ValueError(f"{what}: out of range [0, {hi}]")
+    return number
 
 
 # ---------------------------------------------------------------------------

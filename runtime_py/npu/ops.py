@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, SupportsIndex
 
 from . import _abi
 
@@ -134,23 +134,30 @@ def nop() -> Op:
 def copy(
     src: BufferLike,
     dst: BufferLike,
-    nbytes: int,
-    src_offset: int = 0,
-    dst_offset: int = 0,
+    nbytes: SupportsIndex,
+    src_offset: SupportsIndex = 0,
+    dst_offset: SupportsIndex = 0,
 ) -> Op:
     """Return a COPY of ``nbytes`` bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``.
 
     Raises:
-        ValueError: ``nbytes`` is not in ``1..NPU_MAX_XFER`` or a range does not
-            fit its buffer.
+        ValueError: ``nbytes`` is not in ``1..NPU_MAX_XFER``, a range does not
+            fit its buffer, or the two ranges overlap (same buffer).
     """
     nbytes = _check_range("COPY nbytes", nbytes, 1, _abi.NPU_MAX_XFER)
     s = _ref("COPY src", src, src_offset, nbytes)
     d = _ref("COPY dst", dst, dst_offset, nbytes)
+    if s.handle == d.handle and s.offset < d.offset + nbytes and d.offset < s.offset + nbytes:
+        raise ValueError(
+            f"COPY: source [{s.offset}, {s.offset + nbytes}) and destination "
+            f"[{d.offset}, {d.offset + nbytes}) overlap in buffer {s.handle}"
+        )
     return Op(_abi.Opcode.COPY, (s, d), (), (src, dst))
 
 
-def fill(dst: BufferLike, pattern_u32: int, nbytes: int, offset: int = 0) -> Op:
+def fill(
+    dst: BufferLike, pattern_u32: SupportsIndex, nbytes: SupportsIndex, offset: SupportsIndex = 0
+) -> Op:
     """Return a FILL of ``dst[offset:offset + nbytes]`` with a 32-bit pattern.
 
     The pattern is stored little endian, repeated every 4 bytes.
@@ -180,18 +187,18 @@ def gemm(
     a: BufferLike,
     b: BufferLike,
     c: BufferLike,
-    m: int,
-    n: int,
-    k: int,
-    lda: int | None = None,
-    ldb: int | None = None,
-    ldc: int | None = None,
+    m: SupportsIndex,
+    n: SupportsIndex,
+    k: SupportsIndex,
+    lda: SupportsIndex | None = None,
+    ldb: SupportsIndex | None = None,
+    ldc: SupportsIndex | None = None,
     trans_a: bool = False,
     trans_b: bool = False,
     *,
-    a_offset: int = 0,
-    b_offset: int = 0,
-    c_offset: int = 0,
+    a_offset: SupportsIndex = 0,
+    b_offset: SupportsIndex = 0,
+    c_offset: SupportsIndex = 0,
 ) -> Op:
     """Return a GEMM computing ``C[m][n] = op(A) x op(B)`` in fp32, row major.
 
@@ -222,7 +229,7 @@ def gemm(
     return Op(_abi.Opcode.GEMM, (ra, rb, rc), params, (a, b, c))
 
 
-def _check_range(what: str, value: int, lo: int, hi: int) -> int:
+def _check_range(what: str, value: SupportsIndex, lo: int, hi: int) -> int:
     """Return ``value`` as an int (numpy integers accepted) if it lies in ``[lo, hi]``."""
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not bool")
@@ -235,17 +242,17 @@ def _check_range(what: str, value: int, lo: int, hi: int) -> int:
     return number
 
 
-def _stride(name: str, ld: int | None, cols: int) -> int:
+def _stride(name: str, ld: SupportsIndex | None, cols: int) -> int:
     if ld is None:
         return cols
-    ld = _check_range(f"GEMM {name}", ld, 1, _abi.U32_MAX)
-    if ld < cols:
-        raise ValueError(f"GEMM {name}={ld} is smaller than the stored row length {cols}")
-    return ld
+    value = _check_range(f"GEMM {name}", ld, 1, _abi.U32_MAX)
+    if value < cols:
+        raise ValueError(f"GEMM {name}={value} is smaller than the stored row length {cols}")
+    return value
 
 
-def _ref(what: str, buf: BufferLike, offset: int, nbytes: int) -> BufRef:
-    offset = _check_range(f"{what} offset", offset, 0, _abi.U64_MAX)
+def _ref(what: str, buf: BufferLike, offset_: SupportsIndex, nbytes: int) -> BufRef:
+    offset = _check_range(f"{what} offset", offset_, 0, _abi.U64_MAX)
     size = buf.size
     if offset + nbytes > size:
         raise ValueError(

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU debugfs: /sys/kernel/debug/npu/npuN/
+ *
+ *   inject_cmd  write an opcode number: queue one raw descriptor with that
+ *               opcode and an empty payload, bypassing SUBMIT validation, to
+ *               exercise the device's own rejection path.
+ */
+#include <linux/debugfs.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "npu_drv.h"
+#include "npu_trace.h"
+
+static struct dentry *npu_debugfs_root;
+
+/* Queue one descriptor as a job owned by no context. */
+static int npu_inject_cmd(struct npu_device *ndev, u16 opcode)
+{
+	struct npu_queue *q = &ndev->queue;
+	struct npu_cmd cmd = { .opcode = opcode, .flags = NPU_CMD_F_IRQ };
+	struct npu_job *job;
+
+	job = kvzalloc(sizeof(*job), GFP_KERNEL);
+	if (!job)
+		return -ENOMEM;
+	mutex_lock(&q->submit_lock);
+	if (npu_queue_space(q) < 1) {
+		mutex_unlock(&q->submit_lock);
+		kvfree(job);
+		return -EBUSY;
+	}
+	job->first_fence = q->next_fence + 1;
+	job->last_fence = job->first_fence;
+	cmd.fence = job->first_fence;
+	npu_queue_push(q, &cmd);
+	spin_lock(&q->job_lock);
+	list_add_tail(&job->node, &q->jobs);
+	WRITE_ONCE(q->next_fence, job->last_fence);
+	spin_unlock(&q->job_lock);
+	trace_npu_submit(q->index, job->first_fence, job->last_fence);
+	npu_queue_kick(q);
+	mutex_unlock(&q->submit_lock);
+	return 0;
+}
+
+static ssize_t npu_inject_cmd_write(struct file *file, const char __user *ubuf,
+				    size_t len, loff_t *ppos)
+{
+	struct npu_device *ndev = file->private_data;
+	u16 opcode;
+	int ret;
+
+	ret = kstrtou16_from_user(ubuf, len, 0, &opcode);
+	if (ret)
+		return ret;
+	down_read(&ndev->unplug_sem);
+	ret = ndev->unplugged ? -ENODEV : npu_inject_cmd(ndev, opcode);
+	up_read(&ndev->unplug_sem);
+	return ret ? ret : len;
+}
+
+static const struct file_operations npu_inject_cmd_fops = {
+	.owner = THIS_MODULE,
+	.open = simple_open,
+	.write = npu_inject_cmd_write,
+	.llseek = noop_llseek,
+};
+
+void npu_debugfs_init(struct npu_device *ndev)
+{
+	char name[16];
+
+	snprintf(name, sizeof(name), "npu%d", ndev->minor);
+	ndev->debugfs = debugfs_create_dir(name, npu_debugfs_root);
+	debugfs_create_file("inject_cmd", 0200, ndev->debugfs, ndev,
+			    &npu_inject_cmd_fops);
+}
+
+void npu_debugfs_fini(struct npu_device *ndev)
+{
+	debugfs_remove_recursive(ndev->debugfs);
+}
+
+void npu_debugfs_module_init(void)
+{
+	npu_debugfs_root = debugfs_create_dir(NPU_DRIVER_NAME, NULL);
+}
+
+void npu_debugfs_module_exit(void)
+{
+	debugfs_remove_recursive(npu_debugfs_root);
+}

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Boot the QEMU guest and drive its serial console.
+
+Module use (the host test harness)::
+
+    from guest import Guest
+    with Guest() as g:              # boots; QEMU is killed on every exit path
+        g.load_module()             # insmod /mnt/npu/kernel_module/npu.ko
+        rc, out = g.run("lspci -n")
+
+CLI::
+
+    guest.py run [--no-module] [--timeout S] -- CMD...   # boot, run, exit with CMD's rc
+    guest.py shell [--no-module]                         # interactive console
+
+A single CMD argument is a shell command line as is (``-- 'ls | wc -l'``);
+several are quoted and joined (``-- python3 -m pytest tests/guest``).
+
+Each ``run()`` executes in a fresh subshell of the guest's root shell, with
+stdin from /dev/null, cwd /mnt/npu (the project tree over 9p) and
+PYTHONPATH=/mnt/npu/runtime_py. stdout and stderr are merged. The kernel's
+console log level is lowered to 1 after boot so that printk lines do not
+interleave with command output; use ``dmesg()`` for the kernel log.
+
+Environment:
+    NPU_CACHE        build products (default ~/.cache/npu-stack)
+    NPU_QEMU         QEMU binary (default $NPU_CACHE/bin/qemu-system-x86_64)
+    NPU_DEVICES      device arguments (default "-device npu"; "" for none)
+    NPU_MEM          guest memory (default 2G)
+    NPU_SMP          guest CPUs (default 1)
+    NPU_KVM=1        use KVM instead of TCG
+    NPU_QEMU_EXTRA   extra QEMU arguments (shell-split)
+    NPU_CMDLINE_EXTRA  extra kernel command line
+    NPU_BOOT_TIMEOUT seconds to wait for the shell (default 300)
+    NPU_GUEST_LOG    console log (default <root>/build/guest-console.log)
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+NPU_CACHE = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
+GUEST_DIR = NPU_CACHE / "guest" / "current"
+GUEST_ROOT = "/mnt/npu"  # where the project tree is mounted in the guest
+MODULE_PATH = GUEST_ROOT + "/kernel_module/npu.ko"
+HOST_MODULE_PATH = ROOT / "kernel_module" / "npu.ko"
+KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw init=/sbin/npu-init quiet cma=256M"
+# Coldplug would load these for q35's stock devices; they only cost boot time.
+BOOT_BLACKLIST = (
+    "kvm,kvm_amd,kvm_intel,iTCO_wdt,iTCO_vendor_support,pcspkr,powernow_k8,"
+    "i2c_i801,lpc_ich,joydev,serio_raw,evdev,button,ahci,libahci"
+)
+READY_LINE = "npu-init: ready"
+
+# Kernel log lines that fail a test. The unsigned/out-of-tree module taint
+# messages do not match.
+BAD_DMESG_RE = re.compile(
+    r"Oops|BUG:|WARNING:|general protection|circular locking|"
+    r"sleeping function called|KASAN"
+)
+_TS_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
+class GuestError(RuntimeError):
+    """The guest misbehaved (died, failed to boot, a helper failed)."""
+
+
+class GuestSetupError(GuestError):
+    """QEMU, the guest image or the module is not built."""
+
+
+class GuestTimeout(GuestError):
+    """A command did not finish in time; .output holds what it printed."""
+
+    def __init__(self, msg: str, output: str = ""):
+        super().__init__(msg)
+        self.output = output
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name, "").strip()
+    return int(v) if v else default
+
+
+def qemu_binary() -> Path:
+    return Path(os.environ.get("NPU_QEMU") or NPU_CACHE / "bin" / "qemu-system-x86_64")
+
+
+def check_prerequisites(need_module: bool = False) -> None:
+    """Raise GuestSetupError naming what is missing and how to build it."""
+    missing = []
+    q = qemu_binary()
+    if not (q.is_file() and os.access(q, os.X_OK)):
+        missing.append(f"QEMU binary {q} (build: make qemu / bash scripts/build-qemu.sh)")
+    for f in ("vmlinuz", "initrd.img", "rootfs.ext4"):
+        if not (GUEST_DIR / f).is_file():
+            missing.append(f"guest {GUEST_DIR / f} (build: bash scripts/build-guest.sh)")
+    if need_module and not HOST_MODULE_PATH.is_file():
+        missing.append(f"kernel module {HOST_MODULE_PATH} (build: make module)")
+    if missing:
+        raise GuestSetupError(
+            "guest prerequisites missing (`make test` builds them):\n  " + "\n  ".join(missing)
+        )
+
+
+def qemu_argv(extra_cmdline: str = "", console_args: Optional[list] = None) -> list:
+    """The QEMU command line (argv[0] included)."""
+    kvm = os.environ.get("NPU_KVM", "") == "1"
+    cmdline = f"{KERNEL_CMDLINE} modprobe.blacklist={BOOT_BLACKLIST}"
+    for extra in (os.environ.get("NPU_CMDLINE_EXTRA", ""), extra_cmdline):
+        if extra.strip():
+            cmdline += " " + extra.strip()
+    argv = [str(qemu_binary())]
+    # Our QEMU build has no firmware of its own: use Debian's (qemu-system-data,
+    # seabios, ipxe-qemu), which live in several directories.
+    for d in ("/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe/qemu"):
+        if Path(d).is_dir():
+            argv += ["-L", d]
+    argv += [
+        "-machine", "q35",
+        "-accel", "kvm" if kvm else "tcg",
+        "-cpu", "host" if kvm else "max",
+        "-m", os.environ.get("NPU_MEM", "") or "2G",
+        "-smp", str(_env_int("NPU_SMP", 1)),
+        "-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot",
+        *(console_args if console_args is not None else ["-serial", "stdio"]),
+        "-kernel", str(GUEST_DIR / "vmlinuz"),
+        "-initrd", str(GUEST_DIR / "initrd.img"),
+        "-append", cmdline,
+        "-drive", f"file={GUEST_DIR / 'rootfs.ext4'},if=virtio,format=raw,snapshot=on",
+        "-fsdev", f"local,id=npufs,path={ROOT},security_model=none",
+        "-device", "virtio-9p-pci,fsdev=npufs,mount_tag=npu",
+    ]
+    devices = os.environ.get("NPU_DEVICES")
+    argv += shlex.split("-device npu" if devices is None else devices)
+    argv += shlex.split(os.environ.get("NPU_QEMU_EXTRA", ""))
+    return argv
+
+
+def _set_pdeathsig() -> None:
+    """In the QEMU child: get SIGTERM when the parent dies, however it dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+_live_guests: "weakref.WeakSet[Guest]" = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_all() -> None:
+    for g in list(_live_guests):
+        g.kill()
+
+
+def _new_dmesg_lines(before: list, after: list) -> list:
+    """Lines of `after` that were not yet in the log when `before` was taken."""
+    if not before:
+        return after
+    last = before[-1]
+    for i in range(len(after) - 1, -1, -1):
+        if after[i] == last:
+            return after[i + 1:]
+    # The ring buffer wrapped past our mark: fall back to timestamps.
+    m = _TS_RE.match(last)
+    if not m:
+        return after
+    t0 = float(m.group(1))
+    out = []
+    for line in after:
+        mm = _TS_RE.match(line)
+        if out or (mm and float(mm.group(1)) > t0):
+            out.append(line)
+    return out
+
+
+def bad_dmesg_lines(lines: list) -> list:
+    return [ln for ln in lines if BAD_DMESG_RE.search(ln)]
+
+
+class Guest:
+    """A booted guest with a root shell on its serial console."""
+
+    def __init__(self, log_path: Optional[Path] = None, boot_timeout: Optional[float] = None,
+                 extra_cmdline: str = ""):
+        self.log_path = Path(log_path or os.environ.get("NPU_GUEST_LOG")
+                             or ROOT / "build" / "guest-console.log")
+        self.boot_timeout = boot_timeout or float(_env_int("NPU_BOOT_TIMEOUT", 300))
+        self.extra_cmdline = extra_cmdline
+        self.boot_s: Optional[float] = None
+        self.child = None
+        self._log = None
+        self._buf = ""  # console text received but not yet consumed
+        self.dead_reason: Optional[str] = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def __enter__(self) -> "Guest":
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> "Guest":
+        import pexpect
+
+        check_prerequisites()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w", encoding="utf-8", errors="replace")
+        argv = qemu_argv(self.extra_cmdline)
+        self._log.write("[guest.py] " + shlex.join(argv) + "\n")
+        self._log.flush()
+        t0 = time.monotonic()
+        self.child = pexpect.spawn(
+            argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
+            echo=False, timeout=None, preexec_fn=_set_pdeathsig, dimensions=(50, 200),
+        )
+        self.child.logfile_read = self._log
+        _live_guests.add(self)
+        deadline = t0 + self.boot_timeout
+        self._read_until(re.compile(re.escape(READY_LINE)), deadline, what="npu-init ready line")
+        # Then the shell's first prompt (bash --norc as root: "bash-5.2# ").
+        self._read_until(re.compile(r"[#$] "), deadline, what="shell prompt")
+        self._setup_shell(deadline)
+        self.boot_s = time.monotonic() - t0
+        return self
+
+    def _setup_shell(self, deadline: float) -> None:
+        # No echo, no line editing, empty prompts: the console then carries
+        # just command output and our markers. Kernel messages stay off the
+        # console (level 1 = emergencies only) and go to dmesg.
+        setup = ("stty -echo -ixon; set +o emacs +o vi +o history; PS1=''; PS2=''; "
+                 "PROMPT_COMMAND=''; unset HISTFILE; export TERM=dumb; dmesg -n 1")
+        self._send_line(setup)
+        self.resync(deadline - time.monotonic())
+
+    def resync(self, timeout: float = 30.0) -> None:
+        """Wait until the shell answers; discards console output before that."""
+        tag = uuid.uuid4().hex
+        self._send_line(f"printf '__NPU_%s_%s__\\n' SYNC {tag}")
+        self._read_until(re.compile(f"__NPU_SYNC_{tag}__\r?\n"), time.monotonic() + timeout,
+                         what="shell sync")
+
+    @property
+    def alive(self) -> bool:
+        return self.child is not None and self.child.isalive() and self.dead_reason is None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Power the guest off (kill QEMU if it does not go quickly)."""
+        if self.child is None:
+            return
+        try:
+            if self.child.isalive() and self.dead_reason is None:
+                self._send_line("sync; poweroff -f")
+                end = time.monotonic() + timeout
+                while self.child.isalive() and time.monotonic() < end:
+                    try:
+                        self.child.read_nonblocking(65536, timeout=0.5)
+                    except Exception:
+                        break
+        except Exception:
+            pass
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Kill QEMU now (idempotent)."""
+        child, self.child = self.child, None
+        if child is not None:
+            try:
+                if child.isalive():
+                    child.terminate(force=True)
+            except Exception:
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                child.close(force=True)
+            except Exception:
+                pass
+        _live_guests.discard(self)
+        if self._log is not None:
+            try:
+                self._log.close()
+            except Exception:
+                pass
+            self._log = None
+
+    # -- console I/O -------------------------------------------------------
+
+    def _send_line(self, line: str) -> None:
+        if self.child is None:
+            raise GuestError(f"guest is not running ({self.dead_reason or 'closed'})")
+        if self._log is not None:
+            self._log.write(f"\n[guest.py] $ {line}\n")
+            self._log.flush()
+        self.child.send(line + "\n")
+
+    def _fill(self, timeout: float) -> str:
+        """Read what the console has (up to `timeout` s); '' on timeout."""
+        import pexpect
+
+        try:
+            data = self.child.read_nonblocking(65536, timeout=max(timeout, 0.0))
+        except pexpect.TIMEOUT:
+            return ""
+        except pexpect.EOF:
+            self._died("QEMU exited")
+        return data
+
+    def _died(self, why: str):
+        tail = self.console_tail()
+        self.dead_reason = why
+        self.kill()
+        raise GuestError(f"{why}; last console output:\n{tail}")
+
+    def console_tail(self, n: int = 40) -> str:
+        try:
+            if self._log is not None:
+                self._log.flush()
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-n:])
+
+    def _read_until(self, pattern: "re.Pattern[str]", deadline: float, what: str,
+                    on_data: Optional[Callable[[str], None]] = None,
+                    hold: int = 0) -> "re.Match[str]":
+        """Consume console output up to and including `pattern`.
+
+        Text before the match is handed to on_data as it arrives, except the
+        last `hold` characters (a marker may be split across reads)."""
+        if self.child is None:
+            raise GuestError(f"guest is not running ({self.dead_reason or 'closed'})")
+        searched = 0
+        while True:
+            m = pattern.search(self._buf, max(0, searched - 200))
+            if m:
+                if on_data is not None and m.start() > 0:
+                    on_data(self._buf[:m.start()])
+                self._buf = self._buf[m.end():]
+                return m
+            if on_data is not None and len(self._buf) > hold:
+                cut = len(self._buf) - hold
+                on_data(self._buf[:cut])
+                self._buf = self._buf[cut:]
+            searched = len(self._buf)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GuestTimeout(f"timed out waiting for {what}", self._buf)
+            self._buf += self._fill(min(left, 1.0))
+
+    def run(self, cmd: str, timeout: float = 60.0,
+            stream: Optional[Callable[[str], None]] = None) -> tuple:
+        """Run a shell command line in the guest: (exit code, output).
+
+        On timeout the command is interrupted (Ctrl-C) and GuestTimeout is
+        raised; if the shell does not come back, QEMU is killed."""
+        if not self.alive:
+            raise GuestError(f"guest is not running ({self.dead_reason or 'closed'})")
+        tag = uuid.uuid4().hex
+        script = f"/tmp/.npu-cmd-{tag}"
+        # The command travels base64-encoded through a here-document: no
+        # quoting issues, no tty line-length limit, multi-line commands work.
+        import base64
+
+        b64 = base64.b64encode(cmd.encode()).decode()
+        lines = [f"base64 -d >{script} <<'__B64_{tag}'"]
+        lines += [b64[i:i + 76] for i in range(0, len(b64), 76)]
+        lines.append(f"__B64_{tag}")
+        # Markers are built by printf so their echo (if any) cannot match.
+        lines.append(f"printf '__NPU_%s_%s__\\n' S {tag}; ( . {script} ) </dev/null; "
+                     f"printf '__NPU_%s_%s_%d__\\n' E {tag} $?; rm -f {script}")
+        self._buf = ""
+        for ln in lines:
+            self._send_line(ln)
+        deadline = time.monotonic() + timeout
+        out: list = []
+
+        def collect(s: str) -> None:
+            s = s.replace("\r\n", "\n")
+            out.append(s)
+            if stream is not None:
+                stream(s)
+
+        try:
+            self._read_until(re.compile(f"__NPU_S_{tag}__\r?\n"), deadline, what="command start")
+            m = self._read_until(re.compile(f"__NPU_E_{tag}_(\\d+)__\r?\n"), deadline,
+                                 what="command end", on_data=collect, hold=80)
+        except GuestTimeout as e:
+            partial = "".join(out) + e.output.replace("\r\n", "\n")
+            self._recover_after_timeout()
+            raise GuestTimeout(f"command timed out after {timeout:g} s: {cmd}", partial) from None
+        return int(m.group(1)), "".join(out)
+
+    def _recover_after_timeout(self) -> None:
+        try:
+            self.child.send("\x03")
+            time.sleep(0.5)
+            self.child.send("\x03")
+            self.resync(30.0)
+        except GuestError:
+            self._died("guest shell unresponsive after a command timeout; QEMU killed")
+
+    def check(self, cmd: str, timeout: float = 60.0) -> str:
+        """run(), raising GuestError unless the exit code is 0; returns output."""
+        rc, out = self.run(cmd, timeout=timeout)
+        if rc != 0:
+            raise GuestError(f"`{cmd}` exited {rc}:\n{out}")
+        return out
+
+    # -- kernel helpers ----------------------------------------------------
+
+    def dmesg(self) -> str:
+        rc, out = self.run("dmesg", timeout=60)
+        if rc != 0:
+            raise GuestError(f"dmesg failed ({rc}): {out}")
+        return out
+
+    def dmesg_lines(self) -> list:
+        return self.dmesg().splitlines()
+
+    def new_dmesg(self, mark: list) -> list:
+        """Kernel log lines added since `mark` (an earlier dmesg_lines())."""
+        return _new_dmesg_lines(mark, self.dmesg_lines())
+
+    def module_loaded(self) -> bool:
+        return self.run("test -d /sys/module/npu", timeout=30)[0] == 0
+
+    def load_module(self, params: str = "", path: str = MODULE_PATH) -> None:
+        """insmod the driver and wait for udev; GuestError (with dmesg) on failure."""
+        if path == MODULE_PATH and not HOST_MODULE_PATH.is_file():
+            raise GuestSetupError(f"kernel module {HOST_MODULE_PATH} is not built (make module)")
+        mark = self.dmesg_lines()
+        rc, out = self.run(f"insmod {shlex.quote(path)} {params}".rstrip(), timeout=120)
+        new = self.new_dmesg(mark)
+        if rc != 0:
+            raise GuestError(f"insmod {path} failed ({rc}): {out.strip()}\n"
+                             "dmesg:\n" + "\n".join(new[-40:]))
+        self.run("udevadm settle -t 30", timeout=60)
+        bad = bad_dmesg_lines(new)
+        if bad:
+            raise GuestError("kernel log after insmod has errors:\n" + "\n".join(new[-60:]))
+
+    def unload_module(self) -> None:
+        rc, out = self.run("rmmod npu", timeout=120)
+        if rc != 0:
+            raise GuestError(f"rmmod npu failed ({rc}): {out.strip()}")
+        self.run("udevadm settle -t 30", timeout=60)
+
+
+# -- CLI -------------------------------------------------------------------
+
+def _cmd_run(args) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("guest.py run: no command given", file=sys.stderr)
+        return 2
+    line = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    try:
+        with Guest() as g:
+            print(f"guest.py: booted in {g.boot_s:.1f} s", file=sys.stderr)
+            if not args.no_module:
+                g.load_module()
+            rc, _ = g.run(line, timeout=args.timeout,
+                          stream=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+            return rc
+    except GuestTimeout as e:
+        sys.stdout.write(e.output)
+        print(f"\nguest.py: {e}", file=sys.stderr)
+        return 124
+    except GuestError as e:
+        print(f"guest.py: {e}", file=sys.stderr)
+        return 125
+
+
+def _cmd_shell(args) -> int:
+    check_prerequisites(need_module=not args.no_module)
+    extra = [] if args.no_module else ["npu_autoload"]
+    term = os.environ.get("TERM", "")
+    if re.fullmatch(r"[\w.+-]+", term):
+        extra.append(f"npu_term={term}")
+    try:
+        sz = os.get_terminal_size(sys.stdout.fileno())
+        extra.append(f"npu_size={sz.lines}x{sz.columns}")
+    except OSError:
+        pass
+    argv = qemu_argv(" ".join(extra), console_args=[
+        "-chardev", "stdio,id=con,mux=on,signal=off", "-serial", "chardev:con"])
+    print("guest.py shell: Ctrl-A X (or `poweroff -f`) quits; the disk is a snapshot.",
+          file=sys.stderr)
+    os.execv(argv[0], argv)
+    return 127
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="guest.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("run", help="boot, run a command, exit with its exit code")
+    r.add_argument("--no-module", action="store_true", help="do not insmod npu.ko")
+    r.add_argument("--timeout", type=float, default=600.0, help="command timeout (s)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
+    s = sub.add_parser("shell", help="interactive shell on the serial console")
+    s.add_argument("--no-module", action="store_true", help="do not insmod npu.ko at boot")
+    args = p.parse_args(argv)
+    # SIGTERM/SIGHUP: unwind so that QEMU is killed by the context manager.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, f: sys.exit(128 + n))
+    return _cmd_run(args) if args.what == "run" else _cmd_shell(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every checker the project promises: ruff + mypy (Python), checkpatch
+# --strict + a W=1 sparse build (kernel), QEMU's checkpatch (device model),
+# shellcheck (scripts). Exits non-zero if any of them complains.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
+cd "$NPU_ROOT"
+
+fail=0
+step() {
+	log "lint: $1"
+}
+bad() {
+	log "lint: FAILED: $1"
+	fail=1
+}
+
+step "ruff"
+"$NPU_VENV/bin/ruff" check runtime_py tests scripts examples || bad ruff
+step "mypy --strict (runtime_py)"
+"$NPU_VENV/bin/mypy" || bad mypy
+
+step "shellcheck"
+shellcheck -x scripts/*.sh guest/npu-init .ci/run || bad shellcheck
+
+step "kernel checkpatch --strict"
+bash "$here/fetch-checkpatch.sh" || bad "fetching checkpatch"
+cp_pl="$NPU_CACHE/checkpatch/scripts/checkpatch.pl"
+if [ -x "$cp_pl" ]; then
+	"$cp_pl" --strict --no-tree --quiet --show-types \
+		-f kernel_module/npu_*.[ch] || bad "kernel checkpatch"
+	# The contract headers are shared with QEMU and user space, which have
+	# no BIT() macro.
+	"$cp_pl" --strict --no-tree --quiet --show-types --ignore BIT_MACRO \
+		-f include/*.h || bad "kernel checkpatch (include/)"
+fi
+
+step "kernel W=1 + sparse build"
+kver=$(cat "$NPU_CACHE/guest/current/kver")
+out=$(make -s -C "/lib/modules/$kver/build" M="$NPU_ROOT/kernel_module" W=1 C=2 modules 2>&1)
+echo "$out" | grep -E 'warning|error' && bad "kernel W=1/sparse"
+
+step "QEMU checkpatch"
+qemu_cp="$NPU_CACHE/qemu/current/src/scripts/checkpatch.pl"
+if [ -f "$qemu_cp" ]; then
+	perl "$qemu_cp" --no-tree -q -f qemu_device/*.[ch] || bad "QEMU checkpatch"
+else
+	bad "QEMU source tree missing (run make qemu)"
+fi
+
+if [ $fail -ne 0 ]; then
+	log "lint: some checks failed"
+	exit 1
+fi
+log "lint: all checks passed"

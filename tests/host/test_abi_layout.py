@@ -1,0 +1,221 @@
+"""The ctypes mirror in npu._abi matches include/npu_hw.h and include/npu_uapi.h.
+
+A C program compiled against the real headers prints the size of every
+struct, the offset and size of every field, every constant and every ioctl
+number; the mirror must agree on all of them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from npu import _abi
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Every field of every struct, as C member designators (the layout spec).
+FIELDS: dict[str, list[str]] = {
+    "npu_cmd": [
+        "opcode", "flags", "rsvd0", "fence",
+        "copy", "copy.src", "copy.dst", "copy.len",
+        "fill", "fill.dst", "fill.len", "fill.pattern", "fill.rsvd",
+        "gemm", "gemm.a", "gemm.b", "gemm.c", "gemm.m", "gemm.n", "gemm.k",
+        "gemm.lda", "gemm.ldb", "gemm.ldc", "gemm.dtype", "gemm.flags",
+        "raw",
+    ],
+    "npu_cpl": ["fence", "status", "opcode", "rsvd", "t_start", "t_end"],
+    "npu_fence_wb": ["value", "timestamp"],
+    "npu_info": [
+        "hw_version", "abi_version", "driver_version", "caps", "num_queues", "num_cores",
+        "max_submit", "ring_entries", "max_bo_size", "pci_vendor", "pci_device", "rsvd",
+    ],
+    "npu_bo_create": ["size", "flags", "handle", "mmap_offset", "alloc_size"],
+    "npu_bo_destroy": ["handle", "rsvd"],
+    "npu_buf_ref": ["handle", "rsvd", "offset", "size"],
+    "npu_op": ["opcode", "flags", "num_bufs", "bufs", "params", "rsvd"],
+    "npu_submit": ["ops_ptr", "num_ops", "queue", "flags", "op_size", "fence"],
+    "npu_wait": [
+        "fence", "timeout_ns", "queue", "flags", "status", "rsvd", "error_fence",
+    ],
+}  # fmt: skip
+
+CONSTANTS = [
+    "NPU_PCI_VENDOR_ID", "NPU_PCI_DEVICE_ID", "NPU_PCI_REVISION", "NPU_PCI_CLASS",
+    "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
+    "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
+    "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
+    "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_COUNT",
+    "NPU_CMD_F_IRQ", "NPU_CMD_F_MASK",
+    "NPU_GEMM_TRANS_A", "NPU_GEMM_TRANS_B", "NPU_GEMM_F_MASK",
+    "NPU_DTYPE_FP32", "NPU_MAX_XFER", "NPU_MAX_DIM",
+    "NPU_ST_OK", "NPU_ST_BAD_OPCODE", "NPU_ST_BAD_FLAGS", "NPU_ST_BAD_RESERVED",
+    "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
+    "NPU_ST_NO_MEMORY", "NPU_ST_COUNT",
+    "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
+    "NPU_ERR_BAD_RING",
+    "NPU_IOCTL_BASE",
+    "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
+    "NPU_INFO_CAP_TIMESTAMPS",
+    "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
+    "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
+    "NPU_IOCTL_WAIT",
+]  # fmt: skip
+
+
+def _c_program() -> str:
+    lines = [
+        "#include <stddef.h>",
+        "#include <stdio.h>",
+        '#include "npu_hw.h"',
+        '#include "npu_uapi.h"',
+        "#define MEMBER_SIZE(s, f) sizeof(((struct s *)0)->f)",
+        "int main(void) {",
+    ]
+    for struct, fields in FIELDS.items():
+        lines.append(f'  printf("sizeof {struct} %zu\\n", sizeof(struct {struct}));')
+        for f in fields:
+            lines.append(
+                f'  printf("field {struct} {f} %zu %zu\\n", '
+                f"offsetof(struct {struct}, {f}), MEMBER_SIZE({struct}, {f}));"
+            )
+    for name in CONSTANTS:
+        lines.append(f'  printf("const {name} %llu\\n", (unsigned long long)({name}));')
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], int]:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    work = tmp_path_factory.mktemp("abi")
+    src, exe = work / "layout.c", work / "layout"
+    src.write_text(_c_program())
+    subprocess.run(
+        [
+            gcc,
+            "-std=gnu11",
+            "-Wall",
+            "-Werror",
+            "-I",
+            str(REPO / "include"),
+            "-o",
+            str(exe),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    result: dict[tuple[str, ...], int] = {}
+    for line in out.splitlines():
+        kind, *rest = line.split()
+        if kind == "sizeof":
+            result[("sizeof", rest[0])] = int(rest[1])
+        elif kind == "field":
+            result[("offset", rest[0], rest[1])] = int(rest[2])
+            result[("size", rest[0], rest[1])] = int(rest[3])
+        else:
+            result[("const", rest[0])] = int(rest[1])
+    return result
+
+
+def _mirror_field(struct: str, designator: str) -> tuple[int, int]:
+    """Offset and size of a (possibly dotted) field in the ctypes mirror."""
+    ctype: type = _abi.STRUCTS[struct]
+    offset = 0
+    size = 0
+    for part in designator.split("."):
+        descriptor = getattr(ctype, part)
+        offset += descriptor.offset
+        size = descriptor.size
+        ctype = dict(_all_fields(ctype))[part]
+    return offset, size
+
+
+def _all_fields(ctype: type) -> list[tuple[str, type]]:
+    """Fields of a ctypes struct, with anonymous members flattened as C sees them."""
+    fields: list[tuple[str, type]] = []
+    anonymous = getattr(ctype, "_anonymous_", ())
+    for name, ftype, *_ in ctype._fields_:  # type: ignore[attr-defined]
+        if name in anonymous:
+            fields.extend(_all_fields(ftype))
+        else:
+            fields.append((name, ftype))
+    return fields
+
+
+def _mirror_designators(ctype: type, prefix: str = "") -> list[str]:
+    names: list[str] = []
+    for name, ftype in _all_fields(ctype):
+        names.append(prefix + name)
+        if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure | ctypes.Union):
+            names.extend(_mirror_designators(ftype, f"{prefix}{name}."))
+    return names
+
+
+@pytest.mark.parametrize("struct", sorted(FIELDS))
+def test_struct_size_matches_c(struct: str, c_layout: dict[tuple[str, ...], int]) -> None:
+    assert ctypes.sizeof(_abi.STRUCTS[struct]) == c_layout[("sizeof", struct)]
+
+
+@pytest.mark.parametrize(
+    ("struct", "field"), [(s, f) for s, fields in FIELDS.items() for f in fields]
+)
+def test_field_offset_and_size_match_c(
+    struct: str, field: str, c_layout: dict[tuple[str, ...], int]
+) -> None:
+    offset, size = _mirror_field(struct, field)
+    assert (offset, size) == (
+        c_layout[("offset", struct, field)],
+        c_layout[("size", struct, field)],
+    )
+
+
+@pytest.mark.parametrize("struct", sorted(FIELDS))
+def test_mirror_has_exactly_the_c_fields(struct: str) -> None:
+    assert sorted(_mirror_designators(_abi.STRUCTS[struct])) == sorted(FIELDS[struct])
+
+
+def test_every_header_struct_is_mirrored() -> None:
+    assert set(_abi.STRUCTS) == set(FIELDS)
+
+
+@pytest.mark.parametrize("name", CONSTANTS)
+def test_constant_matches_c(name: str, c_layout: dict[tuple[str, ...], int]) -> None:
+    assert getattr(_abi, name) == c_layout[("const", name)]
+
+
+def test_every_constant_of_the_headers_is_checked() -> None:
+    import re
+
+    defined: set[str] = set()
+    for header in ("npu_hw.h", "npu_uapi.h"):
+        text = (REPO / "include" / header).read_text()
+        defined |= set(re.findall(r"^#define\s+(NPU_[A-Z0-9_]+)\s", text, re.M))
+        defined |= set(re.findall(r"^\s+(NPU_(?:OP|ST|ERR|DTYPE)_[A-Z0-9_]+)\b", text, re.M))
+    # Register map, BARs, MSI-X and function-like macros are driver/device business.
+    driver_only = re.compile(
+        r"NPU_(H$|HW_H$|UAPI_H$|BAR|REG_|Q_|QREG|QCTL|QSTAT|DOORBELL|MSIX|VEC_|STATUS_|"
+        r"CONTROL_|IRQ_)"
+    )
+    expected = {name for name in defined if not driver_only.match(name)}
+    assert expected <= set(CONSTANTS), sorted(expected - set(CONSTANTS))
+
+
+def test_cmd_is_128_bytes_as_the_ring_requires() -> None:
+    assert ctypes.sizeof(_abi.NpuCmd) == 128
+
+
+def test_cmd_union_members_are_reachable_without_the_union_name() -> None:
+    cmd = _abi.NpuCmd()
+    cmd.gemm.m = 7
+    assert cmd.args.gemm.m == 7
+    assert cmd.raw[3] & 0xFFFFFFFF == 7
