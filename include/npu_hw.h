@@ -49,6 +49,15 @@ enum npu_reg {
 	NPU_REG_TIMESTAMP_LO	= 0x038,	/* RO: device clock, ns */
 	NPU_REG_TIMESTAMP_HI	= 0x03c,	/* RO: latched by a TIMESTAMP_LO read */
 	NPU_REG_SCRATCH		= 0x040,	/* RW: no side effects */
+	/* Device MMU; configuration writable only while CONTROL.ENABLE = 0. */
+	NPU_REG_MMU_CONTROL	= 0x050,	/* RW: NPU_MMU_ENABLE */
+	NPU_REG_MMU_L1_LO	= 0x054,	/* RW: L1 table DMA address, 4 KiB aligned */
+	NPU_REG_MMU_L1_HI	= 0x058,
+	NPU_REG_MMU_L1_ENTRIES	= 0x05c,	/* RW: 1..NPU_MMU_MAX_L1 */
+	NPU_REG_MMU_FAULT_LO	= 0x060,	/* RO: last faulting device address */
+	NPU_REG_MMU_FAULT_HI	= 0x064,
+	NPU_REG_MMU_FAULT_INFO	= 0x068,	/* RO: NPU_FAULT_* of the last fault */
+	NPU_REG_MMU_FAULTS	= 0x06c,	/* RO: faults since reset */
 };
 
 #define NPU_CAP_COPY		(1u << 0)
@@ -56,6 +65,7 @@ enum npu_reg {
 #define NPU_CAP_GEMM_FP32	(1u << 2)
 #define NPU_CAP_MSIX		(1u << 3)
 #define NPU_CAP_TIMESTAMPS	(1u << 4)
+#define NPU_CAP_MMU		(1u << 5)
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -64,6 +74,31 @@ enum npu_reg {
 
 #define NPU_CONTROL_ENABLE	(1u << 0)
 #define NPU_CONTROL_RESET	(1u << 1)	/* write 1: soft reset, self-clearing */
+
+/*
+ * Device MMU. With NPU_MMU_ENABLE set, every buffer address in a descriptor
+ * is a device virtual address (VA), translated by a two-level table:
+ *   L1[va >> 21] -> L2 table (one 4 KiB page of 512 PTEs)
+ *   L2[(va >> 12) & 511] -> 4 KiB page
+ * The VA space is NPU_MMU_L1_ENTRIES * 2 MiB. Entries are little-endian
+ * __u64: bus address of the next level / page in bits 63..12, flags below.
+ * Ring, completion and fence addresses are always bus addresses.
+ * With the MMU disabled, descriptor addresses are bus addresses.
+ */
+#define NPU_MMU_ENABLE		(1u << 0)
+#define NPU_PAGE_SHIFT		12
+#define NPU_PAGE_SIZE		(1u << NPU_PAGE_SHIFT)
+#define NPU_MMU_L1_SHIFT	21
+#define NPU_MMU_L2_ENTRIES	512
+#define NPU_MMU_MAX_L1		4096		/* 8 GiB of VA */
+#define NPU_PTE_VALID		(1ull << 0)
+#define NPU_PTE_WRITE		(1ull << 1)
+#define NPU_PTE_ADDR_MASK	(~0xfffull)
+
+#define NPU_FAULT_WRITE		(1u << 0)	/* the access was a write */
+#define NPU_FAULT_L1		(1u << 1)	/* no L1 entry (else no PTE) */
+#define NPU_FAULT_PERM		(1u << 2)	/* write to a read-only page */
+#define NPU_FAULT_RANGE		(1u << 3)	/* VA beyond the L1 table */
 
 #define NPU_IRQ_QUEUE(q)	(1u << (q))	/* queue q completed a command */
 #define NPU_IRQ_ERROR		(1u << 31)	/* a queue stopped: see NPU_REG_ERROR */
@@ -134,8 +169,9 @@ enum npu_dtype {
 #define NPU_MAX_DIM		65536		/* GEMM m, n, k */
 
 /*
- * Command descriptor: 128 bytes in the ring. Addresses are bus (DMA)
- * addresses. Every reserved field must be zero.
+ * Command descriptor: 128 bytes in the ring. Buffer addresses are device
+ * virtual addresses (see the device MMU above). Every reserved field and
+ * every payload byte an opcode does not use must be zero.
  */
 struct npu_cmd {
 	__u16 opcode;		/* enum npu_opcode */
@@ -146,11 +182,11 @@ struct npu_cmd {
 		struct {
 			__u64 src;
 			__u64 dst;
-			__u64 len;	/* bytes, 1..NPU_MAX_XFER */
+			__u64 len;	/* bytes, 1..NPU_MAX_XFER; no overlap */
 		} copy;
 		struct {
 			__u64 dst;
-			__u64 len;	/* bytes, multiple of 4 */
+			__u64 len;	/* bytes, 4..NPU_MAX_XFER, multiple of 4 */
 			__u32 pattern;	/* 32-bit pattern, little endian */
 			__u32 rsvd;
 		} fill;
@@ -195,6 +231,7 @@ enum npu_status {
 	NPU_ST_DMA_ERROR	= 6,	/* a DMA transfer failed */
 	NPU_ST_ABORTED		= 7,	/* dropped by a reset */
 	NPU_ST_NO_MEMORY	= 8,	/* device-side allocation failed */
+	NPU_ST_MMU_FAULT	= 9,	/* a translation missed or was not writable */
 	NPU_ST_COUNT,
 };
 

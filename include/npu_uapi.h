@@ -21,6 +21,7 @@
 #define NPU_INFO_CAP_GEMM_FP32	(1u << 2)
 #define NPU_INFO_CAP_MSIX	(1u << 3)
 #define NPU_INFO_CAP_TIMESTAMPS	(1u << 4)
+#define NPU_INFO_CAP_MMU	(1u << 5)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -81,6 +82,10 @@ struct npu_op {
 
 #define NPU_SUBMIT_MAX_OPS	256
 
+/*
+ * Each op of a SUBMIT takes the next value of the queue's 64-bit fence
+ * timeline (consecutive values); @fence returns the value of the last op.
+ */
 struct npu_submit {
 	__u64 ops_ptr;		/* in: user pointer to struct npu_op[num_ops] */
 	__u32 num_ops;		/* in: 1..NPU_SUBMIT_MAX_OPS */
@@ -90,6 +95,7 @@ struct npu_submit {
 	__u64 fence;		/* out: fence value of the last op */
 };
 
+/* On -EIO, status and error_fence are still copied out. */
 struct npu_wait {
 	__u64 fence;		/* in: value to wait for */
 	__u64 timeout_ns;	/* in: relative; 0 = poll */

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * NPU buffer objects: host DMA memory owned by a file descriptor, named by
- * a per-fd handle, mmap-able at a per-handle offset.
+ * NPU buffer objects: host memory pages owned by a file descriptor, named
+ * by a per-fd handle, DMA-mapped and mapped into the device's VA space, and
+ * mmap-able at a per-handle offset.
  *
  * mmap offset of a BO = handle << NPU_BO_OFFSET_SHIFT; the low bits select a
  * page inside the BO, so part of a BO can be mapped.
@@ -15,15 +16,70 @@
 
 #define NPU_BO_OFFSET_SHIFT	32
 
+static void npu_bo_free_pages(struct npu_bo *bo)
+{
+	unsigned long i;
+
+	for (i = 0; i < bo->npages && bo->pages[i]; i++)
+		__free_page(bo->pages[i]);
+	kvfree(bo->pages);
+}
+
 static void npu_bo_free(struct kref *ref)
 {
 	struct npu_bo *bo = container_of(ref, struct npu_bo, ref);
 	struct npu_device *ndev = bo->ndev;
 
 	trace_npu_bo_free(bo->handle, bo->size);
-	dma_free_coherent(&ndev->pdev->dev, bo->size, bo->vaddr, bo->dma);
+	npu_mmu_unmap(ndev, bo->va, bo->size);
+	dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+	sg_free_table(&bo->sgt);
+	npu_bo_free_pages(bo);
 	kfree(bo);
 	npu_device_put(ndev);
+}
+
+/*
+ * Back @bo with zeroed pages, map them for DMA and into the device's VA
+ * space. On failure everything done here is undone.
+ */
+static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo)
+{
+	struct device *dev = &ndev->pdev->dev;
+	unsigned long i;
+	int ret;
+
+	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
+	if (!bo->pages)
+		return -ENOMEM;
+	for (i = 0; i < bo->npages; i++) {
+		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN);
+		if (!bo->pages[i]) {
+			ret = -ENOMEM;
+			goto err_free_pages;
+		}
+	}
+	ret = sg_alloc_table_from_pages(&bo->sgt, bo->pages, bo->npages, 0,
+					bo->size, GFP_KERNEL);
+	if (ret)
+		goto err_free_pages;
+	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+	if (ret)
+		goto err_free_table;
+	bo->va = npu_mmu_map(ndev, &bo->sgt, bo->size);
+	if (!bo->va) {
+		ret = -ENOMEM;
+		goto err_unmap;
+	}
+	return 0;
+
+err_unmap:
+	dma_unmap_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+err_free_table:
+	sg_free_table(&bo->sgt);
+err_free_pages:
+	npu_bo_free_pages(bo);
+	return ret;
 }
 
 void npu_bo_put(struct npu_bo *bo)
@@ -64,14 +120,12 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 		return -ENOMEM;
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(args.size);
-	bo->vaddr = dma_alloc_coherent(&ndev->pdev->dev, bo->size, &bo->dma,
-				       GFP_KERNEL | __GFP_NOWARN);
-	if (!bo->vaddr) {
-		ret = -ENOMEM;
-		goto err_free_bo;
+	bo->npages = bo->size >> PAGE_SHIFT;
+	ret = npu_bo_alloc_backing(ndev, bo);
+	if (ret) {
+		kfree(bo);
+		return ret;
 	}
-	/* The device may not leak another user's old data. */
-	memset(bo->vaddr, 0, bo->size);
 	bo->ndev = ndev;
 	kref_get(&ndev->ref);
 
@@ -93,9 +147,6 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 
 err_put_bo:
 	npu_bo_put(bo);
-	return ret;
-err_free_bo:
-	kfree(bo);
 	return ret;
 }
 
@@ -163,11 +214,10 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 		ret = -EINVAL;
 		goto err_put;
 	}
-	/* dma_mmap_coherent() takes vm_pgoff as the offset into the buffer. */
+	/* vm_map_pages() takes vm_pgoff as the page index into the BO. */
 	vma->vm_pgoff = start >> PAGE_SHIFT;
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
-	ret = dma_mmap_coherent(&bo->ndev->pdev->dev, vma, bo->vaddr, bo->dma,
-				bo->size);
+	ret = vm_map_pages(vma, bo->pages, bo->npages);
 	if (ret)
 		goto err_put;
 	vma->vm_private_data = bo;

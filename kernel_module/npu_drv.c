@@ -24,6 +24,7 @@ static void npu_device_free(struct kref *ref)
 {
 	struct npu_device *ndev = container_of(ref, struct npu_device, ref);
 
+	npu_mmu_fini(ndev);
 	pci_dev_put(ndev->pdev);
 	kfree(ndev);
 }

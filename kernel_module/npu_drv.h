@@ -4,6 +4,7 @@
  *
  *   npu_drv.c    PCI probe/remove, char device, file operations
  *   npu_hw.c     registers, queue rings, interrupts, completions, reset
+ *   npu_mmu.c    device page tables and the device VA allocator
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_sysfs.c  device attributes
@@ -17,6 +18,7 @@
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/pci.h>
+#include <linux/scatterlist.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
@@ -55,9 +57,19 @@ struct npu_bo {
 	struct kref ref;		/* the handle, each mapping, each job */
 	struct npu_device *ndev;
 	size_t size;
-	void *vaddr;
-	dma_addr_t dma;
+	unsigned long npages;
+	struct page **pages;
+	struct sg_table sgt;		/* DMA-mapped pages */
+	u64 va;				/* device virtual address */
 	u32 handle;
+};
+
+struct npu_mmu {
+	__le64 *l1;			/* NPU_MMU_MAX_L1 entries */
+	dma_addr_t l1_dma;
+	struct gen_pool *va_pool;	/* free device VA ranges; own lock */
+	struct mutex lock;		/* protects l1 and l2 contents */
+	__le64 *l2[NPU_MMU_MAX_L1];	/* allocated on first use, kept */
 };
 
 struct npu_job {
@@ -122,6 +134,7 @@ struct npu_device {
 	atomic_t irq_count;
 	atomic_t recoveries;
 	atomic_t op_errors;		/* ops completed with a non-OK status */
+	struct npu_mmu mmu;
 	struct npu_queue queue;
 };
 
@@ -146,6 +159,13 @@ void npu_queue_kick(struct npu_queue *q);
 u32 npu_queue_space(struct npu_queue *q);
 bool npu_fence_done(struct npu_queue *q, u64 fence);
 void npu_queue_abort_all(struct npu_queue *q, u32 status);
+
+/* npu_mmu.c */
+int npu_mmu_init(struct npu_device *ndev);
+void npu_mmu_fini(struct npu_device *ndev);
+void npu_mmu_enable(struct npu_device *ndev);
+u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size);
+void npu_mmu_unmap(struct npu_device *ndev, u64 va, u64 size);
 
 /* npu_bo.c */
 int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);

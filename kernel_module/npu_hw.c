@@ -50,6 +50,7 @@ static void npu_queue_start(struct npu_queue *q)
 
 static void npu_hw_start(struct npu_device *ndev)
 {
+	npu_mmu_enable(ndev);
 	npu_queue_start(&ndev->queue);
 	npu_wr(ndev, NPU_REG_IRQ_STATUS, ~0u);
 	npu_wr(ndev, NPU_REG_IRQ_MASK, NPU_IRQ_QUEUE(0) | NPU_IRQ_ERROR);
@@ -285,6 +286,9 @@ int npu_hw_init(struct npu_device *ndev)
 	ret = npu_hw_reset(ndev);
 	if (ret)
 		return ret;
+	ret = npu_mmu_init(ndev);
+	if (ret)
+		return ret;
 
 	/* pcim_enable_device() makes the vectors managed. */
 	ret = pci_alloc_irq_vectors(pdev, NPU_MSIX_VECTORS, NPU_MSIX_VECTORS,
@@ -316,7 +320,13 @@ void npu_hw_fini(struct npu_device *ndev)
 
 	mutex_lock(&q->submit_lock);
 	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
-	npu_hw_reset(ndev);
-	npu_queue_abort_all(q, NPU_ST_ABORTED);
+	/*
+	 * A device that does not stop may still DMA into the buffers of the
+	 * jobs in flight: then keep them (and their memory) forever.
+	 */
+	if (npu_hw_reset(ndev))
+		dev_err(&ndev->pdev->dev, "device did not stop; leaking in-flight jobs\n");
+	else
+		npu_queue_abort_all(q, NPU_ST_ABORTED);
 	mutex_unlock(&q->submit_lock);
 }

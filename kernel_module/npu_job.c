@@ -64,9 +64,9 @@ void npu_job_retire(struct npu_job *job)
 	kvfree(job);
 }
 
-/* Resolve buffer @i of @op into @job and return its DMA address in @dma. */
+/* Resolve a buffer reference into @job; return its device VA in @va. */
 static int npu_resolve_buf(struct npu_context *ctx, struct npu_job *job,
-			   const struct npu_buf_ref *ref, dma_addr_t *dma)
+			   const struct npu_buf_ref *ref, u64 *va)
 {
 	struct npu_bo *bo;
 	u64 end;
@@ -79,7 +79,7 @@ static int npu_resolve_buf(struct npu_context *ctx, struct npu_job *job,
 	job->bos[job->num_bos++] = bo;
 	if (check_add_overflow(ref->offset, ref->size, &end) || end > bo->size)
 		return -ERANGE;
-	*dma = bo->dma + ref->offset;
+	*va = bo->va + ref->offset;
 	return 0;
 }
 
@@ -103,7 +103,7 @@ static int npu_check_matrix(u32 rows, u32 cols, u32 ld, u64 ref_size)
 	return 0;
 }
 
-static int npu_build_gemm(const struct npu_op *op, const dma_addr_t *dma,
+static int npu_build_gemm(const struct npu_op *op, const u64 *va,
 			  struct npu_cmd *cmd)
 {
 	u32 m = op->params[0], n = op->params[1], k = op->params[2];
@@ -124,9 +124,9 @@ static int npu_build_gemm(const struct npu_op *op, const dma_addr_t *dma,
 	if (ret)
 		return ret;
 
-	cmd->gemm.a = dma[0];
-	cmd->gemm.b = dma[1];
-	cmd->gemm.c = dma[2];
+	cmd->gemm.a = va[0];
+	cmd->gemm.b = va[1];
+	cmd->gemm.c = va[2];
 	cmd->gemm.m = m;
 	cmd->gemm.n = n;
 	cmd->gemm.k = k;
@@ -156,7 +156,7 @@ static const u32 npu_op_num_params[NPU_OP_COUNT] = {
 static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 			 const struct npu_op *op, struct npu_cmd *cmd)
 {
-	dma_addr_t dma[NPU_OP_MAX_BUFS] = {};
+	u64 va[NPU_OP_MAX_BUFS] = {};
 	u32 i, nparams;
 	int ret;
 
@@ -171,7 +171,7 @@ static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 			     (NPU_OP_MAX_PARAMS - nparams) * sizeof(op->params[0])))
 		return -EINVAL;
 	for (i = 0; i < op->num_bufs; i++) {
-		ret = npu_resolve_buf(ctx, job, &op->bufs[i], &dma[i]);
+		ret = npu_resolve_buf(ctx, job, &op->bufs[i], &va[i]);
 		if (ret)
 			return ret;
 	}
@@ -189,19 +189,19 @@ static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 		    op->bufs[0].offset < op->bufs[1].offset + op->bufs[1].size &&
 		    op->bufs[1].offset < op->bufs[0].offset + op->bufs[0].size)
 			return -EINVAL;
-		cmd->copy.src = dma[0];
-		cmd->copy.dst = dma[1];
+		cmd->copy.src = va[0];
+		cmd->copy.dst = va[1];
 		cmd->copy.len = op->bufs[0].size;
 		return 0;
 	case NPU_OP_FILL:
 		if (op->bufs[0].size % 4)
 			return -EINVAL;
-		cmd->fill.dst = dma[0];
+		cmd->fill.dst = va[0];
 		cmd->fill.len = op->bufs[0].size;
 		cmd->fill.pattern = op->params[0];
 		return 0;
 	case NPU_OP_GEMM:
-		return npu_build_gemm(op, dma, cmd);
+		return npu_build_gemm(op, va, cmd);
 	}
 	return -EINVAL;
 }

@@ -96,6 +96,12 @@ static void npu_reset_state_locked(NpuState *s)
     s->error = NPU_ERR_NONE;
     s->scratch = 0;
     s->ts_hi_latch = 0;
+    s->mmu_control = 0;
+    s->mmu_l1_base = 0;
+    s->mmu_l1_entries = 0;
+    s->mmu_fault_addr = 0;
+    s->mmu_fault_info = 0;
+    s->mmu_faults = 0;
 }
 
 /*
@@ -134,6 +140,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
     struct npu_cmd cmd;
     struct npu_cpl cpl;
     uint32_t status;
+    NpuWalk walk;
 
     if (q->tail - q->head > q->ring_size) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d tail %u overruns head %u"
@@ -141,6 +148,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         npu_queue_error_locked(s, qi, NPU_ERR_RING_OVERRUN);
         return;
     }
+    npu_walk_init_locked(s, &walk);
     qemu_mutex_unlock(&s->lock);
 
     /* The descriptor is copied once; only the local copy is looked at. */
@@ -167,7 +175,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
         status = NPU_ST_BAD_RESERVED;
     } else {
-        status = npu_exec_cmd(s, &cmd);
+        status = npu_exec_cmd(s, &walk, &cmd);
     }
     cpl.t_end = cpu_to_le64(npu_now_ns());
     cpl.fence = cpu_to_le64(cmd.fence);
@@ -306,7 +314,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         break;
     case NPU_REG_CAPS:
         val = NPU_CAP_COPY | NPU_CAP_FILL | NPU_CAP_GEMM_FP32 | NPU_CAP_MSIX |
-              NPU_CAP_TIMESTAMPS;
+              NPU_CAP_TIMESTAMPS | NPU_CAP_MMU;
         break;
     case NPU_REG_NUM_QUEUES:
         val = NPU_NUM_QUEUES;
@@ -342,6 +350,30 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         break;
     case NPU_REG_SCRATCH:
         val = s->scratch;
+        break;
+    case NPU_REG_MMU_CONTROL:
+        val = s->mmu_control;
+        break;
+    case NPU_REG_MMU_L1_LO:
+        val = (uint32_t)s->mmu_l1_base;
+        break;
+    case NPU_REG_MMU_L1_HI:
+        val = s->mmu_l1_base >> 32;
+        break;
+    case NPU_REG_MMU_L1_ENTRIES:
+        val = s->mmu_l1_entries;
+        break;
+    case NPU_REG_MMU_FAULT_LO:
+        val = (uint32_t)s->mmu_fault_addr;
+        break;
+    case NPU_REG_MMU_FAULT_HI:
+        val = s->mmu_fault_addr >> 32;
+        break;
+    case NPU_REG_MMU_FAULT_INFO:
+        val = s->mmu_fault_info;
+        break;
+    case NPU_REG_MMU_FAULTS:
+        val = s->mmu_faults;
         break;
     default:
         if (addr >= NPU_QREG_BASE &&
@@ -454,6 +486,42 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
     }
 }
 
+static void npu_mmu_write_locked(NpuState *s, hwaddr addr, uint32_t val)
+{
+    if (s->control & NPU_CONTROL_ENABLE) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU register 0x%" HWADDR_PRIx
+                      " written while the device is enabled\n", addr);
+        return;
+    }
+    switch (addr) {
+    case NPU_REG_MMU_CONTROL:
+        if (val & ~NPU_MMU_ENABLE) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU control 0x%x has"
+                          " unknown bits\n", val);
+        }
+        s->mmu_control = val & NPU_MMU_ENABLE;
+        break;
+    case NPU_REG_MMU_L1_LO:
+        if (val & (NPU_PAGE_SIZE - 1)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 table 0x%x is not"
+                          " page aligned\n", val);
+        }
+        s->mmu_l1_base = deposit64(s->mmu_l1_base, 0, 32,
+                                   val & ~(NPU_PAGE_SIZE - 1));
+        break;
+    case NPU_REG_MMU_L1_HI:
+        s->mmu_l1_base = deposit64(s->mmu_l1_base, 32, 32, val);
+        break;
+    case NPU_REG_MMU_L1_ENTRIES:
+        if (val > NPU_MMU_MAX_L1) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 size %u clamped to"
+                          " %u\n", val, NPU_MMU_MAX_L1);
+        }
+        s->mmu_l1_entries = MIN(val, NPU_MMU_MAX_L1);
+        break;
+    }
+}
+
 static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                            unsigned size)
 {
@@ -497,6 +565,12 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case NPU_REG_SCRATCH:
         s->scratch = val;
+        break;
+    case NPU_REG_MMU_CONTROL:
+    case NPU_REG_MMU_L1_LO:
+    case NPU_REG_MMU_L1_HI:
+    case NPU_REG_MMU_L1_ENTRIES:
+        npu_mmu_write_locked(s, addr, val);
         break;
     default:
         if (addr >= NPU_QREG_BASE &&

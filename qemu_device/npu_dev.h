@@ -17,6 +17,15 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 /* Size of the bounce/pattern buffers of the command engine. */
 #define NPU_CHUNK (1 * MiB)
 
+/* Per-command view of the device MMU (npu_mmu.c). */
+typedef struct NpuWalk {
+    bool enabled;
+    uint64_t l1_base;
+    uint32_t l1_entries;
+    uint64_t cached_l1;     /* L1 index of cached_l2, UINT64_MAX if none */
+    uint64_t cached_l2;     /* bus address of that L2 table */
+} NpuWalk;
+
 typedef struct NpuQueue {
     uint64_t ring_base;
     uint64_t cpl_base;
@@ -57,6 +66,12 @@ struct NpuState {
     uint32_t error;
     uint32_t scratch;
     uint32_t ts_hi_latch;
+    uint32_t mmu_control;
+    uint64_t mmu_l1_base;
+    uint32_t mmu_l1_entries;
+    uint64_t mmu_fault_addr;
+    uint32_t mmu_fault_info;
+    uint32_t mmu_faults;
     NpuQueue q[NPU_NUM_QUEUES];
 
     /* Worker-private: bounce buffer for DMA. */
@@ -64,7 +79,15 @@ struct NpuState {
 };
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
-uint32_t npu_exec_cmd(NpuState *s, const struct npu_cmd *cmd);
+uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
+
+/* npu_mmu.c */
+void npu_walk_init_locked(NpuState *s, NpuWalk *w);
+bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len);
+uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                      uint64_t len);
+uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
+                       uint64_t len);
 
 /* Device clock in ns, usable from any thread. */
 uint64_t npu_now_ns(void);

@@ -11,34 +11,14 @@
 #include "qemu/units.h"
 #include "qemu/log.h"
 #include "qemu/cutils.h"
-#include "hw/pci/pci.h"
 #include <cblas.h>
 #include "npu_dev.h"
 
-/* Does [addr, addr + len) overlap a BAR of this device? */
-static bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
-{
-    PCIDevice *pdev = PCI_DEVICE(s);
-    int i;
-
-    for (i = 0; i < PCI_NUM_REGIONS; i++) {
-        pcibus_t base = pci_get_bar_addr(pdev, i);
-        pcibus_t size = pdev->io_regions[i].size;
-
-        if (!size || base == PCI_BAR_UNMAPPED ||
-            (pdev->io_regions[i].type & PCI_BASE_ADDRESS_SPACE_IO)) {
-            continue;
-        }
-        if (addr < base + size && base < addr + len) {
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Validate a guest byte range; returns NPU_ST_OK or the status to report. */
-static uint32_t npu_check_range(NpuState *s, const char *what, uint64_t addr,
-                                uint64_t len)
+/*
+ * Validate a device address range; returns NPU_ST_OK or the status to
+ * report. The bus addresses it maps to are checked by npu_mem_*().
+ */
+static uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
 {
     uint64_t end;
 
@@ -52,37 +32,21 @@ static uint32_t npu_check_range(NpuState *s, const char *what, uint64_t addr,
                       PRIx64 " wraps around\n", what, addr, len);
         return NPU_ST_BAD_ADDR;
     }
-    if (npu_hits_own_bar(s, addr, len)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s range 0x%" PRIx64 "+0x%"
-                      PRIx64 " targets the device's own BAR\n", what, addr,
-                      len);
-        return NPU_ST_BAD_ADDR;
-    }
     return NPU_ST_OK;
 }
 
-static uint32_t npu_dma_result(const char *what, uint64_t addr, MemTxResult r)
+static uint32_t npu_exec_copy(NpuState *s, NpuWalk *w,
+                              const struct npu_cmd *cmd)
 {
-    if (r != MEMTX_OK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s DMA at 0x%" PRIx64
-                      " failed\n", what, addr);
-        return NPU_ST_DMA_ERROR;
-    }
-    return NPU_ST_OK;
-}
-
-static uint32_t npu_exec_copy(NpuState *s, const struct npu_cmd *cmd)
-{
-    PCIDevice *pdev = PCI_DEVICE(s);
     uint64_t src = le64_to_cpu(cmd->copy.src);
     uint64_t dst = le64_to_cpu(cmd->copy.dst);
     uint64_t len = le64_to_cpu(cmd->copy.len);
     uint64_t done = 0;
     uint32_t st;
 
-    st = npu_check_range(s, "copy source", src, len);
+    st = npu_check_range("copy source", src, len);
     if (st == NPU_ST_OK) {
-        st = npu_check_range(s, "copy destination", dst, len);
+        st = npu_check_range("copy destination", dst, len);
     }
     if (st != NPU_ST_OK) {
         return st;
@@ -92,46 +56,21 @@ static uint32_t npu_exec_copy(NpuState *s, const struct npu_cmd *cmd)
                       " overlap\n");
         return NPU_ST_BAD_ARGS;
     }
+    while (done < len && st == NPU_ST_OK) {
+        uint64_t n = MIN(len - done, (uint64_t)NPU_CHUNK);
 
-    while (done < len) {
-        dma_addr_t want = MIN(len - done, (uint64_t)NPU_CHUNK);
-        dma_addr_t slen = want, dlen = want;
-        void *sp = pci_dma_map(pdev, src + done, &slen,
-                               DMA_DIRECTION_TO_DEVICE);
-        void *dp = sp ? pci_dma_map(pdev, dst + done, &dlen,
-                                    DMA_DIRECTION_FROM_DEVICE) : NULL;
-
-        if (sp && dp) {
-            /* Both sides are RAM: one copy, no bounce. */
-            dma_addr_t n = MIN(slen, dlen);
-
-            memcpy(dp, sp, n);
-            pci_dma_unmap(pdev, dp, dlen, DMA_DIRECTION_FROM_DEVICE, n);
-            pci_dma_unmap(pdev, sp, slen, DMA_DIRECTION_TO_DEVICE, n);
-            done += n;
-            continue;
-        }
-        if (sp) {
-            pci_dma_unmap(pdev, sp, slen, DMA_DIRECTION_TO_DEVICE, 0);
-        }
-        st = npu_dma_result("copy read", src + done,
-                            pci_dma_read(pdev, src + done, s->chunk, want));
+        st = npu_mem_read(s, w, src + done, s->chunk, n);
         if (st == NPU_ST_OK) {
-            st = npu_dma_result("copy write", dst + done,
-                                pci_dma_write(pdev, dst + done, s->chunk,
-                                              want));
+            st = npu_mem_write(s, w, dst + done, s->chunk, n);
         }
-        if (st != NPU_ST_OK) {
-            return st;
-        }
-        done += want;
+        done += n;
     }
-    return NPU_ST_OK;
+    return st;
 }
 
-static uint32_t npu_exec_fill(NpuState *s, const struct npu_cmd *cmd)
+static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
+                              const struct npu_cmd *cmd)
 {
-    PCIDevice *pdev = PCI_DEVICE(s);
     uint64_t dst = le64_to_cpu(cmd->fill.dst);
     uint64_t len = le64_to_cpu(cmd->fill.len);
     uint32_t pattern = cmd->fill.pattern;   /* kept in guest byte order */
@@ -142,7 +81,7 @@ static uint32_t npu_exec_fill(NpuState *s, const struct npu_cmd *cmd)
     if (cmd->fill.rsvd) {
         return NPU_ST_BAD_RESERVED;
     }
-    st = npu_check_range(s, "fill destination", dst, len);
+    st = npu_check_range("fill destination", dst, len);
     if (st != NPU_ST_OK) {
         return st;
     }
@@ -154,17 +93,13 @@ static uint32_t npu_exec_fill(NpuState *s, const struct npu_cmd *cmd)
     for (i = 0; i < NPU_CHUNK / 4; i++) {
         memcpy(s->chunk + i * 4, &pattern, 4);
     }
-    while (done < len) {
+    while (done < len && st == NPU_ST_OK) {
         uint64_t n = MIN(len - done, (uint64_t)NPU_CHUNK);
 
-        st = npu_dma_result("fill write", dst + done,
-                            pci_dma_write(pdev, dst + done, s->chunk, n));
-        if (st != NPU_ST_OK) {
-            return st;
-        }
+        st = npu_mem_write(s, w, dst + done, s->chunk, n);
         done += n;
     }
-    return NPU_ST_OK;
+    return st;
 }
 
 /*
@@ -185,7 +120,7 @@ typedef struct NpuMatrix {
     float *data;
 } NpuMatrix;
 
-static uint32_t npu_matrix_check(NpuState *s, NpuMatrix *mat)
+static uint32_t npu_matrix_check(NpuMatrix *mat)
 {
     if (mat->ld < mat->cols) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm %s stride %u is less than"
@@ -193,12 +128,12 @@ static uint32_t npu_matrix_check(NpuState *s, NpuMatrix *mat)
         return NPU_ST_BAD_ARGS;
     }
     mat->bytes = npu_matrix_bytes(mat->rows, mat->cols, mat->ld);
-    return npu_check_range(s, mat->name, mat->addr, mat->bytes);
+    return npu_check_range(mat->name, mat->addr, mat->bytes);
 }
 
-static uint32_t npu_exec_gemm(NpuState *s, const struct npu_cmd *cmd)
+static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
+                              const struct npu_cmd *cmd)
 {
-    PCIDevice *pdev = PCI_DEVICE(s);
     uint32_t m = le32_to_cpu(cmd->gemm.m);
     uint32_t n = le32_to_cpu(cmd->gemm.n);
     uint32_t k = le32_to_cpu(cmd->gemm.k);
@@ -236,12 +171,12 @@ static uint32_t npu_exec_gemm(NpuState *s, const struct npu_cmd *cmd)
                       " range\n", m, n, k);
         return NPU_ST_BAD_ARGS;
     }
-    st = npu_matrix_check(s, &a);
+    st = npu_matrix_check(&a);
     if (st == NPU_ST_OK) {
-        st = npu_matrix_check(s, &b);
+        st = npu_matrix_check(&b);
     }
     if (st == NPU_ST_OK) {
-        st = npu_matrix_check(s, &c);
+        st = npu_matrix_check(&c);
     }
     if (st != NPU_ST_OK) {
         return st;
@@ -254,16 +189,13 @@ static uint32_t npu_exec_gemm(NpuState *s, const struct npu_cmd *cmd)
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
-    st = npu_dma_result("gemm A read", a.addr,
-                        pci_dma_read(pdev, a.addr, a.data, a.bytes));
+    st = npu_mem_read(s, w, a.addr, a.data, a.bytes);
     if (st == NPU_ST_OK) {
-        st = npu_dma_result("gemm B read", b.addr,
-                            pci_dma_read(pdev, b.addr, b.data, b.bytes));
+        st = npu_mem_read(s, w, b.addr, b.data, b.bytes);
     }
     /* Rows of C may have gaps (ldc > n) that must survive the write-back. */
     if (st == NPU_ST_OK && c.ld != c.cols) {
-        st = npu_dma_result("gemm C read", c.addr,
-                            pci_dma_read(pdev, c.addr, c.data, c.bytes));
+        st = npu_mem_read(s, w, c.addr, c.data, c.bytes);
     }
     if (st != NPU_ST_OK) {
         goto out;
@@ -271,8 +203,7 @@ static uint32_t npu_exec_gemm(NpuState *s, const struct npu_cmd *cmd)
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                 tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a.data, a.ld,
                 b.data, b.ld, 0.0f, c.data, c.ld);
-    st = npu_dma_result("gemm C write", c.addr,
-                        pci_dma_write(pdev, c.addr, c.data, c.bytes));
+    st = npu_mem_write(s, w, c.addr, c.data, c.bytes);
 out:
     g_free(a.data);
     g_free(b.data);
@@ -288,7 +219,7 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_GEMM] = sizeof(((struct npu_cmd *)0)->gemm),
 };
 
-uint32_t npu_exec_cmd(NpuState *s, const struct npu_cmd *cmd)
+uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
 {
     if (cmd->opcode < NPU_OP_COUNT &&
         !buffer_is_zero((const uint8_t *)cmd->raw +
@@ -303,11 +234,11 @@ uint32_t npu_exec_cmd(NpuState *s, const struct npu_cmd *cmd)
     case NPU_OP_NOP:
         return NPU_ST_OK;
     case NPU_OP_COPY:
-        return npu_exec_copy(s, cmd);
+        return npu_exec_copy(s, w, cmd);
     case NPU_OP_FILL:
-        return npu_exec_fill(s, cmd);
+        return npu_exec_fill(s, w, cmd);
     case NPU_OP_GEMM:
-        return npu_exec_gemm(s, cmd);
+        return npu_exec_gemm(s, w, cmd);
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",
                       cmd->opcode);

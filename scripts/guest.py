@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ctypes
 import os
 import re
@@ -48,8 +49,8 @@ import sys
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 NPU_CACHE = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
@@ -71,7 +72,8 @@ BAD_DMESG_RE = re.compile(
     r"Oops|BUG:|WARNING:|general protection|circular locking|"
     r"sleeping function called|KASAN"
 )
-_TS_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+# The guest tty turns LF into CRLF and QEMU's stdio adds another CR.
+_CRLF_RE = re.compile(r"\r+\n")
 
 
 class GuestError(RuntimeError):
@@ -116,7 +118,7 @@ def check_prerequisites(need_module: bool = False) -> None:
         )
 
 
-def qemu_argv(extra_cmdline: str = "", console_args: Optional[list] = None) -> list:
+def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list:
     """The QEMU command line (argv[0] included)."""
     kvm = os.environ.get("NPU_KVM", "") == "1"
     cmdline = f"{KERNEL_CMDLINE} modprobe.blacklist={BOOT_BLACKLIST}"
@@ -131,12 +133,15 @@ def qemu_argv(extra_cmdline: str = "", console_args: Optional[list] = None) -> l
             argv += ["-L", d]
     argv += [
         "-machine", "q35",
-        "-accel", "kvm" if kvm else "tcg",
-        "-cpu", "host" if kvm else "max",
+        # TCG: the default CPU model boots faster than "max" (no AVX/AES-NI
+        # for the guest to probe and use under emulation).
+        *(["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg"]),
         "-m", os.environ.get("NPU_MEM", "") or "2G",
         "-smp", str(_env_int("NPU_SMP", 1)),
         "-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot",
-        *(console_args if console_args is not None else ["-serial", "stdio"]),
+        # signal=off: a Ctrl-C we send must reach the guest, not stop QEMU.
+        *(console_args if console_args is not None else
+          ["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]),
         "-kernel", str(GUEST_DIR / "vmlinuz"),
         "-initrd", str(GUEST_DIR / "initrd.img"),
         "-append", cmdline,
@@ -152,40 +157,17 @@ def qemu_argv(extra_cmdline: str = "", console_args: Optional[list] = None) -> l
 
 def _set_pdeathsig() -> None:
     """In the QEMU child: get SIGTERM when the parent dies, however it dies."""
-    try:
+    with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
-_live_guests: "weakref.WeakSet[Guest]" = weakref.WeakSet()
+_live_guests: weakref.WeakSet[Guest] = weakref.WeakSet()
 
 
 @atexit.register
 def _kill_all() -> None:
     for g in list(_live_guests):
         g.kill()
-
-
-def _new_dmesg_lines(before: list, after: list) -> list:
-    """Lines of `after` that were not yet in the log when `before` was taken."""
-    if not before:
-        return after
-    last = before[-1]
-    for i in range(len(after) - 1, -1, -1):
-        if after[i] == last:
-            return after[i + 1:]
-    # The ring buffer wrapped past our mark: fall back to timestamps.
-    m = _TS_RE.match(last)
-    if not m:
-        return after
-    t0 = float(m.group(1))
-    out = []
-    for line in after:
-        mm = _TS_RE.match(line)
-        if out or (mm and float(mm.group(1)) > t0):
-            out.append(line)
-    return out
 
 
 def bad_dmesg_lines(lines: list) -> list:
@@ -195,21 +177,22 @@ def bad_dmesg_lines(lines: list) -> list:
 class Guest:
     """A booted guest with a root shell on its serial console."""
 
-    def __init__(self, log_path: Optional[Path] = None, boot_timeout: Optional[float] = None,
+    def __init__(self, log_path: Path | None = None, boot_timeout: float | None = None,
                  extra_cmdline: str = ""):
         self.log_path = Path(log_path or os.environ.get("NPU_GUEST_LOG")
                              or ROOT / "build" / "guest-console.log")
         self.boot_timeout = boot_timeout or float(_env_int("NPU_BOOT_TIMEOUT", 300))
         self.extra_cmdline = extra_cmdline
-        self.boot_s: Optional[float] = None
+        self.boot_s: float | None = None
         self.child = None
         self._log = None
         self._buf = ""  # console text received but not yet consumed
-        self.dead_reason: Optional[str] = None
+        self._busy = False  # a command may still be running in the guest
+        self.dead_reason: str | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
-    def __enter__(self) -> "Guest":
+    def __enter__(self) -> Guest:
         try:
             self.start()
         except BaseException:
@@ -220,12 +203,12 @@ class Guest:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def start(self) -> "Guest":
+    def start(self) -> Guest:
         import pexpect
 
         check_prerequisites()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w", encoding="utf-8", errors="replace")
+        self._log = open(self.log_path, "w", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
         argv = qemu_argv(self.extra_cmdline)
         self._log.write("[guest.py] " + shlex.join(argv) + "\n")
         self._log.flush()
@@ -237,10 +220,14 @@ class Guest:
         self.child.logfile_read = self._log
         _live_guests.add(self)
         deadline = t0 + self.boot_timeout
-        self._read_until(re.compile(re.escape(READY_LINE)), deadline, what="npu-init ready line")
-        # Then the shell's first prompt (bash --norc as root: "bash-5.2# ").
-        self._read_until(re.compile(r"[#$] "), deadline, what="shell prompt")
-        self._setup_shell(deadline)
+        try:
+            self._read_until(re.compile(re.escape(READY_LINE)), deadline,
+                             what="npu-init ready line")
+            # Then the shell's first prompt (bash --norc as root: "bash-5.2# ").
+            self._read_until(re.compile(r"[#$] "), deadline, what="shell prompt")
+            self._setup_shell(deadline)
+        except GuestTimeout as e:
+            self._died(f"guest did not boot in {self.boot_timeout:g} s ({e})")
         self.boot_s = time.monotonic() - t0
         return self
 
@@ -257,7 +244,7 @@ class Guest:
         """Wait until the shell answers; discards console output before that."""
         tag = uuid.uuid4().hex
         self._send_line(f"printf '__NPU_%s_%s__\\n' SYNC {tag}")
-        self._read_until(re.compile(f"__NPU_SYNC_{tag}__\r?\n"), time.monotonic() + timeout,
+        self._read_until(re.compile(f"__NPU_SYNC_{tag}__\r*\n"), time.monotonic() + timeout,
                          what="shell sync")
 
     @property
@@ -269,8 +256,9 @@ class Guest:
         if self.child is None:
             return
         try:
-            if self.child.isalive() and self.dead_reason is None:
-                self._send_line("sync; poweroff -f")
+            if self.child.isalive() and self.dead_reason is None and not self._busy:
+                # minbase has no poweroff(8): sysrq "o" powers off at once.
+                self._send_line("sync; echo o >/proc/sysrq-trigger")
                 end = time.monotonic() + timeout
                 while self.child.isalive() and time.monotonic() < end:
                     try:
@@ -290,20 +278,14 @@ class Guest:
                 if child.isalive():
                     child.terminate(force=True)
             except Exception:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(child.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
+            with contextlib.suppress(Exception):
                 child.close(force=True)
-            except Exception:
-                pass
         _live_guests.discard(self)
         if self._log is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._log.close()
-            except Exception:
-                pass
             self._log = None
 
     # -- console I/O -------------------------------------------------------
@@ -341,11 +323,11 @@ class Guest:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-n:])
+        return "\n".join(_CRLF_RE.sub("\n", text).split("\n")[-n:])
 
-    def _read_until(self, pattern: "re.Pattern[str]", deadline: float, what: str,
-                    on_data: Optional[Callable[[str], None]] = None,
-                    hold: int = 0) -> "re.Match[str]":
+    def _read_until(self, pattern: re.Pattern[str], deadline: float, what: str,
+                    on_data: Callable[[str], None] | None = None,
+                    hold: int = 0) -> re.Match[str]:
         """Consume console output up to and including `pattern`.
 
         Text before the match is handed to on_data as it arrives, except the
@@ -371,7 +353,7 @@ class Guest:
             self._buf += self._fill(min(left, 1.0))
 
     def run(self, cmd: str, timeout: float = 60.0,
-            stream: Optional[Callable[[str], None]] = None) -> tuple:
+            stream: Callable[[str], None] | None = None) -> tuple:
         """Run a shell command line in the guest: (exit code, output).
 
         On timeout the command is interrupted (Ctrl-C) and GuestTimeout is
@@ -392,26 +374,39 @@ class Guest:
         lines.append(f"printf '__NPU_%s_%s__\\n' S {tag}; ( . {script} ) </dev/null; "
                      f"printf '__NPU_%s_%s_%d__\\n' E {tag} $?; rm -f {script}")
         self._buf = ""
+        self._busy = True
         for ln in lines:
             self._send_line(ln)
         deadline = time.monotonic() + timeout
         out: list = []
+        carry = [""]  # trailing CRs: the LF that follows may come in the next chunk
 
         def collect(s: str) -> None:
-            s = s.replace("\r\n", "\n")
+            s = carry[0] + s
+            stripped = s.rstrip("\r")
+            carry[0] = s[len(stripped):]
+            s = _CRLF_RE.sub("\n", stripped)
             out.append(s)
-            if stream is not None:
+            if stream is not None and s:
                 stream(s)
 
         try:
-            self._read_until(re.compile(f"__NPU_S_{tag}__\r?\n"), deadline, what="command start")
-            m = self._read_until(re.compile(f"__NPU_E_{tag}_(\\d+)__\r?\n"), deadline,
+            self._read_until(re.compile(f"__NPU_S_{tag}__\r*\n"), deadline, what="command start")
+            m = self._read_until(re.compile(f"__NPU_E_{tag}_(\\d+)__\r*\n"), deadline,
                                  what="command end", on_data=collect, hold=80)
         except GuestTimeout as e:
-            partial = "".join(out) + e.output.replace("\r\n", "\n")
+            rest = _CRLF_RE.sub("\n", carry[0] + e.output)
+            if stream is not None and rest:
+                stream(rest)
+            partial = "".join(out) + rest
             self._recover_after_timeout()
+            self._busy = False
             raise GuestTimeout(f"command timed out after {timeout:g} s: {cmd}", partial) from None
-        return int(m.group(1)), "".join(out)
+        self._busy = False
+        tail = _CRLF_RE.sub("\n", carry[0])
+        if tail and stream is not None:
+            stream(tail)
+        return int(m.group(1)), "".join(out) + tail
 
     def _recover_after_timeout(self) -> None:
         try:
@@ -440,9 +435,25 @@ class Guest:
     def dmesg_lines(self) -> list:
         return self.dmesg().splitlines()
 
-    def new_dmesg(self, mark: list) -> list:
-        """Kernel log lines added since `mark` (an earlier dmesg_lines())."""
-        return _new_dmesg_lines(mark, self.dmesg_lines())
+    def dmesg_mark(self) -> str:
+        """A position in the kernel log (its last line) for new_dmesg()."""
+        rc, out = self.run("dmesg | tail -n 1", timeout=60)
+        if rc != 0:
+            raise GuestError(f"dmesg failed ({rc}): {out}")
+        return out.rstrip("\n")
+
+    def new_dmesg(self, mark: str) -> list:
+        """Kernel log lines added since `mark` (from dmesg_mark()).
+
+        Lines carry timestamps, so the last line is a unique position. Should
+        the ring buffer have wrapped past it, the whole log is returned."""
+        rc, out = self.run(
+            f"M={shlex.quote(mark)}; "
+            'n=$(dmesg | grep -n -F -x -e "$M" | tail -n 1 | cut -d: -f1); '
+            'dmesg | tail -n +$(( ${n:-0} + 1 ))', timeout=60)
+        if rc != 0:
+            raise GuestError(f"dmesg failed ({rc}): {out}")
+        return out.splitlines()
 
     def module_loaded(self) -> bool:
         return self.run("test -d /sys/module/npu", timeout=30)[0] == 0
@@ -451,7 +462,7 @@ class Guest:
         """insmod the driver and wait for udev; GuestError (with dmesg) on failure."""
         if path == MODULE_PATH and not HOST_MODULE_PATH.is_file():
             raise GuestSetupError(f"kernel module {HOST_MODULE_PATH} is not built (make module)")
-        mark = self.dmesg_lines()
+        mark = self.dmesg_mark()
         rc, out = self.run(f"insmod {shlex.quote(path)} {params}".rstrip(), timeout=120)
         new = self.new_dmesg(mark)
         if rc != 0:
@@ -486,12 +497,14 @@ def _cmd_run(args) -> int:
                           stream=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
             return rc
     except GuestTimeout as e:
-        sys.stdout.write(e.output)
         print(f"\nguest.py: {e}", file=sys.stderr)
         return 124
     except GuestError as e:
         print(f"guest.py: {e}", file=sys.stderr)
         return 125
+    except KeyboardInterrupt:
+        print("\nguest.py: interrupted", file=sys.stderr)
+        return 130
 
 
 def _cmd_shell(args) -> int:
@@ -507,13 +520,24 @@ def _cmd_shell(args) -> int:
         pass
     argv = qemu_argv(" ".join(extra), console_args=[
         "-chardev", "stdio,id=con,mux=on,signal=off", "-serial", "chardev:con"])
-    print("guest.py shell: Ctrl-A X (or `poweroff -f`) quits; the disk is a snapshot.",
+    print("guest.py shell: Ctrl-A X (or `poweroff`) quits; the disk is a snapshot.",
           file=sys.stderr)
     os.execv(argv[0], argv)
     return 127
 
 
-def main(argv: Optional[list] = None) -> int:
+def _reexec_in_venv() -> None:
+    """The CLI needs pexpect: fall back to the project venv's Python."""
+    try:
+        import pexpect  # noqa: F401
+    except ImportError:
+        venv_py = Path(os.environ.get("NPU_VENV") or NPU_CACHE / "venv") / "bin" / "python3"
+        if venv_py.is_file() and Path(sys.executable).resolve() != venv_py.resolve():
+            os.execv(str(venv_py), [str(venv_py), str(Path(__file__).resolve()), *sys.argv[1:]])
+        raise
+
+
+def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(prog="guest.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run", help="boot, run a command, exit with its exit code")
@@ -523,6 +547,8 @@ def main(argv: Optional[list] = None) -> int:
     s = sub.add_parser("shell", help="interactive shell on the serial console")
     s.add_argument("--no-module", action="store_true", help="do not insmod npu.ko at boot")
     args = p.parse_args(argv)
+    if args.what == "run":
+        _reexec_in_venv()
     # SIGTERM/SIGHUP: unwind so that QEMU is killed by the context manager.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda n, f: sys.exit(128 + n))

@@ -42,6 +42,7 @@ NPU_CAP_FILL: Final = 1 << 1
 NPU_CAP_GEMM_FP32: Final = 1 << 2
 NPU_CAP_MSIX: Final = 1 << 3
 NPU_CAP_TIMESTAMPS: Final = 1 << 4
+NPU_CAP_MMU: Final = 1 << 5
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -74,7 +75,8 @@ NPU_ST_BAD_ADDR: Final = 5
 NPU_ST_DMA_ERROR: Final = 6
 NPU_ST_ABORTED: Final = 7
 NPU_ST_NO_MEMORY: Final = 8
-NPU_ST_COUNT: Final = 9
+NPU_ST_MMU_FAULT: Final = 9
+NPU_ST_COUNT: Final = 10
 
 NPU_ERR_NONE: Final = 0
 NPU_ERR_RING_OVERRUN: Final = 1
@@ -93,6 +95,7 @@ NPU_INFO_CAP_FILL: Final = 1 << 1
 NPU_INFO_CAP_GEMM_FP32: Final = 1 << 2
 NPU_INFO_CAP_MSIX: Final = 1 << 3
 NPU_INFO_CAP_TIMESTAMPS: Final = 1 << 4
+NPU_INFO_CAP_MMU: Final = 1 << 5
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -124,6 +127,7 @@ class Status(enum.IntEnum):
     DMA_ERROR = NPU_ST_DMA_ERROR
     ABORTED = NPU_ST_ABORTED
     NO_MEMORY = NPU_ST_NO_MEMORY
+    MMU_FAULT = NPU_ST_MMU_FAULT
 
 
 class DevError(enum.IntEnum):
@@ -144,6 +148,7 @@ class Cap(enum.IntFlag):
     GEMM_FP32 = NPU_INFO_CAP_GEMM_FP32
     MSIX = NPU_INFO_CAP_MSIX
     TIMESTAMPS = NPU_INFO_CAP_TIMESTAMPS
+    MMU = NPU_INFO_CAP_MMU
 
 
 class DType(enum.IntEnum):

@@ -9,6 +9,7 @@ the device is removed (PCI unbind) while the op is in flight.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -103,14 +104,20 @@ def test_device_computes_correctly_after_rejecting_a_descriptor(dev, idle):
     assert poll(lambda: read_int("op_errors") == before + 1)
     assert_gemm_works(dev)
     assert read_int("op_errors") == before + 1
-    assert_no_oops(dmesg()[len(dmesg_before):] if dmesg().startswith(dmesg_before) else dmesg())
+    assert_no_oops(dmesg()[len(dmesg_before) :] if dmesg().startswith(dmesg_before) else dmesg())
 
 
 @pytest.mark.parametrize(
     "opcode",
     [4, 0x8000, 65535, _abi.NPU_OP_COPY, _abi.NPU_OP_FILL, _abi.NPU_OP_GEMM],
-    ids=["opcode_4", "opcode_0x8000", "opcode_65535", "copy_of_nothing", "fill_of_nothing",
-         "gemm_of_nothing"],
+    ids=[
+        "opcode_4",
+        "opcode_0x8000",
+        "opcode_65535",
+        "copy_of_nothing",
+        "fill_of_nothing",
+        "gemm_of_nothing",
+    ],
 )
 def test_each_descriptor_the_device_rejects_counts_one_op_error(idle, opcode):
     before = read_int("op_errors")
@@ -152,8 +159,9 @@ def test_failure_of_a_descriptor_of_no_fd_is_not_reported_to_another_fds_wait(de
     assert read_int("op_errors") == before + 1
 
 
-@pytest.mark.parametrize("text", ["65536", "-1", "nop", ""], ids=["too_big", "negative", "word",
-                                                                 "empty"])
+@pytest.mark.parametrize(
+    "text", ["65536", "-1", "nop", ""], ids=["too_big", "negative", "word", "empty"]
+)
 def test_inject_cmd_refuses_text_that_is_not_a_16_bit_opcode(idle, text):
     submitted_before, _ = fences()
     with pytest.raises(OSError) as info:
@@ -201,41 +209,49 @@ def removed(dev_path, idle) -> Iterator[Removed]:
     try:
         bos = []
         for _ in range(2):
-            arg = _abi.NpuBoCreate(size=16 * MiB)
+            arg = _abi.NpuBoCreate(size=4 * MiB)
             ioctl(r.fd, _abi.NPU_IOCTL_BO_CREATE, arg)
             bos.append(arg)
         r.handle = bos[0].handle
-        r.mapping = mmap.mmap(r.fd, 16 * MiB, mmap.MAP_SHARED,
-                              mmap.PROT_READ | mmap.PROT_WRITE, offset=bos[0].mmap_offset)
+        r.mapping = mmap.mmap(
+            r.fd,
+            4 * MiB,
+            mmap.MAP_SHARED,
+            mmap.PROT_READ | mmap.PROT_WRITE,
+            offset=bos[0].mmap_offset,
+        )
         r.mapping[:8] = b"survivor"
-        refs = [_abi.NpuBufRef(handle=bo.handle, offset=0, size=16 * MiB) for bo in bos]
+        refs = [_abi.NpuBufRef(handle=bo.handle, offset=0, size=4 * MiB) for bo in bos]
         op_list = []
         for i in range(256):
             op = _abi.NpuOp(opcode=_abi.NPU_OP_COPY, num_bufs=2)
             op.bufs[0], op.bufs[1] = refs[i % 2], refs[1 - i % 2]
             op_list.append(op)
         raw = (_abi.NpuOp * 256)(*op_list)
-        # 16 GiB of copies: seconds of work; the unbind comes within milliseconds.
-        r.num_jobs = 4
+        # 8 GiB of copies: seconds of work; the unbind comes within milliseconds.
+        r.num_jobs = 8
         for _ in range(r.num_jobs):
-            arg = _abi.NpuSubmit(ops_ptr=ctypes.addressof(raw), num_ops=256, queue=0,
-                                 op_size=ctypes.sizeof(_abi.NpuOp))
+            arg = _abi.NpuSubmit(
+                ops_ptr=ctypes.addressof(raw),
+                num_ops=256,
+                queue=0,
+                op_size=ctypes.sizeof(_abi.NpuOp),
+            )
             ioctl(r.fd, _abi.NPU_IOCTL_SUBMIT, arg)
             r.last_fence = int(arg.fence)
         with open(f"{PCI_DRIVER}/unbind", "w") as f:
             f.write(address)
         yield r
     finally:
-        try:
+        with contextlib.suppress(AttributeError):
             r.mapping.close()
-        except AttributeError:
-            pass
         os.close(r.fd)
         if not os.path.exists(f"{PCI_DRIVER}/{address}"):
             with open(f"{PCI_DRIVER}/bind", "w") as f:
                 f.write(address)
-        assert poll(lambda: os.path.exists(dev_path) and os.path.exists(INJECT), 10), \
+        assert poll(lambda: os.path.exists(dev_path) and os.path.exists(INJECT), 10), (
             "the device did not come back after bind"
+        )
 
 
 def test_wait_across_device_removal_reports_eio_with_status_aborted(removed):
@@ -270,12 +286,19 @@ def test_every_call_but_wait_fails_with_enodev_after_removal(removed):
     calls = {
         "GET_INFO": lambda: ioctl(fd, _abi.NPU_IOCTL_GET_INFO, _abi.NpuInfo()),
         "BO_CREATE": lambda: ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, _abi.NpuBoCreate(size=4096)),
-        "BO_DESTROY": lambda: ioctl(fd, _abi.NPU_IOCTL_BO_DESTROY,
-                                    _abi.NpuBoDestroy(handle=removed.handle)),
-        "SUBMIT": lambda: ioctl(fd, _abi.NPU_IOCTL_SUBMIT, _abi.NpuSubmit(
-            ops_ptr=ctypes.addressof(_keep), num_ops=1, op_size=ctypes.sizeof(_abi.NpuOp))),
-        "mmap": lambda: mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ,
-                                  offset=removed.handle << 32),
+        "BO_DESTROY": lambda: ioctl(
+            fd, _abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=removed.handle)
+        ),
+        "SUBMIT": lambda: ioctl(
+            fd,
+            _abi.NPU_IOCTL_SUBMIT,
+            _abi.NpuSubmit(
+                ops_ptr=ctypes.addressof(_keep), num_ops=1, op_size=ctypes.sizeof(_abi.NpuOp)
+            ),
+        ),
+        "mmap": lambda: mmap.mmap(
+            fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ, offset=removed.handle << 32
+        ),
     }
     _keep = _abi.NpuOp()
     got = {}

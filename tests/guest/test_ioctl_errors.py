@@ -216,8 +216,11 @@ def test_bo_create_of_size_zero_fails_with_einval(fd):
     assert_errno(errno.EINVAL, lambda: ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg))
 
 
-@pytest.mark.parametrize("size", [(1 << 30) + 1, 1 << 40, U64_MAX - 4095, U64_MAX],
-                         ids=["1GiB+1", "1TiB", "U64_MAX-4095", "U64_MAX"])
+@pytest.mark.parametrize(
+    "size",
+    [(1 << 30) + 1, 1 << 40, U64_MAX - 4095, U64_MAX],
+    ids=["1GiB+1", "1TiB", "U64_MAX-4095", "U64_MAX"],
+)
 def test_bo_create_larger_than_max_bo_size_fails_with_e2big(fd, size):
     arg = _abi.NpuBoCreate(size=size)
     assert_errno(errno.E2BIG, lambda: ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg))
@@ -311,8 +314,14 @@ def test_submit_with_unreadable_ops_ptr_fails_with_efault(fd, ptr):
 def test_submit_whose_op_array_runs_into_unmapped_memory_fails_with_efault(fd):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     base = libc.mmap(None, 2 * PAGE, RW, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     assert base not in (None, ctypes.c_void_p(-1).value)
@@ -350,8 +359,11 @@ def good_op(kind: str, b: Bos) -> _abi.NpuOp:
     if kind == "fill":
         return make_op(_abi.NPU_OP_FILL, [ref(b.a)], [0xDEADBEEF])
     if kind == "gemm":  # 8x8x8, tightly packed
-        return make_op(_abi.NPU_OP_GEMM, [ref(b.a, 0, 256), ref(b.b, 0, 256), ref(b.c, 0, 256)],
-                       [8, 8, 8, 8, 8, 8, 0, 0])
+        return make_op(
+            _abi.NPU_OP_GEMM,
+            [ref(b.a, 0, 256), ref(b.b, 0, 256), ref(b.c, 0, 256)],
+            [8, 8, 8, 8, 8, 8, 0, 0],
+        )
     raise AssertionError(kind)
 
 
@@ -363,18 +375,21 @@ def test_valid_op_of_each_kind_is_accepted(fd, bos, kind):
 def _set(attr: str, value: int):
     def mutate(op: _abi.NpuOp) -> None:
         setattr(op, attr, value)
+
     return mutate
 
 
 def _set_buf(i: int, attr: str, value: int):
     def mutate(op: _abi.NpuOp) -> None:
         setattr(op.bufs[i], attr, value)
+
     return mutate
 
 
 def _set_param(i: int, value: int):
     def mutate(op: _abi.NpuOp) -> None:
         op.params[i] = value
+
     return mutate
 
 
@@ -448,7 +463,9 @@ def test_submit_with_the_bad_op_last_fails_and_queues_nothing(fd, bos):
     ("src_off", "dst_off", "size"),
     [(0, 2048, 4096), (2048, 0, 4096), (0, 4095, 4096), (100, 100, 8)],
 )
-def test_copy_between_overlapping_ranges_of_one_bo_fails_with_einval(fd, bos, src_off, dst_off, size):
+def test_copy_between_overlapping_ranges_of_one_bo_fails_with_einval(
+    fd, bos, src_off, dst_off, size
+):
     op = make_op(_abi.NPU_OP_COPY, [ref(bos.a, src_off, size), ref(bos.a, dst_off, size)])
     assert_errno(errno.EINVAL, lambda: submit(fd, [op]))
 
@@ -477,8 +494,20 @@ def test_op_naming_another_fds_bo_fails_with_enoent(fd, other_fd):
 # --------------------------------------------------------------------------
 
 
-def gemm_op(b: Bos, m=8, n=8, k=8, lda=None, ldb=None, ldc=None, dtype=0, flags=0,
-            a_size=None, b_size=None, c_size=None) -> _abi.NpuOp:
+def gemm_op(
+    b: Bos,
+    m=8,
+    n=8,
+    k=8,
+    lda=None,
+    ldb=None,
+    ldc=None,
+    dtype=0,
+    flags=0,
+    a_size=None,
+    b_size=None,
+    c_size=None,
+) -> _abi.NpuOp:
     ta, tb = flags & _abi.NPU_GEMM_TRANS_A, flags & _abi.NPU_GEMM_TRANS_B
     a_rows, a_cols = (k, m) if ta else (m, k)
     b_rows, b_cols = (n, k) if tb else (k, n)
@@ -492,9 +521,11 @@ def gemm_op(b: Bos, m=8, n=8, k=8, lda=None, ldb=None, ldc=None, dtype=0, flags=
     a_size = min(extent(a_rows, a_cols, lda), BO_SIZE) if a_size is None else a_size
     b_size = min(extent(b_rows, b_cols, ldb), BO_SIZE) if b_size is None else b_size
     c_size = min(extent(m, n, ldc), BO_SIZE) if c_size is None else c_size
-    return make_op(_abi.NPU_OP_GEMM,
-                   [ref(b.a, 0, a_size), ref(b.b, 0, b_size), ref(b.c, 0, c_size)],
-                   [m, n, k, lda, ldb, ldc, dtype, flags])
+    return make_op(
+        _abi.NPU_OP_GEMM,
+        [ref(b.a, 0, a_size), ref(b.b, 0, b_size), ref(b.c, 0, c_size)],
+        [m, n, k, lda, ldb, ldc, dtype, flags],
+    )
 
 
 GEMM_CASES = {
@@ -518,12 +549,15 @@ GEMM_CASES = {
     "b_buffer_too_small": dict(b_size=8 * 8 * 4 - 4),
     "c_buffer_too_small": dict(c_size=8 * 8 * 4 - 4),
     "c_too_small_for_its_stride": dict(ldc=16, c_size=8 * 8 * 4),
-    "a_too_small_when_transposed": dict(m=16, k=4, flags=_abi.NPU_GEMM_TRANS_A,
-                                        a_size=3 * 16 * 4 + 15 * 4),
-    "b_too_small_when_transposed": dict(n=16, k=4, flags=_abi.NPU_GEMM_TRANS_B,
-                                        b_size=15 * 4 * 4 + 3 * 4),
-    "huge_matrix_in_small_buffers": dict(m=65536, n=65536, k=65536, a_size=BO_SIZE,
-                                         b_size=BO_SIZE, c_size=BO_SIZE),
+    "a_too_small_when_transposed": dict(
+        m=16, k=4, flags=_abi.NPU_GEMM_TRANS_A, a_size=3 * 16 * 4 + 15 * 4
+    ),
+    "b_too_small_when_transposed": dict(
+        n=16, k=4, flags=_abi.NPU_GEMM_TRANS_B, b_size=15 * 4 * 4 + 3 * 4
+    ),
+    "huge_matrix_in_small_buffers": dict(
+        m=65536, n=65536, k=65536, a_size=BO_SIZE, b_size=BO_SIZE, c_size=BO_SIZE
+    ),
 }
 
 
@@ -535,8 +569,14 @@ def test_gemm_with_invalid_shape_stride_dtype_flags_or_buffer_fails_with_einval(
 
 @pytest.mark.parametrize(
     "params",
-    [dict(), dict(flags=3), dict(m=16, k=4, flags=1), dict(n=16, k=4, flags=2),
-     dict(lda=9, ldb=10, ldc=11), dict(m=1, n=1, k=1)],
+    [
+        dict(),
+        dict(flags=3),
+        dict(m=16, k=4, flags=1),
+        dict(n=16, k=4, flags=2),
+        dict(lda=9, ldb=10, ldc=11),
+        dict(m=1, n=1, k=1),
+    ],
     ids=["packed", "trans_both", "trans_a", "trans_b", "strided", "1x1x1"],
 )
 def test_gemm_whose_buffers_are_exactly_large_enough_is_accepted(fd, bos, params):
@@ -594,19 +634,23 @@ def test_wait_on_a_fence_of_another_fd_succeeds(fd, other_fd):
     wait(fd, fence)
 
 
-GEMM_BIG = 2048
+GEMM_BIG = 1024  # 1024 x 1024 fp32 = 4 MiB, the largest BO without DMA CMA
+GEMM_BIG_COUNT = 16  # ~34 GFLOP in all: far longer than a few ioctls
 
 
 @pytest.fixture
 def big_gemm(fd) -> Iterator[tuple[int, int]]:
-    """Queue 2 GEMMs of 2048^3 on fd; yield (fence, last fence before them)."""
+    """Queue 16 GEMMs of 1024^3 on fd; yield (fence, last fence before them)."""
     nbytes = GEMM_BIG * GEMM_BIG * 4
     a, b, c = (bo_create(fd, nbytes).handle for _ in range(3))
     d = GEMM_BIG
-    op = make_op(_abi.NPU_OP_GEMM, [ref(a, 0, nbytes), ref(b, 0, nbytes), ref(c, 0, nbytes)],
-                 [d, d, d, d, d, d, 0, 0])
+    op = make_op(
+        _abi.NPU_OP_GEMM,
+        [ref(a, 0, nbytes), ref(b, 0, nbytes), ref(c, 0, nbytes)],
+        [d, d, d, d, d, d, 0, 0],
+    )
     before = last_submitted_fence()
-    fence = submit(fd, [op, op])
+    fence = submit(fd, [op] * GEMM_BIG_COUNT)
     yield fence, before
     wait(fd, fence, timeout_ns=120 * 10**9)
 
@@ -632,13 +676,12 @@ def test_wait_on_work_queued_before_a_long_job_does_not_wait_for_it(fd, big_gemm
 # --------------------------------------------------------------------------
 
 
-
 def test_mmap_of_a_whole_bo_and_of_one_page_of_it_succeeds(fd):
     bo = bo_create(fd, 4 * PAGE)
     whole = mmap.mmap(fd, 4 * PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset)
     part = mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset + 2 * PAGE)
     part[:4] = b"abcd"
-    assert whole[2 * PAGE:2 * PAGE + 4] == b"abcd"
+    assert whole[2 * PAGE : 2 * PAGE + 4] == b"abcd"
     part.close()
     whole.close()
 
@@ -650,35 +693,43 @@ def test_mmap_of_a_whole_bo_and_of_one_page_of_it_succeeds(fd):
 )
 def test_mmap_past_the_end_of_a_bo_fails_with_einval(fd, start_pages, length_pages):
     bo = bo_create(fd, 16 * PAGE)
-    assert_errno(errno.EINVAL, lambda: mmap.mmap(
-        fd, length_pages * PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset + start_pages * PAGE))
+    assert_errno(
+        errno.EINVAL,
+        lambda: mmap.mmap(
+            fd, length_pages * PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset + start_pages * PAGE
+        ),
+    )
 
 
-@pytest.mark.parametrize("handle", [0, 77, 0xFFFFFFFF])
+@pytest.mark.parametrize("handle", [0, 77, 0x7FFFFFFF])  # mmap's off_t is signed
 def test_mmap_at_the_offset_of_an_unknown_handle_fails_with_einval(fd, handle):
     bo_create(fd)
-    assert_errno(errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW,
-                                                 offset=handle << 32))
+    assert_errno(
+        errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW, offset=handle << 32)
+    )
 
 
 def test_mmap_of_a_destroyed_bo_fails_with_einval(fd):
     bo = bo_create(fd)
     bo_destroy(fd, bo.handle)
-    assert_errno(errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW,
-                                                 offset=bo.mmap_offset))
+    assert_errno(
+        errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset)
+    )
 
 
 def test_mmap_of_another_fds_bo_fails_with_einval(fd, other_fd):
     bo = bo_create(other_fd)
-    assert_errno(errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW,
-                                                 offset=bo.mmap_offset))
+    assert_errno(
+        errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_SHARED, RW, offset=bo.mmap_offset)
+    )
 
 
 @pytest.mark.parametrize("prot", [mmap.PROT_READ, RW], ids=["read", "read_write"])
 def test_mmap_private_fails_with_einval(fd, prot):
     bo = bo_create(fd)
-    assert_errno(errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_PRIVATE, prot,
-                                                 offset=bo.mmap_offset))
+    assert_errno(
+        errno.EINVAL, lambda: mmap.mmap(fd, PAGE, mmap.MAP_PRIVATE, prot, offset=bo.mmap_offset)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -739,7 +790,7 @@ def test_runtime_wait_with_zero_timeout_on_running_work_raises_npu_timeout_error
     d = GEMM_BIG
     nbytes = d * d * 4
     with dev.alloc(nbytes) as a, dev.alloc(nbytes) as b, dev.alloc(nbytes) as c:
-        fence = dev.submit([ops.gemm(a, b, c, d, d, d)] * 2)
+        fence = dev.submit([ops.gemm(a, b, c, d, d, d)] * GEMM_BIG_COUNT)
         with pytest.raises(npu.NpuTimeoutError) as info:
             dev.wait(fence, timeout_s=0)
         dev.wait(fence, timeout_s=120)

@@ -48,6 +48,7 @@ CONSTANTS = [
     "NPU_PCI_VENDOR_ID", "NPU_PCI_DEVICE_ID", "NPU_PCI_REVISION", "NPU_PCI_CLASS",
     "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
     "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
+    "NPU_CAP_MMU",
     "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
     "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_COUNT",
     "NPU_CMD_F_IRQ", "NPU_CMD_F_MASK",
@@ -55,12 +56,12 @@ CONSTANTS = [
     "NPU_DTYPE_FP32", "NPU_MAX_XFER", "NPU_MAX_DIM",
     "NPU_ST_OK", "NPU_ST_BAD_OPCODE", "NPU_ST_BAD_FLAGS", "NPU_ST_BAD_RESERVED",
     "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
-    "NPU_ST_NO_MEMORY", "NPU_ST_COUNT",
+    "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_COUNT",
     "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
     "NPU_ERR_BAD_RING",
     "NPU_IOCTL_BASE",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
-    "NPU_INFO_CAP_TIMESTAMPS",
+    "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
     "NPU_IOCTL_WAIT",
@@ -201,10 +202,10 @@ def test_every_constant_of_the_headers_is_checked() -> None:
         text = (REPO / "include" / header).read_text()
         defined |= set(re.findall(r"^#define\s+(NPU_[A-Z0-9_]+)\s", text, re.M))
         defined |= set(re.findall(r"^\s+(NPU_(?:OP|ST|ERR|DTYPE)_[A-Z0-9_]+)\b", text, re.M))
-    # Register map, BARs, MSI-X and function-like macros are driver/device business.
+    # Register map, BARs, MSI-X, MMU tables and function-like macros are driver/device business.
     driver_only = re.compile(
         r"NPU_(H$|HW_H$|UAPI_H$|BAR|REG_|Q_|QREG|QCTL|QSTAT|DOORBELL|MSIX|VEC_|STATUS_|"
-        r"CONTROL_|IRQ_)"
+        r"CONTROL_|IRQ_|MMU_|PTE_|PAGE_|FAULT_)"
     )
     expected = {name for name in defined if not driver_only.match(name)}
     assert expected <= set(CONSTANTS), sorted(expected - set(CONSTANTS))

@@ -1,0 +1,180 @@
+/*
+ * NPU device MMU: translation of device virtual addresses through the
+ * two-level table described in npu_hw.h, and the DMA helpers every command
+ * uses to move bytes between guest memory and the engine.
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/log.h"
+#include "hw/pci/pci.h"
+#include "npu_dev.h"
+
+/* Does [addr, addr + len) overlap a BAR of this device? */
+bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    int i;
+
+    for (i = 0; i < PCI_NUM_REGIONS; i++) {
+        pcibus_t base = pci_get_bar_addr(pdev, i);
+        pcibus_t size = pdev->io_regions[i].size;
+
+        if (!size || base == PCI_BAR_UNMAPPED ||
+            (pdev->io_regions[i].type & PCI_BASE_ADDRESS_SPACE_IO)) {
+            continue;
+        }
+        if (addr < base + size && base < addr + len) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Snapshot the MMU configuration for one command (called with the lock). */
+void npu_walk_init_locked(NpuState *s, NpuWalk *w)
+{
+    w->enabled = s->mmu_control & NPU_MMU_ENABLE;
+    w->l1_base = s->mmu_l1_base;
+    w->l1_entries = s->mmu_l1_entries;
+    w->cached_l1 = UINT64_MAX;
+    w->cached_l2 = 0;
+}
+
+static uint32_t npu_fault(NpuState *s, uint64_t va, uint32_t info)
+{
+    qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU fault at VA 0x%" PRIx64
+                  " (info 0x%x)\n", va, info);
+    qemu_mutex_lock(&s->lock);
+    s->mmu_fault_addr = va;
+    s->mmu_fault_info = info;
+    s->mmu_faults++;
+    qemu_mutex_unlock(&s->lock);
+    return NPU_ST_MMU_FAULT;
+}
+
+/* Translate the page holding @va; on success *pa is the bus address. */
+static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
+                              bool write, uint64_t *pa)
+{
+    uint64_t l1i = va >> NPU_MMU_L1_SHIFT;
+    uint64_t l2i = (va >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1);
+    uint32_t wbit = write ? NPU_FAULT_WRITE : 0;
+    uint64_t pte;
+
+    if (!w->enabled) {
+        *pa = va;
+        return NPU_ST_OK;
+    }
+    if (l1i >= w->l1_entries) {
+        return npu_fault(s, va, wbit | NPU_FAULT_RANGE);
+    }
+    if (l1i != w->cached_l1) {
+        uint64_t l1e;
+
+        if (pci_dma_read(PCI_DEVICE(s), w->l1_base + l1i * 8, &l1e,
+                         sizeof(l1e)) != MEMTX_OK) {
+            return NPU_ST_DMA_ERROR;
+        }
+        l1e = le64_to_cpu(l1e);
+        if (!(l1e & NPU_PTE_VALID)) {
+            return npu_fault(s, va, wbit | NPU_FAULT_L1);
+        }
+        w->cached_l1 = l1i;
+        w->cached_l2 = l1e & NPU_PTE_ADDR_MASK;
+    }
+    if (pci_dma_read(PCI_DEVICE(s), w->cached_l2 + l2i * 8, &pte,
+                     sizeof(pte)) != MEMTX_OK) {
+        return NPU_ST_DMA_ERROR;
+    }
+    pte = le64_to_cpu(pte);
+    if (!(pte & NPU_PTE_VALID)) {
+        return npu_fault(s, va, wbit);
+    }
+    if (write && !(pte & NPU_PTE_WRITE)) {
+        return npu_fault(s, va, wbit | NPU_FAULT_PERM);
+    }
+    *pa = (pte & NPU_PTE_ADDR_MASK) | (va & (NPU_PAGE_SIZE - 1));
+    return NPU_ST_OK;
+}
+
+/*
+ * Translate as much of [va, va + len) as is contiguous in bus address space
+ * (up to @max bytes); returns the run length in *run.
+ */
+static uint32_t npu_translate_run(NpuState *s, NpuWalk *w, uint64_t va,
+                                  uint64_t len, bool write, uint64_t *pa,
+                                  uint64_t *run)
+{
+    uint64_t n, next_pa;
+    uint32_t st;
+
+    st = npu_translate(s, w, va, write, pa);
+    if (st != NPU_ST_OK) {
+        return st;
+    }
+    if (!w->enabled) {
+        *run = len;
+        return NPU_ST_OK;
+    }
+    n = MIN(len, NPU_PAGE_SIZE - (va & (NPU_PAGE_SIZE - 1)));
+    while (n < len) {
+        st = npu_translate(s, w, va + n, write, &next_pa);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        if (next_pa != *pa + n) {
+            break;
+        }
+        n += MIN(len - n, (uint64_t)NPU_PAGE_SIZE);
+    }
+    *run = n;
+    return NPU_ST_OK;
+}
+
+/* Move @len bytes between device VA @va and @buf, in either direction. */
+static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                           uint64_t len, bool write)
+{
+    uint8_t *p = buf;
+
+    while (len) {
+        uint64_t pa, run;
+        uint32_t st;
+        MemTxResult r;
+
+        st = npu_translate_run(s, w, va, len, write, &pa, &run);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        if (npu_hits_own_bar(s, pa, run)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
+                          " targets the device's own BAR\n", pa);
+            return NPU_ST_BAD_ADDR;
+        }
+        r = write ? pci_dma_write(PCI_DEVICE(s), pa, p, run)
+                  : pci_dma_read(PCI_DEVICE(s), pa, p, run);
+        if (r != MEMTX_OK) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA %s at 0x%" PRIx64
+                          " failed\n", write ? "write" : "read", pa);
+            return NPU_ST_DMA_ERROR;
+        }
+        va += run;
+        p += run;
+        len -= run;
+    }
+    return NPU_ST_OK;
+}
+
+uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                      uint64_t len)
+{
+    return npu_mem_rw(s, w, va, buf, len, false);
+}
+
+uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
+                       uint64_t len)
+{
+    return npu_mem_rw(s, w, va, (void *)buf, len, true);
+}

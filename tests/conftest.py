@@ -1,0 +1,113 @@
+"""Host-side pytest harness: the QEMU guest fixture and its dmesg gate.
+
+Tests that take the `guest` fixture share one guest per session (booted on
+first use, driver loaded). After each such test the guest's kernel log is
+checked: new lines matching BAD_DMESG_RE fail the test (as an error in its
+teardown). Tests in tests/guest/ run inside the guest, never on the host.
+
+This file must stay importable without pexpect (pytest may meet it from
+inside the guest); the guest machinery is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_GUEST = os.environ.get("NPU_IN_GUEST") == "1"
+
+# tests/guest/ holds the in-guest suite: collected only inside the guest.
+collect_ignore = [] if IN_GUEST else ["guest"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "guest: boots the QEMU guest (once per session) and runs there")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "guest" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.guest)
+
+
+def _guest_module():
+    """scripts/guest.py, imported by path as `npu_guest` (tests/guest/ would
+    shadow a plain `import guest`)."""
+    mod = sys.modules.get("npu_guest")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("npu_guest", ROOT / "scripts" / "guest.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["npu_guest"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+class _GuestHolder:
+    """The session's guest; reboots it if an earlier test left it dead."""
+
+    def __init__(self):
+        self.g = None
+        self.boots = 0
+
+    def get(self):
+        gm = _guest_module()
+        if self.g is not None and self.g.alive:
+            return self.g
+        if self.g is not None:
+            self.g.close()
+            self.g = None
+        try:
+            gm.check_prerequisites(need_module=True)
+        except gm.GuestSetupError as e:
+            pytest.fail(str(e), pytrace=False)
+        g = gm.Guest()
+        try:
+            g.start()
+            g.load_module()
+        except BaseException:
+            g.close()
+            raise
+        self.boots += 1
+        sys.stderr.write(f"\n[guest] booted in {g.boot_s:.1f} s (boot #{self.boots})\n")
+        self.g = g
+        return g
+
+    def close(self):
+        if self.g is not None:
+            self.g.close()
+            self.g = None
+
+
+@pytest.fixture(scope="session")
+def guest_holder():
+    h = _GuestHolder()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="session")
+def guest_session(guest_holder):
+    """The booted guest with the driver loaded, without the dmesg gate."""
+    return guest_holder.get()
+
+
+@pytest.fixture
+def guest(guest_holder):
+    """The session's guest (driver loaded); fails the test on a kernel splat."""
+    gm = _guest_module()
+    g = guest_holder.get()
+    mark = g.dmesg_mark()
+    yield g
+    if not g.alive:
+        pytest.fail(f"guest died during the test: {g.dead_reason}", pytrace=False)
+    new = g.new_dmesg(mark)
+    bad = gm.bad_dmesg_lines(new)
+    if bad:
+        pytest.fail("kernel log has errors after this test:\n" + "\n".join(new[-80:]),
+                    pytrace=False)

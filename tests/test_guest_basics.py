@@ -1,0 +1,64 @@
+"""Guest basics: the device, its node, sysfs, module unload/reload."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.guest
+
+SYSFS = "/sys/class/npu/npu0"
+SYSFS_ATTRS = ("hw_version", "abi_version", "caps", "num_queues")
+
+
+def _reload(guest):
+    guest.unload_module()
+    guest.load_module()
+
+
+def test_pci_device_listed(guest):
+    rc, out = guest.run("lspci -n")
+    assert rc == 0, out
+    # e.g. "00:03.0 1200: 1234:4e50 (rev 01)"
+    assert re.search(r"^\S+ 1200: 1234:4e50\b", out, re.M), out
+
+
+def test_dev_node_group_and_mode(guest):
+    rc, out = guest.run("stat -c '%G %a' /dev/npu0")
+    assert rc == 0, out
+    assert out.strip() == "npu 660"
+
+
+@pytest.mark.parametrize("attr", SYSFS_ATTRS)
+def test_sysfs_attribute(guest, attr):
+    rc, out = guest.run(f"cat {SYSFS}/{attr}")
+    assert rc == 0, out
+    assert out.strip(), f"{SYSFS}/{attr} is empty"
+
+
+def test_unload_removes_node_and_reload_restores_it(guest):
+    try:
+        guest.unload_module()
+        rc, out = guest.run("test -e /dev/npu0 || test -d /sys/module/npu")
+        assert rc != 0, "/dev/npu0 or /sys/module/npu still there after rmmod"
+    finally:
+        if not guest.module_loaded():
+            guest.load_module()
+    rc, out = guest.run("stat -c '%G %a' /dev/npu0")
+    assert rc == 0, out
+    assert out.strip() == "npu 660"
+
+
+def test_three_reload_cycles_leave_no_oops(guest):
+    mark = guest.dmesg_mark()
+    try:
+        for _ in range(3):
+            _reload(guest)
+    finally:
+        if not guest.module_loaded():
+            guest.load_module()
+    assert guest.run("test -e /dev/npu0")[0] == 0
+    gm = __import__("sys").modules["npu_guest"]
+    bad = gm.bad_dmesg_lines(guest.new_dmesg(mark))
+    assert not bad, "\n".join(bad)
