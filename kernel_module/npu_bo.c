@@ -31,6 +31,8 @@ static void npu_bo_free(struct kref *ref)
 	struct npu_device *ndev = bo->ndev;
 
 	trace_npu_bo_free(bo->handle, bo->size);
+	atomic64_dec(&ndev->bo_count);
+	atomic64_sub(bo->size, &ndev->bo_bytes);
 	npu_mmu_unmap(ndev, bo->va, bo->size);
 	dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 	sg_free_table(&bo->sgt);
@@ -128,6 +130,8 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 	}
 	bo->ndev = ndev;
 	kref_get(&ndev->ref);
+	atomic64_inc(&ndev->bo_count);
+	atomic64_add(bo->size, &ndev->bo_bytes);
 
 	ret = xa_alloc(&ctx->bos, &handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
 	if (ret)

@@ -134,6 +134,8 @@ struct npu_device {
 	atomic_t irq_count;
 	atomic_t recoveries;
 	atomic_t op_errors;		/* ops completed with a non-OK status */
+	atomic64_t bo_count;		/* live buffer objects */
+	atomic64_t bo_bytes;		/* bytes of their backing pages */
 	struct npu_mmu mmu;
 	struct npu_queue queue;
 };

@@ -27,6 +27,8 @@ NPU_ATTR(ring_entries, "%u", ndev->queue.entries);
 NPU_ATTR(irq_count, "%d", atomic_read(&ndev->irq_count));
 NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
 NPU_ATTR(op_errors, "%d", atomic_read(&ndev->op_errors));
+NPU_ATTR(bo_count, "%lld", atomic64_read(&ndev->bo_count));
+NPU_ATTR(bo_bytes, "%lld", atomic64_read(&ndev->bo_bytes));
 
 static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
@@ -49,6 +51,8 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_irq_count.attr,
 	&dev_attr_recoveries.attr,
 	&dev_attr_op_errors.attr,
+	&dev_attr_bo_count.attr,
+	&dev_attr_bo_bytes.attr,
 	&dev_attr_fences.attr,
 	NULL,
 };

@@ -58,7 +58,7 @@ GUEST_DIR = NPU_CACHE / "guest" / "current"
 GUEST_ROOT = "/mnt/npu"  # where the project tree is mounted in the guest
 MODULE_PATH = GUEST_ROOT + "/kernel_module/npu.ko"
 HOST_MODULE_PATH = ROOT / "kernel_module" / "npu.ko"
-KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw init=/sbin/npu-init quiet cma=256M"
+KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw init=/sbin/npu-init quiet"
 # Coldplug would load these for q35's stock devices; they only cost boot time.
 BOOT_BLACKLIST = (
     "kvm,kvm_amd,kvm_intel,iTCO_wdt,iTCO_vendor_support,pcspkr,powernow_k8,"

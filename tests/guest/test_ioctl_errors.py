@@ -634,7 +634,7 @@ def test_wait_on_a_fence_of_another_fd_succeeds(fd, other_fd):
     wait(fd, fence)
 
 
-GEMM_BIG = 1024  # 1024 x 1024 fp32 = 4 MiB, the largest BO without DMA CMA
+GEMM_BIG = 1024  # 1024 x 1024 fp32 = 4 MiB per matrix
 GEMM_BIG_COUNT = 16  # ~34 GFLOP in all: far longer than a few ioctls
 
 

@@ -1,10 +1,8 @@
 """Buffer and file descriptor lifetimes: mappings outlive handles, nothing leaks.
 
-The driver allocates BOs with ``dma_alloc_coherent``. With DMA CMA in the
-guest kernel (``cma=256M``) that memory comes from CMA and ``CmaFree`` in
-/proc/meminfo measures it; without it (the stock Debian kernel has no
-``CONFIG_DMA_CMA``, so a BO is at most 4 MiB there) it comes from the buddy
-allocator and ``MemFree`` is the measure, taken after dropping the page cache.
+BO memory is measured exactly by the driver's ``bo_bytes`` sysfs counter
+(bytes of live BO backing pages, across all files), so a leak of a single
+page shows.
 """
 
 from __future__ import annotations
@@ -26,12 +24,8 @@ MiB = 1 << 20
 PAGE = mmap.PAGESIZE
 RW = mmap.PROT_READ | mmap.PROT_WRITE
 SYSFS = "/sys/class/npu/npu0"
-# Free memory moves by a few pages on its own (slab, the test's own heap);
-# the BOs of these tests add up to tens of MiB, so a leak shows. BO sizes
-# avoid allocation orders 0-3 and 9 (2 MiB): the page allocator keeps freed
-# blocks of those orders on per-CPU lists, which MemFree does not count.
-MEM_TOLERANCE = 8 * MiB
-# The largest BO that the DMA allocator can always provide (MAX_ORDER pages).
+# The accounting is exact: no tolerance.
+MEM_TOLERANCE = 0
 BIG_BO = 4 * MiB
 
 
@@ -40,26 +34,10 @@ BIG_BO = 4 * MiB
 # --------------------------------------------------------------------------
 
 
-def meminfo(field: str) -> int:
-    """A /proc/meminfo field in bytes."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            name, value = line.split(":", 1)
-            if name == field:
-                return int(value.split()[0]) * 1024
-    raise KeyError(field)
-
-
 def bo_memory_free() -> int:
-    """Free memory of the pool BOs come from: CmaFree if there is CMA, else MemFree."""
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-    try:
-        if meminfo("CmaTotal") > 0:
-            return meminfo("CmaFree")
-    except KeyError:
-        pass
-    return meminfo("MemFree")
+    """Minus the bytes of live BOs on the device: rises as BOs are freed."""
+    with open(f"{SYSFS}/bo_bytes") as f:
+        return -int(f.read())
 
 
 def fences() -> tuple[int, int]:

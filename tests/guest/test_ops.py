@@ -196,7 +196,7 @@ def test_copy_between_disjoint_ranges_of_one_buffer(dev):
 
 
 def test_64_mib_copied_by_one_submit_of_4_mib_copies_is_exact(dev):
-    chunk, count = 4 << 20, 16  # 4 MiB: the largest BO without DMA CMA
+    chunk, count = 4 << 20, 16
     srcs = [dev.alloc(chunk) for _ in range(count)]
     dsts = [dev.alloc(chunk) for _ in range(count)]
     try:
@@ -214,15 +214,7 @@ def test_64_mib_copied_by_one_submit_of_4_mib_copies_is_exact(dev):
 
 def test_copy_of_64_mib_in_one_op_is_exact(dev):
     nbytes = 64 << 20
-    try:
-        src = dev.alloc(nbytes)
-    except npu.NpuError as exc:
-        if exc.errno != errno.ENOMEM:
-            raise
-        pytest.xfail(
-            "BO_CREATE of 64 MiB fails with ENOMEM: the guest kernel has no DMA "
-            "CMA (cma= is ignored), so BOs above 4 MiB cannot be allocated"
-        )
+    src = dev.alloc(nbytes)
     with src, dev.alloc(nbytes) as dst:
         words = src.numpy(np.uint32)
         words[:] = np.arange(words.size, dtype=np.uint32)

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Benchmark the NPU stack end to end and compare it with numpy.
+
+Boots the guest (scripts/guest.py), loads the driver, runs
+examples/bench_npu.py in the guest, then measures numpy on the host in the
+same run, and writes everything, with ratios and the targets, to
+build/bench.json. The JSON is also printed on stdout; diagnostics go to
+stderr through logging. ``make bench`` builds QEMU, the guest and the module
+first; this script builds nothing.
+
+Usage::
+
+    scripts/bench.py [--out build/bench.json] [--quick] [--strict] [-v]
+
+``--quick`` passes BENCH_QUICK=1 to the guest side (fewer repetitions).
+``--strict`` also exits 1 when a target is missed (default: only when a
+benchmark fails or a result is wrong). See docs/benchmarks.md for the keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from guest import Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
+
+log = logging.getLogger("bench")
+
+GUEST_CMD = "python3 examples/bench_npu.py"
+GUEST_TIMEOUT_S = 900.0
+GEMM_N = 1024
+COPY_BYTES = 64 << 20
+HOST_RUNS = 5
+
+# The targets of the issue: (result key, comparison, threshold, description).
+TARGETS: list[tuple[str, str, float, str]] = [
+    ("gemm_npu_vs_guest_numpy", ">=", 50.0, "NPU GEMM >= 50x numpy in the guest"),
+    ("gemm_npu_vs_host_numpy", ">=", 0.5, "NPU GEMM >= 0.5x numpy on the host"),
+    ("boot_s", "<=", 30.0, "boot to shell <= 30 s"),
+]
+
+
+class BenchFailed(RuntimeError):
+    """The benchmark could not run or produced a wrong result."""
+
+
+def median_seconds(fn: Callable[[], Any], runs: int) -> float:
+    """Median wall-clock seconds of `runs` calls of fn, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def host_numpy_gemm_gflops(n: int = GEMM_N) -> float:
+    """GFLOP/s of numpy's fp32 n x n x n a @ b on the host, median of HOST_RUNS."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    dt = median_seconds(lambda: np.matmul(a, b, out=c), HOST_RUNS)
+    return 2.0 * n**3 / dt / 1e9
+
+
+def host_memcpy_gbps(nbytes: int = COPY_BYTES) -> float:
+    """GB/s (1e9 bytes/s) of np.copyto of nbytes into a preallocated array on the host."""
+    src = np.arange(nbytes // 4, dtype=np.uint32)
+    dst = np.empty_like(src)
+    dt = median_seconds(lambda: np.copyto(dst, src), HOST_RUNS)
+    if not np.array_equal(dst, src):
+        raise BenchFailed("host memcpy: copy differs")
+    return nbytes / dt / 1e9
+
+
+def host_numpy_threads() -> dict[str, Any] | None:
+    """BLAS thread pools numpy uses (threadpoolctl), or None if it is not installed."""
+    try:
+        from threadpoolctl import threadpool_info  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    pools = threadpool_info()
+    return {
+        "num_threads": max((p.get("num_threads", 0) for p in pools), default=0),
+        "pools": [{k: p.get(k) for k in ("internal_api", "num_threads", "version",
+                                          "architecture")} for p in pools],
+    }
+
+
+def git_commit() -> str | None:
+    """HEAD's commit, with "-dirty" if the tree has changes; None outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], check=True,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def host_cpu_model() -> str:
+    """The host CPU's model name from /proc/cpuinfo (platform.processor() otherwise)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def metadata() -> dict[str, Any]:
+    """When, what and where: date, commit, QEMU accelerator and the host."""
+    argv = qemu_argv()
+    accel = argv[argv.index("-accel") + 1] if "-accel" in argv else "unknown"
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "qemu_accel": accel,
+        "guest_smp": int(os.environ.get("NPU_SMP", "").strip() or 1),
+        "guest_mem": os.environ.get("NPU_MEM", "").strip() or "2G",
+        "host_cpu": host_cpu_model(),
+        "host_cpus": os.cpu_count(),
+        "host_numpy": np.__version__,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+    }
+
+
+class _LineLogger:
+    """Feeds streamed guest output to the log one line at a time."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def __call__(self, chunk: str) -> None:
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            log.info("guest| %s", line)
+
+    def flush(self) -> None:
+        if self._partial:
+            log.info("guest| %s", self._partial)
+            self._partial = ""
+
+
+def parse_guest_json(output: str) -> dict[str, Any]:
+    """The JSON object on the last JSON-looking line of the guest's output."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            result: dict[str, Any] = json.loads(line)
+            return result
+    raise BenchFailed("guest benchmark printed no JSON result")
+
+
+def run_guest(quick: bool) -> tuple[float, dict[str, Any]]:
+    """Boot the guest, load the driver, run the in-guest benchmark: (boot_s, its JSON)."""
+    log.info("booting the guest")
+    with Guest() as g:
+        assert g.boot_s is not None
+        log.info("guest shell after %.1f s; loading the driver", g.boot_s)
+        g.load_module()
+        mark = g.dmesg_mark()
+        cmd = ("BENCH_QUICK=1 " if quick else "") + GUEST_CMD
+        log.info("guest: %s", cmd)
+        stream = _LineLogger()
+        rc, out = g.run(cmd, timeout=GUEST_TIMEOUT_S, stream=stream)
+        stream.flush()
+        bad = bad_dmesg_lines(g.new_dmesg(mark))
+        if bad:
+            raise BenchFailed("kernel log has errors after the benchmark:\n" + "\n".join(bad))
+        if rc != 0:
+            raise BenchFailed(f"`{cmd}` exited {rc} in the guest")
+        return g.boot_s, parse_guest_json(out)
+
+
+def add_ratios_and_targets(res: dict[str, Any]) -> None:
+    """Add the GEMM ratios and the target verdicts to res, in place."""
+    npu_gflops = res["gemm_fp32_1024_gflops_npu"]
+    res["gemm_npu_vs_guest_numpy"] = npu_gflops / res["gemm_fp32_1024_gflops_guest_numpy"]
+    res["gemm_npu_vs_host_numpy"] = npu_gflops / res["gemm_fp32_1024_gflops_host_numpy"]
+    res["gemm_npu_e2e_vs_guest_numpy"] = (res["gemm_fp32_1024_gflops_npu_e2e"]
+                                          / res["gemm_fp32_1024_gflops_guest_numpy"])
+    targets = {}
+    for key, op, threshold, what in TARGETS:
+        value = float(res[key])
+        met = value >= threshold if op == ">=" else value <= threshold
+        targets[key] = {"target": f"{op} {threshold:g}", "value": value, "met": met,
+                        "what": what}
+    res["targets"] = targets
+    res["targets_met"] = all(t["met"] for t in targets.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 on success, 1 on failure (or a missed target with --strict)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench.json",
+                    help="where to write the JSON (default: build/bench.json)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions in the guest")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        stream=sys.stderr, format="[bench] %(message)s")
+
+    res: dict[str, Any] = {"meta": metadata()}
+    try:
+        t0 = time.monotonic()
+        boot_s, guest = run_guest(args.quick)
+        res["boot_s"] = boot_s
+        res.update(guest)
+        res["meta"]["guest_total_s"] = time.monotonic() - t0
+        # The host figures are taken after QEMU has exited, so that it does
+        # not compete with numpy for the host's cores.
+        log.info("host numpy: %dx%d fp32 GEMM and a 64 MiB copy", GEMM_N, GEMM_N)
+        threads = host_numpy_threads()
+        if threads is not None:
+            res["host_numpy_threads"] = threads["num_threads"]
+            res["meta"]["host_blas_pools"] = threads["pools"]
+        res["gemm_fp32_1024_gflops_host_numpy"] = host_numpy_gemm_gflops()
+        res["host_memcpy_gbps"] = host_memcpy_gbps()
+        add_ratios_and_targets(res)
+    except (BenchFailed, GuestError, KeyError, ValueError) as e:
+        log.error("benchmark failed: %s", e)
+        return 1
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(res, indent=2, sort_keys=True)
+    args.out.write_text(text + "\n")
+    log.info("wrote %s", args.out)
+    for key, t in res["targets"].items():
+        log.info("target %-26s %s: %.3g -> %s", key, t["target"], t["value"],
+                 "MET" if t["met"] else "MISSED")
+    print(text)
+    return 1 if args.strict and not res["targets_met"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
