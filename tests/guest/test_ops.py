@@ -7,7 +7,6 @@ Every result is checked against numpy. The high-level functions
 
 from __future__ import annotations
 
-import errno
 import itertools
 
 import numpy as np
