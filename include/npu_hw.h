@@ -117,7 +117,7 @@ enum npu_qreg {
 	NPU_Q_TAIL		= 0x14,	/* RW: free-running producer index; doorbell */
 	NPU_Q_CPL_LO		= 0x18,	/* RW: completion ring DMA address */
 	NPU_Q_CPL_HI		= 0x1c,
-	NPU_Q_FENCE_LO		= 0x20,	/* RW: fence write-back DMA address */
+	NPU_Q_FENCE_LO		= 0x20,	/* RW: fence write-back address, 0 = none */
 	NPU_Q_FENCE_HI		= 0x24,
 	NPU_Q_STATUS		= 0x28,	/* RO: NPU_QSTAT_* */
 	NPU_Q_DONE_LO		= 0x30,	/* RO: last completed fence value */
@@ -167,6 +167,7 @@ enum npu_dtype {
 /* Upper bounds the device enforces on one command. */
 #define NPU_MAX_XFER		(1ull << 32)	/* bytes per COPY/FILL */
 #define NPU_MAX_DIM		65536		/* GEMM m, n, k */
+#define NPU_MAX_LD		(1u << 24)	/* GEMM row strides, elements */
 
 /*
  * Command descriptor: 128 bytes in the ring. Buffer addresses are device

@@ -161,6 +161,7 @@ void npu_queue_kick(struct npu_queue *q);
 u32 npu_queue_space(struct npu_queue *q);
 bool npu_fence_done(struct npu_queue *q, u64 fence);
 void npu_queue_abort_all(struct npu_queue *q, u32 status);
+void npu_queue_process(struct npu_queue *q);
 
 /* npu_mmu.c */
 int npu_mmu_init(struct npu_device *ndev);

@@ -27,7 +27,7 @@ static int npu_hw_reset(struct npu_device *ndev)
 	return ret;
 }
 
-/* Program the ring registers of @q and enable it; the device is in reset. */
+/* Program the ring registers of @q and enable it; the device is disabled. */
 static void npu_queue_start(struct npu_queue *q)
 {
 	struct npu_device *ndev = q->ndev;
@@ -114,8 +114,11 @@ static struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence)
 	return NULL;
 }
 
-/* Read completion records up to the device's fence write-back. */
-static void npu_queue_process(struct npu_queue *q)
+/*
+ * Read completion records up to the device's fence write-back and retire
+ * finished jobs. Called by the queue's IRQ thread and by waiters.
+ */
+void npu_queue_process(struct npu_queue *q)
 {
 	struct npu_device *ndev = q->ndev;
 	LIST_HEAD(done);

@@ -96,7 +96,7 @@ static u64 npu_matrix_bytes(u32 rows, u32 cols, u32 ld)
 
 static int npu_check_matrix(u32 rows, u32 cols, u32 ld, u64 ref_size)
 {
-	if (ld < cols)
+	if (ld < cols || ld > NPU_MAX_LD)
 		return -EINVAL;
 	if (npu_matrix_bytes(rows, cols, ld) > ref_size)
 		return -EINVAL;
@@ -326,7 +326,11 @@ static bool npu_context_take_error(struct npu_context *ctx, u64 fence,
 	return true;
 }
 
-/* Spin briefly on the fence write-back before sleeping. */
+/*
+ * Spin briefly on the device's fence write-back before sleeping; when it
+ * shows the fence, retire the completions here instead of waiting for the
+ * interrupt thread.
+ */
 static bool npu_wait_spin(struct npu_queue *q, u64 fence)
 {
 	ktime_t end = ktime_add_ns(ktime_get(), NPU_WAIT_SPIN_NS);
@@ -334,6 +338,10 @@ static bool npu_wait_spin(struct npu_queue *q, u64 fence)
 	do {
 		if (npu_fence_done(q, fence))
 			return true;
+		if (READ_ONCE(q->wb->value) >= fence) {
+			npu_queue_process(q);
+			return npu_fence_done(q, fence);
+		}
 		cpu_relax();
 	} while (ktime_before(ktime_get(), end));
 	return npu_fence_done(q, fence);

@@ -88,7 +88,14 @@ static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
 
 static void npu_reset_state_locked(NpuState *s)
 {
-    memset(s->q, 0, sizeof(s->q));
+    int qi;
+
+    for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
+        uint32_t gen = s->q[qi].gen;
+
+        memset(&s->q[qi], 0, sizeof(s->q[qi]));
+        s->q[qi].gen = gen + 1;
+    }
     s->control = 0;
     s->irq_status = 0;
     s->irq_mask = 0;
@@ -133,6 +140,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
 {
     NpuQueue *q = &s->q[qi];
     uint32_t idx = q->head;
+    uint32_t gen = q->gen;
     uint32_t slot = idx & (q->ring_size - 1);
     uint64_t ring = q->ring_base, cpl_base = q->cpl_base;
     uint64_t fence_addr = q->fence_addr;
@@ -157,7 +165,9 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
                       " 0x%" PRIx64 " failed\n", qi, ring);
         qemu_mutex_lock(&s->lock);
-        npu_queue_error_locked(s, qi, NPU_ERR_RING_FETCH);
+        if (!s->reset_pending && q->gen == gen) {
+            npu_queue_error_locked(s, qi, NPU_ERR_RING_FETCH);
+        }
         return;
     }
     cmd.opcode = le16_to_cpu(cmd.opcode);
@@ -194,13 +204,15 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
                       " failed\n", qi);
         qemu_mutex_lock(&s->lock);
-        npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
+        if (!s->reset_pending && q->gen == gen) {
+            npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
+        }
         return;
     }
 
     qemu_mutex_lock(&s->lock);
-    if (s->reset_pending) {
-        return;     /* the reset drops the queue state anyway */
+    if (s->reset_pending || q->gen != gen) {
+        return;     /* reset or re-enabled meanwhile: the old state is gone */
     }
     q->head = idx + 1;
     q->done_fence = cmd.fence;
@@ -221,6 +233,7 @@ static void *npu_worker(void *opaque)
         if (s->reset_pending) {
             npu_reset_state_locked(s);
             s->reset_pending = false;
+            qemu_bh_schedule(s->irq_bh);    /* lowers INTx */
             qemu_cond_broadcast(&s->reset_done);
             continue;
         }
@@ -393,13 +406,22 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
     return val;
 }
 
-static bool npu_ring_config_ok(NpuQueue *q)
+static bool npu_ring_config_ok(NpuState *s, NpuQueue *q)
 {
     uint32_t n = q->ring_size;
 
-    return n >= 2 && n <= NPU_RING_MAX_ENTRIES && is_power_of_2(n) &&
-           q->ring_base && !(q->ring_base & 63) &&
-           q->cpl_base && !(q->cpl_base & 31) && !(q->fence_addr & 15);
+    if (n < 2 || n > NPU_RING_MAX_ENTRIES || !is_power_of_2(n) ||
+        !q->ring_base || (q->ring_base & 63) ||
+        !q->cpl_base || (q->cpl_base & 31) || (q->fence_addr & 15)) {
+        return false;
+    }
+    /* Rings and write-back never wrap and never hit the device's BARs. */
+    return npu_dma_range_ok(s, q->ring_base,
+                            (uint64_t)n * sizeof(struct npu_cmd)) &&
+           npu_dma_range_ok(s, q->cpl_base,
+                            (uint64_t)n * sizeof(struct npu_cpl)) &&
+           (!q->fence_addr ||
+            npu_dma_range_ok(s, q->fence_addr, sizeof(struct npu_fence_wb)));
 }
 
 static void npu_doorbell_locked(NpuState *s, int qi, uint32_t tail)
@@ -463,7 +485,7 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
                           " unknown bits\n", qi, val);
         }
         if ((val & NPU_QCTL_ENABLE) && !enabled) {
-            if (!npu_ring_config_ok(q)) {
+            if (!npu_ring_config_ok(s, q)) {
                 qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d enabled with an"
                               " invalid ring configuration\n", qi);
                 npu_queue_error_locked(s, qi, NPU_ERR_BAD_RING);
@@ -472,6 +494,9 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
             q->head = q->tail = 0;
             q->status = 0;
             q->done_fence = 0;
+        }
+        if ((val & NPU_QCTL_ENABLE) != enabled) {
+            q->gen++;
         }
         q->ctrl = val & NPU_QCTL_ENABLE;
         qemu_cond_broadcast(&s->cond);

@@ -35,6 +35,7 @@ typedef struct NpuQueue {
     uint32_t head;          /* free-running consumer index */
     uint32_t tail;          /* free-running producer index */
     uint32_t status;        /* NPU_QSTAT_STOPPED */
+    uint32_t gen;           /* bumped when the queue is (re)enabled or reset */
     uint64_t done_fence;
 } NpuQueue;
 
@@ -84,6 +85,7 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 /* npu_mmu.c */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w);
 bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len);
+bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len);
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                       uint64_t len);
 uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,

@@ -79,6 +79,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     size_t i;
 
     if (cmd->fill.rsvd) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: fill reserved field set\n");
         return NPU_ST_BAD_RESERVED;
     }
     st = npu_check_range("fill destination", dst, len);
@@ -105,7 +106,8 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
 /*
  * Bytes spanned by a row-major rows x cols fp32 matrix with row stride ld
  * (elements): ((rows - 1) * ld + cols) * 4. Dimensions are bounded by
- * NPU_MAX_DIM, so this cannot overflow 64 bits.
+ * NPU_MAX_DIM and strides by NPU_MAX_LD, so this cannot overflow 64 bits
+ * and every stride fits BLAS's int.
  */
 static uint64_t npu_matrix_bytes(uint32_t rows, uint32_t cols, uint32_t ld)
 {
@@ -122,9 +124,10 @@ typedef struct NpuMatrix {
 
 static uint32_t npu_matrix_check(NpuMatrix *mat)
 {
-    if (mat->ld < mat->cols) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm %s stride %u is less than"
-                      " its %u columns\n", mat->name, mat->ld, mat->cols);
+    if (mat->ld < mat->cols || mat->ld > NPU_MAX_LD) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm %s stride %u is outside"
+                      " [%u, %u]\n", mat->name, mat->ld, mat->cols,
+                      NPU_MAX_LD);
         return NPU_ST_BAD_ARGS;
     }
     mat->bytes = npu_matrix_bytes(mat->rows, mat->cols, mat->ld);
@@ -184,8 +187,11 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
 
     a.data = g_try_malloc(a.bytes);
     b.data = g_try_malloc(b.bytes);
-    c.data = g_try_malloc(c.bytes);
+    /* Zeroed: no stale host memory can ever reach the guest. */
+    c.data = g_try_malloc0(c.bytes);
     if (!a.data || !b.data || !c.data) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm of %" PRIu64 " bytes: out"
+                      " of device memory\n", a.bytes + b.bytes + c.bytes);
         st = NPU_ST_NO_MEMORY;
         goto out;
     }

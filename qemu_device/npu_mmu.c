@@ -32,6 +32,19 @@ bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
     return false;
 }
 
+/*
+ * May the device DMA to [addr, addr + len)? Not if the range wraps or
+ * overlaps one of its own BARs. The BAR addresses are read without the BQL:
+ * a guest reprogramming BARs while the device works gets what it asks for.
+ */
+bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len)
+{
+    uint64_t end;
+
+    return len && !uadd64_overflow(addr, len, &end) &&
+           !npu_hits_own_bar(s, addr, len);
+}
+
 /* Snapshot the MMU configuration for one command (called with the lock). */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w)
 {
@@ -73,8 +86,10 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     if (l1i != w->cached_l1) {
         uint64_t l1e;
 
-        if (pci_dma_read(PCI_DEVICE(s), w->l1_base + l1i * 8, &l1e,
+        if (!npu_dma_range_ok(s, w->l1_base + l1i * 8, 8) ||
+            pci_dma_read(PCI_DEVICE(s), w->l1_base + l1i * 8, &l1e,
                          sizeof(l1e)) != MEMTX_OK) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 read failed\n");
             return NPU_ST_DMA_ERROR;
         }
         l1e = le64_to_cpu(l1e);
@@ -84,8 +99,10 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         w->cached_l1 = l1i;
         w->cached_l2 = l1e & NPU_PTE_ADDR_MASK;
     }
-    if (pci_dma_read(PCI_DEVICE(s), w->cached_l2 + l2i * 8, &pte,
+    if (!npu_dma_range_ok(s, w->cached_l2 + l2i * 8, 8) ||
+        pci_dma_read(PCI_DEVICE(s), w->cached_l2 + l2i * 8, &pte,
                      sizeof(pte)) != MEMTX_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
         return NPU_ST_DMA_ERROR;
     }
     pte = le64_to_cpu(pte);

@@ -7,6 +7,7 @@
 # which `make module` builds against.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
 . "$here/common.sh"
 
 g="$NPU_ROOT/guest"
@@ -26,7 +27,8 @@ if [ ! -f "$top/.done" ]; then
 		{ tail -n 30 "$top/debootstrap.log"; die "debootstrap failed (see $top/debootstrap.log)"; }
 
 	log "guest: installing pip-only packages into the image"
-	pyver=$(ls "$root/usr/lib" | grep -E '^python3\.[0-9]+$' | sort -V | tail -n1)
+	pyver=$(find "$root/usr/lib" -maxdepth 1 -name 'python3.*' -printf '%f\n' |
+		grep -E '^python3\.[0-9]+$' | sort -V | tail -n1)
 	"$NPU_VENV/bin/pip" install -q --no-compile --target "$root/usr/local/lib/$pyver/dist-packages" \
 		-r "$g/requirements.txt"
 
@@ -40,7 +42,7 @@ if [ ! -f "$top/.done" ]; then
 	: >"$root/etc/fstab"
 	rm -rf "$root/var/cache/apt/archives"/*.deb "$root/usr/share/doc" "$root/usr/share/man"
 
-	kver=$(ls "$root/lib/modules" | sort -V | tail -n1)
+	kver=$(find "$root/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n1)
 	cp "$root/boot/vmlinuz-$kver" "$top/vmlinuz"
 	cp "$root/boot/initrd.img-$kver" "$top/initrd.img"
 	echo "$kver" >"$top/kver"

@@ -9,12 +9,13 @@
 # device file costs seconds, not a reconfigure.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
 . "$here/common.sh"
 
 dev_dir="$NPU_ROOT/qemu_device"
 inc_dir="$NPU_ROOT/include"
 # Only the set of C files shapes meson.build; their contents do not.
-dev_files=$(cd "$dev_dir" && ls -- *.c | LC_ALL=C sort | tr '\n' ' ')
+dev_files=$(find "$dev_dir" -maxdepth 1 -name '*.c' -printf '%f\n' | LC_ALL=C sort | tr '\n' ' ')
 src_version=$(apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | sort -V | tail -n1)
 [ -n "$src_version" ] || { add_deb_src; apt-get update -qq; src_version=$(apt-cache showsrc qemu | awk '/^Version:/ {print $2}' | sort -V | tail -n1); }
 [ -n "$src_version" ] || die "apt-cache showsrc qemu found no source package"

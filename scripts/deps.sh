@@ -3,6 +3,7 @@
 # Idempotent: a stamp keyed by this file's hash skips the work next time.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
 . "$here/common.sh"
 
 APT_PKGS=(

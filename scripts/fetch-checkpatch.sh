@@ -4,6 +4,7 @@
 # files are kept; no kernel source enters the project tree.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
 . "$here/common.sh"
 
 out="$NPU_CACHE/checkpatch"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every checker the project promises: ruff + mypy (Python), checkpatch
 # --strict + a W=1 sparse build (kernel), QEMU's checkpatch (device model),
-# shellcheck (scripts). Exits non-zero if any of them complains.
+# and shellcheck for the scripts. Exits non-zero if any of them complains.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
 . "$here/common.sh"
-cd "$NPU_ROOT"
+cd "$NPU_ROOT" || exit 1
 
 fail=0
 step() {
@@ -22,7 +23,7 @@ step "mypy --strict (runtime_py)"
 "$NPU_VENV/bin/mypy" || bad mypy
 
 step "shellcheck"
-shellcheck -x scripts/*.sh guest/npu-init .ci/run || bad shellcheck
+shellcheck -x -P "$NPU_ROOT" scripts/*.sh guest/npu-init .ci/run || bad shellcheck
 
 step "kernel checkpatch --strict"
 bash "$here/fetch-checkpatch.sh" || bad "fetching checkpatch"

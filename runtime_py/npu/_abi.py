@@ -65,6 +65,7 @@ NPU_DTYPE_FP32: Final = 0
 
 NPU_MAX_XFER: Final = 1 << 32
 NPU_MAX_DIM: Final = 65536
+NPU_MAX_LD: Final = 1 << 24
 
 NPU_ST_OK: Final = 0
 NPU_ST_BAD_OPCODE: Final = 1

@@ -539,6 +539,9 @@ GEMM_CASES = {
     "ldb_below_n": dict(ldb=7),
     "ldc_below_n": dict(ldc=7),
     "lda_zero": dict(lda=0),
+    # One row: the stride does not change the extent, only the limit catches it.
+    "lda_above_2_pow_24_with_one_row": dict(m=1, lda=(1 << 24) + 1),
+    "ldc_2_pow_31_with_one_row": dict(m=1, ldc=1 << 31),
     "lda_below_m_with_trans_a": dict(m=16, k=4, lda=8, flags=_abi.NPU_GEMM_TRANS_A),
     "ldb_below_k_with_trans_b": dict(n=4, k=16, ldb=8, flags=_abi.NPU_GEMM_TRANS_B),
     "dtype_1": dict(dtype=1),
