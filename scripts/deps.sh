@@ -20,6 +20,11 @@ if [ -f "$stamp" ]; then
 	exit 0
 fi
 
+# One installer at a time (parallel make targets share this step).
+exec 9>"$NPU_CACHE/deps.lock"
+flock 9
+[ -f "$stamp" ] && exit 0
+
 log "installing host packages (apt)"
 add_deb_src
 apt_updated=0

@@ -151,6 +151,11 @@ class Cap(enum.IntFlag):
     TIMESTAMPS = NPU_INFO_CAP_TIMESTAMPS
     MMU = NPU_INFO_CAP_MMU
 
+    def __str__(self) -> str:
+        """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
+        names = [cap.name for cap in Cap if cap.name and cap in self]
+        return "|".join(names) or "0"
+
 
 class DType(enum.IntEnum):
     """GEMM element types (``enum npu_dtype``)."""
