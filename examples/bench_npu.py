@@ -126,8 +126,7 @@ def bench_dma_copy(dev: npu.Device) -> float:
         if not np.array_equal(d, s):
             raise BenchError("COPY: destination differs from source")
         d[:] = 0
-        times = timed_runs(lambda: dev.wait(dev.submit(op), timeout_s=WAIT_TIMEOUT_S),
-                           COPY_RUNS)
+        times = timed_runs(lambda: dev.wait(dev.submit(op), timeout_s=WAIT_TIMEOUT_S), COPY_RUNS)
         if not np.array_equal(d, s):
             raise BenchError("COPY: destination differs from source")
         del s, d
@@ -145,8 +144,9 @@ def bench_guest_memcpy() -> float:
     return COPY_BYTES / statistics.median(times) / 1e9
 
 
-def bench_gemm(dev: npu.Device, a: np.ndarray, b: np.ndarray,
-               ref: np.ndarray) -> tuple[float, float]:
+def bench_gemm(
+    dev: npu.Device, a: np.ndarray, b: np.ndarray, ref: np.ndarray
+) -> tuple[float, float]:
     """(device GFLOP/s, end-to-end GFLOP/s) of an n^3 fp32 GEMM, checked against ref."""
     n = a.shape[0]
     nbytes = n * n * 4
@@ -158,15 +158,15 @@ def bench_gemm(dev: npu.Device, a: np.ndarray, b: np.ndarray,
         op = [npu.ops.gemm(ba, bb, bc, m=n, n=n, k=n)]
         dev.wait(dev.submit(op), timeout_s=WAIT_TIMEOUT_S)  # warm-up
         check_gemm(c, ref, n, "NPU GEMM")
-        times = timed_runs(lambda: dev.wait(dev.submit(op), timeout_s=WAIT_TIMEOUT_S),
-                           GEMM_RUNS)
+        times = timed_runs(lambda: dev.wait(dev.submit(op), timeout_s=WAIT_TIMEOUT_S), GEMM_RUNS)
         check_gemm(c, ref, n, "NPU GEMM")
         del c
     dev_gflops = gemm_flop(n) / statistics.median(times) / 1e9
 
     out: list[np.ndarray] = []
-    e2e = timed_runs(lambda: out.append(npu.matmul(a, b, device=dev, timeout_s=WAIT_TIMEOUT_S)),
-                     E2E_RUNS)
+    e2e = timed_runs(
+        lambda: out.append(npu.matmul(a, b, device=dev, timeout_s=WAIT_TIMEOUT_S)), E2E_RUNS
+    )
     for c_e2e in out:
         check_gemm(c_e2e, ref, n, "npu.matmul")
     e2e_gflops = gemm_flop(n) / statistics.median(e2e) / 1e9
@@ -199,8 +199,7 @@ def bench_guest_numpy_gemm(a: np.ndarray, b: np.ndarray) -> tuple[float, int, np
 
 def main() -> int:
     """Run every benchmark; print the JSON result; 0 on success, 1 on a wrong result."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="bench_npu: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench_npu: %(message)s")
     found = npu.devices()
     if not found:
         log.error("no NPU found: is the driver loaded? (insmod kernel_module/npu.ko)")
@@ -211,10 +210,12 @@ def main() -> int:
         with npu.open_device(found[0]) as dev:
             info = dev.info
             result["device"] = {
-                "path": info.path, "hw_version": info.hw_version_str,
+                "path": info.path,
+                "hw_version": info.hw_version_str,
                 "driver_version": info.driver_version_str,
                 "caps": "|".join(c.name or "" for c in npu.Cap if c in info.caps),
-                "num_cores": info.num_cores, "ring_entries": info.ring_entries,
+                "num_cores": info.num_cores,
+                "ring_entries": info.ring_entries,
             }
             result["nop_roundtrip_us"] = bench_nop_roundtrip(dev)
             log.info("nop round trip %.1f us", result["nop_roundtrip_us"])

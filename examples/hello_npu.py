@@ -33,11 +33,15 @@ def main() -> int:
     npu.set_default_device(dev)
     info = dev.info
     print(f"device      {info.path}  PCI {info.pci_vendor:04x}:{info.pci_device:04x}")
-    print(f"hardware    v{info.hw_version_str}  ABI {info.abi_version}  "
-          f"driver v{info.driver_version_str}")
+    print(
+        f"hardware    v{info.hw_version_str}  ABI {info.abi_version}  "
+        f"driver v{info.driver_version_str}"
+    )
     print(f"caps        {info.caps!s}")
-    print(f"queues      {info.num_queues} x {info.ring_entries} entries, "
-          f"{info.num_cores} core(s), max BO {info.max_bo_size >> 20} MiB")
+    print(
+        f"queues      {info.num_queues} x {info.ring_entries} entries, "
+        f"{info.num_cores} core(s), max BO {info.max_bo_size >> 20} MiB"
+    )
 
     ok = True
     rng = np.random.default_rng(0)
@@ -47,8 +51,10 @@ def main() -> int:
     out, t_npu = timed(npu.copy_array, src)
     same = bool(np.array_equal(out, src))
     ok &= same
-    print(f"copy        16 MiB  {'OK ' if same else 'BAD'}  {t_npu * 1e3:7.1f} ms "
-          f"(incl. upload/download)")
+    print(
+        f"copy        16 MiB  {'OK ' if same else 'BAD'}  {t_npu * 1e3:7.1f} ms "
+        f"(incl. upload/download)"
+    )
 
     # GEMM: fp32, against numpy in this guest.
     for m, k, n in [(3, 5, 7), (127, 255, 63), (512, 512, 512)]:
@@ -60,9 +66,11 @@ def main() -> int:
         good = bool(np.allclose(c, ref, rtol=1e-4, atol=1e-3 * np.sqrt(k)))
         ok &= good
         flop = 2.0 * m * n * k
-        print(f"gemm        {m}x{k} @ {k}x{n}  {'OK ' if good else 'BAD'}  "
-              f"max err {err:.2e}  npu {flop / t_npu / 1e9:7.2f} GFLOP/s  "
-              f"numpy {flop / t_np / 1e9:7.2f} GFLOP/s  ({t_np / t_npu:5.1f}x)")
+        print(
+            f"gemm        {m}x{k} @ {k}x{n}  {'OK ' if good else 'BAD'}  "
+            f"max err {err:.2e}  npu {flop / t_npu / 1e9:7.2f} GFLOP/s  "
+            f"numpy {flop / t_np / 1e9:7.2f} GFLOP/s  ({t_np / t_npu:5.1f}x)"
+        )
 
     dev.close()
     print("all results match numpy" if ok else "MISMATCH against numpy")

@@ -103,6 +103,7 @@ struct npu_queue {
 	struct mutex submit_lock;
 	u32 tail;
 	u64 next_fence;			/* last fence handed out */
+	u64 fence_base;			/* last fence before the ring (re)started */
 
 	/* job_lock protects jobs and completed; taken from the IRQ thread. */
 	spinlock_t job_lock;
@@ -139,6 +140,12 @@ struct npu_device {
 	struct npu_mmu mmu;
 	struct npu_queue queue;
 };
+
+/* Ring slot of @fence: fences are consecutive from fence_base + 1 at slot 0. */
+static inline u32 npu_fence_slot(struct npu_queue *q, u64 fence)
+{
+	return (fence - q->fence_base - 1) & (q->entries - 1);
+}
 
 static inline u32 npu_rd(struct npu_device *ndev, u32 reg)
 {

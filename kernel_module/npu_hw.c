@@ -33,10 +33,13 @@ static void npu_queue_start(struct npu_queue *q)
 	struct npu_device *ndev = q->ndev;
 	u32 i = q->index;
 
+	/*
+	 * The device restarts the ring at index 0; the fence timeline goes on
+	 * from where it was (everything before was completed or aborted).
+	 */
 	q->tail = 0;
-	q->next_fence = 0;
-	q->completed = 0;
-	q->wb->value = 0;
+	q->fence_base = q->next_fence;
+	q->wb->value = q->next_fence;
 	q->wb->timestamp = 0;
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_LO), lower_32_bits(q->ring_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_HI), upper_32_bits(q->ring_dma));
@@ -127,7 +130,7 @@ void npu_queue_process(struct npu_queue *q)
 	spin_lock(&q->job_lock);
 	hw_fence = READ_ONCE(q->wb->value);
 	/* Only fences we handed out can complete. */
-	if (hw_fence > READ_ONCE(q->next_fence)) {
+	if (hw_fence > READ_ONCE(q->next_fence) || hw_fence < q->fence_base) {
 		dev_warn_ratelimited(&ndev->pdev->dev,
 				     "queue %u: device reports fence %llu beyond %llu\n",
 				     q->index, hw_fence, q->next_fence);
@@ -135,7 +138,7 @@ void npu_queue_process(struct npu_queue *q)
 	}
 	dma_rmb();
 	for (f = q->completed + 1; f <= hw_fence; f++) {
-		const struct npu_cpl *cpl = &q->cpl[(f - 1) & (q->entries - 1)];
+		const struct npu_cpl *cpl = &q->cpl[npu_fence_slot(q, f)];
 		u32 status = READ_ONCE(cpl->status);
 		struct npu_job *job;
 

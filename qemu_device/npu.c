@@ -21,6 +21,7 @@
 #include "hw/pci/msix.h"
 #include "hw/qdev-properties.h"
 #include "hw/misc/trace.h"
+#include <cblas.h>
 #include "npu_dev.h"
 
 uint64_t npu_now_ns(void)
@@ -661,6 +662,12 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     }
 
     s->chunk = g_malloc(NPU_CHUNK);
+    s->cp_core = (NpuCore) { .s = s, .chunk = s->chunk, .index = UINT32_MAX };
+    if (s->num_cores > 1) {
+        /* Parallelism comes from the cores: one BLAS thread per call. */
+        openblas_set_num_threads(1);
+    }
+    npu_cores_init(s, s->num_cores);
     qemu_mutex_init(&s->lock);
     qemu_cond_init(&s->cond);
     qemu_cond_init(&s->reset_done);
@@ -681,6 +688,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_cond_broadcast(&s->cond);
     qemu_mutex_unlock(&s->lock);
     qemu_thread_join(&s->thread);
+    npu_cores_fini(s);
 
     qemu_bh_delete(s->irq_bh);
     qemu_cond_destroy(&s->reset_done);
@@ -696,7 +704,7 @@ static void npu_qdev_reset(DeviceState *dev)
 }
 
 static Property npu_properties[] = {
-    DEFINE_PROP_UINT32("cores", NpuState, num_cores, 1),
+    DEFINE_PROP_UINT32("cores", NpuState, num_cores, 2),
     DEFINE_PROP_END_OF_LIST(),
 };
 

@@ -39,6 +39,39 @@ typedef struct NpuQueue {
     uint64_t done_fence;
 } NpuQueue;
 
+typedef struct NpuCores NpuCores;
+
+/* One AI core: a worker thread with its own DMA bounce buffer. */
+typedef struct NpuCore {
+    NpuState *s;
+    NpuCores *cores;
+    uint32_t index;
+    uint8_t *chunk;         /* NPU_CHUNK bytes, private to this core */
+    QemuThread thread;
+} NpuCore;
+
+/* Work on units [begin, end) of a command; returns an enum npu_status. */
+typedef uint32_t (*NpuTileFn)(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end);
+
+struct NpuCores {
+    uint32_t n;
+    NpuCore *core;
+    /*
+     * @lock protects the job fields below: the command processor publishes
+     * a job, the cores take tiles from it and report the first failure.
+     */
+    QemuMutex lock;
+    QemuCond work;          /* a job was published, or stop */
+    QemuCond done;          /* the last running tile finished */
+    bool stop;
+    NpuTileFn fn;
+    void *opaque;
+    uint64_t total, grain, next;
+    uint32_t running;
+    uint32_t status;
+};
+
 struct NpuState {
     PCIDevice parent_obj;
 
@@ -47,7 +80,7 @@ struct NpuState {
     QemuThread thread;
 
     /* Properties */
-    uint32_t num_cores;
+    uint32_t num_cores;     /* AI core threads */
 
     /*
      * @lock protects every field below up to @chunk: register state, queue
@@ -75,12 +108,20 @@ struct NpuState {
     uint32_t mmu_faults;
     NpuQueue q[NPU_NUM_QUEUES];
 
-    /* Worker-private: bounce buffer for DMA. */
+    /* Command-processor private: bounce buffer, and itself as a core. */
     uint8_t *chunk;
+    NpuCore cp_core;
+    NpuCores cores;
 };
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
+
+/* npu_cores.c */
+void npu_cores_init(NpuState *s, uint32_t n);
+void npu_cores_fini(NpuState *s);
+uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
+                       uint64_t total, uint64_t grain);
 
 /* npu_mmu.c */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w);

@@ -1,6 +1,7 @@
 /*
  * NPU command engine: validation and execution of one descriptor.
- * Runs on the device worker thread. Every guest-controlled length, stride
+ * Runs on the command processor thread, which splits large commands into
+ * tiles for the AI cores (npu_cores.c). Every guest-controlled length, stride
  * and address is checked with overflow-safe arithmetic before any DMA, and
  * no transfer may touch the device's own BARs.
  *
@@ -35,46 +36,99 @@ static uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
     return NPU_ST_OK;
 }
 
+/* Commands above this size are split into tiles for the AI cores. */
+#define NPU_TILE_BYTES (4 * MiB)
+
+/*
+ * Run a tiled job on the cores, or inline on the command processor when
+ * it is a single tile (no hand-off cost for small commands).
+ */
+static uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job,
+                              uint64_t total, uint64_t grain)
+{
+    if (total <= grain || s->cores.n < 2) {
+        return fn(&s->cp_core, job, 0, total);
+    }
+    return npu_cores_run(s, fn, job, total, grain);
+}
+
+typedef struct NpuXferJob {
+    NpuWalk walk;           /* snapshot; each tile walks with its own copy */
+    uint64_t src, dst;
+    const uint8_t *pattern; /* FILL: NPU_CHUNK bytes of the pattern */
+} NpuXferJob;
+
+static uint32_t npu_copy_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    NpuXferJob *job = opaque;
+    NpuWalk w = job->walk;
+    uint32_t st = NPU_ST_OK;
+
+    while (begin < end && st == NPU_ST_OK) {
+        uint64_t n = MIN(end - begin, (uint64_t)NPU_CHUNK);
+
+        st = npu_mem_read(core->s, &w, job->src + begin, core->chunk, n);
+        if (st == NPU_ST_OK) {
+            st = npu_mem_write(core->s, &w, job->dst + begin, core->chunk, n);
+        }
+        begin += n;
+    }
+    return st;
+}
+
+static uint32_t npu_fill_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    NpuXferJob *job = opaque;
+    NpuWalk w = job->walk;
+    uint32_t st = NPU_ST_OK;
+
+    while (begin < end && st == NPU_ST_OK) {
+        uint64_t n = MIN(end - begin, (uint64_t)NPU_CHUNK);
+
+        st = npu_mem_write(core->s, &w, job->dst + begin, job->pattern, n);
+        begin += n;
+    }
+    return st;
+}
+
 static uint32_t npu_exec_copy(NpuState *s, NpuWalk *w,
                               const struct npu_cmd *cmd)
 {
-    uint64_t src = le64_to_cpu(cmd->copy.src);
-    uint64_t dst = le64_to_cpu(cmd->copy.dst);
+    NpuXferJob job = {
+        .walk = *w,
+        .src = le64_to_cpu(cmd->copy.src),
+        .dst = le64_to_cpu(cmd->copy.dst),
+    };
     uint64_t len = le64_to_cpu(cmd->copy.len);
-    uint64_t done = 0;
     uint32_t st;
 
-    st = npu_check_range("copy source", src, len);
+    st = npu_check_range("copy source", job.src, len);
     if (st == NPU_ST_OK) {
-        st = npu_check_range("copy destination", dst, len);
+        st = npu_check_range("copy destination", job.dst, len);
     }
     if (st != NPU_ST_OK) {
         return st;
     }
-    if (src < dst + len && dst < src + len) {
+    if (job.src < job.dst + len && job.dst < job.src + len) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: copy source and destination"
                       " overlap\n");
         return NPU_ST_BAD_ARGS;
     }
-    while (done < len && st == NPU_ST_OK) {
-        uint64_t n = MIN(len - done, (uint64_t)NPU_CHUNK);
-
-        st = npu_mem_read(s, w, src + done, s->chunk, n);
-        if (st == NPU_ST_OK) {
-            st = npu_mem_write(s, w, dst + done, s->chunk, n);
-        }
-        done += n;
-    }
-    return st;
+    return npu_run_tiles(s, npu_copy_tile, &job, len, NPU_TILE_BYTES);
 }
 
 static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
                               const struct npu_cmd *cmd)
 {
-    uint64_t dst = le64_to_cpu(cmd->fill.dst);
+    NpuXferJob job = {
+        .walk = *w,
+        .dst = le64_to_cpu(cmd->fill.dst),
+        .pattern = s->chunk,
+    };
     uint64_t len = le64_to_cpu(cmd->fill.len);
     uint32_t pattern = cmd->fill.pattern;   /* kept in guest byte order */
-    uint64_t done = 0;
     uint32_t st;
     size_t i;
 
@@ -82,7 +136,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
         qemu_log_mask(LOG_GUEST_ERROR, "npu: fill reserved field set\n");
         return NPU_ST_BAD_RESERVED;
     }
-    st = npu_check_range("fill destination", dst, len);
+    st = npu_check_range("fill destination", job.dst, len);
     if (st != NPU_ST_OK) {
         return st;
     }
@@ -91,16 +145,11 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
                       " is not a multiple of 4\n", len);
         return NPU_ST_BAD_ARGS;
     }
+    /* The pattern chunk is written here, then only read by the tiles. */
     for (i = 0; i < NPU_CHUNK / 4; i++) {
         memcpy(s->chunk + i * 4, &pattern, 4);
     }
-    while (done < len && st == NPU_ST_OK) {
-        uint64_t n = MIN(len - done, (uint64_t)NPU_CHUNK);
-
-        st = npu_mem_write(s, w, dst + done, s->chunk, n);
-        done += n;
-    }
-    return st;
+    return npu_run_tiles(s, npu_fill_tile, &job, len, NPU_TILE_BYTES);
 }
 
 /*
@@ -132,6 +181,30 @@ static uint32_t npu_matrix_check(NpuMatrix *mat)
     }
     mat->bytes = npu_matrix_bytes(mat->rows, mat->cols, mat->ld);
     return npu_check_range(mat->name, mat->addr, mat->bytes);
+}
+
+/* GEMMs below this many multiply-adds run as one tile. */
+#define NPU_GEMM_TILE_MIN_FLOP (1ull << 22)
+
+typedef struct NpuGemmJob {
+    const NpuMatrix *a, *b, *c;
+    uint32_t n, k;
+    bool ta, tb;
+} NpuGemmJob;
+
+/* Rows [begin, end) of C = op(A) x op(B), all operands already gathered. */
+static uint32_t npu_gemm_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    const NpuGemmJob *job = opaque;
+    /* Row r of op(A) is row r of A, or column r of A when transposed. */
+    const float *a = job->a->data + (job->ta ? begin : begin * job->a->ld);
+
+    cblas_sgemm(CblasRowMajor, job->ta ? CblasTrans : CblasNoTrans,
+                job->tb ? CblasTrans : CblasNoTrans, end - begin, job->n,
+                job->k, 1.0f, a, job->a->ld, job->b->data, job->b->ld, 0.0f,
+                job->c->data + begin * job->c->ld, job->c->ld);
+    return NPU_ST_OK;
 }
 
 static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
@@ -206,9 +279,16 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
     if (st != NPU_ST_OK) {
         goto out;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a.data, a.ld,
-                b.data, b.ld, 0.0f, c.data, c.ld);
+    {
+        NpuGemmJob job = {
+            .a = &a, .b = &b, .c = &c, .n = n, .k = k, .ta = ta, .tb = tb,
+        };
+        /* Tiles of rows of C: about two per core for load balance. */
+        uint64_t grain = (uint64_t)m * n * k < NPU_GEMM_TILE_MIN_FLOP ? m :
+                         DIV_ROUND_UP(m, s->cores.n * 2);
+
+        npu_run_tiles(s, npu_gemm_tile, &job, m, grain);
+    }
     st = npu_mem_write(s, w, c.addr, c.data, c.bytes);
 out:
     g_free(a.data);

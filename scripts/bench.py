@@ -100,19 +100,28 @@ def host_numpy_threads() -> dict[str, Any] | None:
     pools = threadpool_info()
     return {
         "num_threads": max((p.get("num_threads", 0) for p in pools), default=0),
-        "pools": [{k: p.get(k) for k in ("internal_api", "num_threads", "version",
-                                          "architecture")} for p in pools],
+        "pools": [
+            {k: p.get(k) for k in ("internal_api", "num_threads", "version", "architecture")}
+            for p in pools
+        ],
     }
 
 
 def git_commit() -> str | None:
     """HEAD's commit, with "-dirty" if the tree has changes; None outside git."""
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
-                                "--untracked-files=no"], check=True,
-                               capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("-dirty" if dirty else "")
@@ -200,14 +209,14 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
     npu_gflops = res["gemm_fp32_1024_gflops_npu"]
     res["gemm_npu_vs_guest_numpy"] = npu_gflops / res["gemm_fp32_1024_gflops_guest_numpy"]
     res["gemm_npu_vs_host_numpy"] = npu_gflops / res["gemm_fp32_1024_gflops_host_numpy"]
-    res["gemm_npu_e2e_vs_guest_numpy"] = (res["gemm_fp32_1024_gflops_npu_e2e"]
-                                          / res["gemm_fp32_1024_gflops_guest_numpy"])
+    res["gemm_npu_e2e_vs_guest_numpy"] = (
+        res["gemm_fp32_1024_gflops_npu_e2e"] / res["gemm_fp32_1024_gflops_guest_numpy"]
+    )
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])
         met = value >= threshold if op == ">=" else value <= threshold
-        targets[key] = {"target": f"{op} {threshold:g}", "value": value, "met": met,
-                        "what": what}
+        targets[key] = {"target": f"{op} {threshold:g}", "value": value, "met": met, "what": what}
     res["targets"] = targets
     res["targets_met"] = all(t["met"] for t in targets.values())
 
@@ -215,14 +224,21 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 on success, 1 on failure (or a missed target with --strict)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench.json",
-                    help="where to write the JSON (default: build/bench.json)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "build" / "bench.json",
+        help="where to write the JSON (default: build/bench.json)",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer repetitions in the guest")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        stream=sys.stderr, format="[bench] %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="[bench] %(message)s",
+    )
 
     res: dict[str, Any] = {"meta": metadata()}
     try:
@@ -250,8 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(text + "\n")
     log.info("wrote %s", args.out)
     for key, t in res["targets"].items():
-        log.info("target %-26s %s: %.3g -> %s", key, t["target"], t["value"],
-                 "MET" if t["met"] else "MISSED")
+        log.info(
+            "target %-26s %s: %.3g -> %s",
+            key,
+            t["target"],
+            t["value"],
+            "MET" if t["met"] else "MISSED",
+        )
     print(text)
     return 1 if args.strict and not res["targets_met"] else 0
 

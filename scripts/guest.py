@@ -132,22 +132,39 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
         if Path(d).is_dir():
             argv += ["-L", d]
     argv += [
-        "-machine", "q35",
+        "-machine",
+        "q35",
         # TCG: the default CPU model boots faster than "max" (no AVX/AES-NI
         # for the guest to probe and use under emulation).
         *(["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg"]),
-        "-m", os.environ.get("NPU_MEM", "") or "2G",
-        "-smp", str(_env_int("NPU_SMP", 1)),
-        "-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot",
+        "-m",
+        os.environ.get("NPU_MEM", "") or "2G",
+        "-smp",
+        str(_env_int("NPU_SMP", 1)),
+        "-nodefaults",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-no-reboot",
         # signal=off: a Ctrl-C we send must reach the guest, not stop QEMU.
-        *(console_args if console_args is not None else
-          ["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]),
-        "-kernel", str(GUEST_DIR / "vmlinuz"),
-        "-initrd", str(GUEST_DIR / "initrd.img"),
-        "-append", cmdline,
-        "-drive", f"file={GUEST_DIR / 'rootfs.ext4'},if=virtio,format=raw,snapshot=on",
-        "-fsdev", f"local,id=npufs,path={ROOT},security_model=none",
-        "-device", "virtio-9p-pci,fsdev=npufs,mount_tag=npu",
+        *(
+            console_args
+            if console_args is not None
+            else ["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]
+        ),
+        "-kernel",
+        str(GUEST_DIR / "vmlinuz"),
+        "-initrd",
+        str(GUEST_DIR / "initrd.img"),
+        "-append",
+        cmdline,
+        "-drive",
+        f"file={GUEST_DIR / 'rootfs.ext4'},if=virtio,format=raw,snapshot=on",
+        "-fsdev",
+        f"local,id=npufs,path={ROOT},security_model=none",
+        "-device",
+        "virtio-9p-pci,fsdev=npufs,mount_tag=npu",
     ]
     devices = os.environ.get("NPU_DEVICES")
     argv += shlex.split("-device npu" if devices is None else devices)
@@ -177,10 +194,15 @@ def bad_dmesg_lines(lines: list) -> list:
 class Guest:
     """A booted guest with a root shell on its serial console."""
 
-    def __init__(self, log_path: Path | None = None, boot_timeout: float | None = None,
-                 extra_cmdline: str = ""):
-        self.log_path = Path(log_path or os.environ.get("NPU_GUEST_LOG")
-                             or ROOT / "build" / "guest-console.log")
+    def __init__(
+        self,
+        log_path: Path | None = None,
+        boot_timeout: float | None = None,
+        extra_cmdline: str = "",
+    ):
+        self.log_path = Path(
+            log_path or os.environ.get("NPU_GUEST_LOG") or ROOT / "build" / "guest-console.log"
+        )
         self.boot_timeout = boot_timeout or float(_env_int("NPU_BOOT_TIMEOUT", 300))
         self.extra_cmdline = extra_cmdline
         self.boot_s: float | None = None
@@ -214,15 +236,22 @@ class Guest:
         self._log.flush()
         t0 = time.monotonic()
         self.child = pexpect.spawn(
-            argv[0], argv[1:], encoding="utf-8", codec_errors="replace",
-            echo=False, timeout=None, preexec_fn=_set_pdeathsig, dimensions=(50, 200),
+            argv[0],
+            argv[1:],
+            encoding="utf-8",
+            codec_errors="replace",
+            echo=False,
+            timeout=None,
+            preexec_fn=_set_pdeathsig,
+            dimensions=(50, 200),
         )
         self.child.logfile_read = self._log
         _live_guests.add(self)
         deadline = t0 + self.boot_timeout
         try:
-            self._read_until(re.compile(re.escape(READY_LINE)), deadline,
-                             what="npu-init ready line")
+            self._read_until(
+                re.compile(re.escape(READY_LINE)), deadline, what="npu-init ready line"
+            )
             # Then the shell's first prompt (bash --norc as root: "bash-5.2# ").
             self._read_until(re.compile(r"[#$] "), deadline, what="shell prompt")
             self._setup_shell(deadline)
@@ -235,8 +264,10 @@ class Guest:
         # No echo, no line editing, empty prompts: the console then carries
         # just command output and our markers. Kernel messages stay off the
         # console (level 1 = emergencies only) and go to dmesg.
-        setup = ("stty -echo -ixon; set +o emacs +o vi +o history; PS1=''; PS2=''; "
-                 "PROMPT_COMMAND=''; unset HISTFILE; export TERM=dumb; dmesg -n 1")
+        setup = (
+            "stty -echo -ixon; set +o emacs +o vi +o history; PS1=''; PS2=''; "
+            "PROMPT_COMMAND=''; unset HISTFILE; export TERM=dumb; dmesg -n 1"
+        )
         self._send_line(setup)
         self.resync(deadline - time.monotonic())
 
@@ -244,8 +275,9 @@ class Guest:
         """Wait until the shell answers; discards console output before that."""
         tag = uuid.uuid4().hex
         self._send_line(f"printf '__NPU_%s_%s__\\n' SYNC {tag}")
-        self._read_until(re.compile(f"__NPU_SYNC_{tag}__\r*\n"), time.monotonic() + timeout,
-                         what="shell sync")
+        self._read_until(
+            re.compile(f"__NPU_SYNC_{tag}__\r*\n"), time.monotonic() + timeout, what="shell sync"
+        )
 
     @property
     def alive(self) -> bool:
@@ -325,9 +357,14 @@ class Guest:
             return ""
         return "\n".join(_CRLF_RE.sub("\n", text).split("\n")[-n:])
 
-    def _read_until(self, pattern: re.Pattern[str], deadline: float, what: str,
-                    on_data: Callable[[str], None] | None = None,
-                    hold: int = 0) -> re.Match[str]:
+    def _read_until(
+        self,
+        pattern: re.Pattern[str],
+        deadline: float,
+        what: str,
+        on_data: Callable[[str], None] | None = None,
+        hold: int = 0,
+    ) -> re.Match[str]:
         """Consume console output up to and including `pattern`.
 
         Text before the match is handed to on_data as it arrives, except the
@@ -339,8 +376,8 @@ class Guest:
             m = pattern.search(self._buf, max(0, searched - 200))
             if m:
                 if on_data is not None and m.start() > 0:
-                    on_data(self._buf[:m.start()])
-                self._buf = self._buf[m.end():]
+                    on_data(self._buf[: m.start()])
+                self._buf = self._buf[m.end() :]
                 return m
             if on_data is not None and len(self._buf) > hold:
                 cut = len(self._buf) - hold
@@ -352,8 +389,9 @@ class Guest:
                 raise GuestTimeout(f"timed out waiting for {what}", self._buf)
             self._buf += self._fill(min(left, 1.0))
 
-    def run(self, cmd: str, timeout: float = 60.0,
-            stream: Callable[[str], None] | None = None) -> tuple:
+    def run(
+        self, cmd: str, timeout: float = 60.0, stream: Callable[[str], None] | None = None
+    ) -> tuple:
         """Run a shell command line in the guest: (exit code, output).
 
         On timeout the command is interrupted (Ctrl-C) and GuestTimeout is
@@ -368,11 +406,13 @@ class Guest:
 
         b64 = base64.b64encode(cmd.encode()).decode()
         lines = [f"base64 -d >{script} <<'__B64_{tag}'"]
-        lines += [b64[i:i + 76] for i in range(0, len(b64), 76)]
+        lines += [b64[i : i + 76] for i in range(0, len(b64), 76)]
         lines.append(f"__B64_{tag}")
         # Markers are built by printf so their echo (if any) cannot match.
-        lines.append(f"printf '__NPU_%s_%s__\\n' S {tag}; ( . {script} ) </dev/null; "
-                     f"printf '__NPU_%s_%s_%d__\\n' E {tag} $?; rm -f {script}")
+        lines.append(
+            f"printf '__NPU_%s_%s__\\n' S {tag}; ( . {script} ) </dev/null; "
+            f"printf '__NPU_%s_%s_%d__\\n' E {tag} $?; rm -f {script}"
+        )
         self._buf = ""
         self._busy = True
         for ln in lines:
@@ -384,7 +424,7 @@ class Guest:
         def collect(s: str) -> None:
             s = carry[0] + s
             stripped = s.rstrip("\r")
-            carry[0] = s[len(stripped):]
+            carry[0] = s[len(stripped) :]
             s = _CRLF_RE.sub("\n", stripped)
             out.append(s)
             if stream is not None and s:
@@ -392,8 +432,13 @@ class Guest:
 
         try:
             self._read_until(re.compile(f"__NPU_S_{tag}__\r*\n"), deadline, what="command start")
-            m = self._read_until(re.compile(f"__NPU_E_{tag}_(\\d+)__\r*\n"), deadline,
-                                 what="command end", on_data=collect, hold=80)
+            m = self._read_until(
+                re.compile(f"__NPU_E_{tag}_(\\d+)__\r*\n"),
+                deadline,
+                what="command end",
+                on_data=collect,
+                hold=80,
+            )
         except GuestTimeout as e:
             rest = _CRLF_RE.sub("\n", carry[0] + e.output)
             if stream is not None and rest:
@@ -450,7 +495,9 @@ class Guest:
         rc, out = self.run(
             f"M={shlex.quote(mark)}; "
             'n=$(dmesg | grep -n -F -x -e "$M" | tail -n 1 | cut -d: -f1); '
-            'dmesg | tail -n +$(( ${n:-0} + 1 ))', timeout=60)
+            "dmesg | tail -n +$(( ${n:-0} + 1 ))",
+            timeout=60,
+        )
         if rc != 0:
             raise GuestError(f"dmesg failed ({rc}): {out}")
         return out.splitlines()
@@ -466,8 +513,9 @@ class Guest:
         rc, out = self.run(f"insmod {shlex.quote(path)} {params}".rstrip(), timeout=120)
         new = self.new_dmesg(mark)
         if rc != 0:
-            raise GuestError(f"insmod {path} failed ({rc}): {out.strip()}\n"
-                             "dmesg:\n" + "\n".join(new[-40:]))
+            raise GuestError(
+                f"insmod {path} failed ({rc}): {out.strip()}\ndmesg:\n" + "\n".join(new[-40:])
+            )
         self.run("udevadm settle -t 30", timeout=60)
         bad = bad_dmesg_lines(new)
         if bad:
@@ -482,6 +530,7 @@ class Guest:
 
 # -- CLI -------------------------------------------------------------------
 
+
 def _cmd_run(args) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -493,8 +542,11 @@ def _cmd_run(args) -> int:
             print(f"guest.py: booted in {g.boot_s:.1f} s", file=sys.stderr)
             if not args.no_module:
                 g.load_module()
-            rc, _ = g.run(line, timeout=args.timeout,
-                          stream=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+            rc, _ = g.run(
+                line,
+                timeout=args.timeout,
+                stream=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
+            )
             return rc
     except GuestTimeout as e:
         print(f"\nguest.py: {e}", file=sys.stderr)
@@ -518,10 +570,13 @@ def _cmd_shell(args) -> int:
         extra.append(f"npu_size={sz.lines}x{sz.columns}")
     except OSError:
         pass
-    argv = qemu_argv(" ".join(extra), console_args=[
-        "-chardev", "stdio,id=con,mux=on,signal=off", "-serial", "chardev:con"])
-    print("guest.py shell: Ctrl-A X (or `poweroff`) quits; the disk is a snapshot.",
-          file=sys.stderr)
+    argv = qemu_argv(
+        " ".join(extra),
+        console_args=["-chardev", "stdio,id=con,mux=on,signal=off", "-serial", "chardev:con"],
+    )
+    print(
+        "guest.py shell: Ctrl-A X (or `poweroff`) quits; the disk is a snapshot.", file=sys.stderr
+    )
     os.execv(argv[0], argv)
     return 127
 

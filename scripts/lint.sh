@@ -19,6 +19,7 @@ bad() {
 
 step "ruff"
 "$NPU_VENV/bin/ruff" check runtime_py tests scripts examples || bad ruff
+"$NPU_VENV/bin/ruff" format --check -q runtime_py tests scripts examples || bad "ruff format"
 step "mypy --strict (runtime_py)"
 "$NPU_VENV/bin/mypy" || bad mypy
 

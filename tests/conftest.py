@@ -27,7 +27,8 @@ collect_ignore = [] if IN_GUEST else ["guest"]
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "guest: boots the QEMU guest (once per session) and runs there")
+        "markers", "guest: boots the QEMU guest (once per session) and runs there"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -109,5 +110,6 @@ def guest(guest_holder):
     new = g.new_dmesg(mark)
     bad = gm.bad_dmesg_lines(new)
     if bad:
-        pytest.fail("kernel log has errors after this test:\n" + "\n".join(new[-80:]),
-                    pytrace=False)
+        pytest.fail(
+            "kernel log has errors after this test:\n" + "\n".join(new[-80:]), pytrace=False
+        )

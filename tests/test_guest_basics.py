@@ -16,6 +16,7 @@ SYSFS_VALUES = {
     "driver_version": "1.0",
     "caps": "0x0000003f",
     "num_queues": "1",
+    "num_cores": "2",
     "ring_entries": "4096",
 }
 

@@ -109,24 +109,34 @@ def test_guest_suite_ran(guest_suite):
     # pytest: 0 all passed, 1 some failed (reported per file); others mean
     # it could not run properly (interrupted, internal error, usage, no tests).
     assert guest_suite.rc in (0, 1), (
-        f"in-guest pytest exited {guest_suite.rc}:\n{_tail(guest_suite.output)}")
-    assert not guest_suite.bad_dmesg, (
-        "kernel log errors during the in-guest suite:\n" + "\n".join(guest_suite.bad_dmesg))
-    stray = [c for cls, c in guest_suite.cases
-             if _case_file(cls, c.name) is None and c.outcome in ("failed", "error")]
+        f"in-guest pytest exited {guest_suite.rc}:\n{_tail(guest_suite.output)}"
+    )
+    assert not guest_suite.bad_dmesg, "kernel log errors during the in-guest suite:\n" + "\n".join(
+        guest_suite.bad_dmesg
+    )
+    stray = [
+        c
+        for cls, c in guest_suite.cases
+        if _case_file(cls, c.name) is None and c.outcome in ("failed", "error")
+    ]
     assert not stray, "failures outside tests/guest/test_*.py:\n" + "\n\n".join(
-        f"{c.name} [{c.outcome}]\n{c.message}" for c in stray)
+        f"{c.name} [{c.outcome}]\n{c.message}" for c in stray
+    )
 
 
 @pytest.mark.parametrize("fname", GUEST_FILES)
 def test_guest_file(guest_suite, fname):
     assert not guest_suite.error, (
-        f"in-guest suite did not produce results: {guest_suite.error}\n"
-        + _tail(guest_suite.output))
+        f"in-guest suite did not produce results: {guest_suite.error}\n" + _tail(guest_suite.output)
+    )
     cases = [c for cls, c in guest_suite.cases if _case_file(cls, c.name) == fname]
     bad = [c for c in cases if c.outcome in ("failed", "error")]
     ran = [c for c in cases if c.outcome != "skipped"]
-    assert not bad, f"{len(bad)} of {len(cases)} cases in tests/guest/{fname} failed:\n\n" + \
-        "\n\n".join(f"{c.name} [{c.outcome}]\n{c.message}" for c in bad)
-    assert ran, (f"tests/guest/{fname}: no test case was executed "
-                 f"({len(cases)} collected, all skipped or none at all)")
+    assert not bad, (
+        f"{len(bad)} of {len(cases)} cases in tests/guest/{fname} failed:\n\n"
+        + "\n\n".join(f"{c.name} [{c.outcome}]\n{c.message}" for c in bad)
+    )
+    assert ran, (
+        f"tests/guest/{fname}: no test case was executed "
+        f"({len(cases)} collected, all skipped or none at all)"
+    )

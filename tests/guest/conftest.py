@@ -73,8 +73,9 @@ def _kmsg_gate():
         os.close(fd)
     bad = [m for m in new if BAD_KMSG_RE.search(m)]
     if bad:
-        pytest.fail("kernel log has errors after this test:\n" + "\n".join(new[-80:]),
-                    pytrace=False)
+        pytest.fail(
+            "kernel log has errors after this test:\n" + "\n".join(new[-80:]), pytrace=False
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -67,13 +67,19 @@ def test_submitted_gemm_matches_numpy_for_shape(dev, m, n, k):
         assert_gemm_close(bc.numpy(np.float32, (m, n)), a @ b, k)
 
 
+# GEMMs of at least 2^22 multiply-adds are split into row tiles for the
+# device's AI cores: "tiled" shapes take that path, "small" ones do not.
+GEMM_TILING = {"small": (33, 17, 29), "tiled": (301, 170, 129)}
+
+
+@pytest.mark.parametrize("size", list(GEMM_TILING))
 @pytest.mark.parametrize(
     ("trans_a", "trans_b"),
     [(True, False), (False, True), (True, True)],
     ids=["trans_a", "trans_b", "trans_a_and_b"],
 )
-def test_gemm_with_transposed_operands_matches_numpy(dev, trans_a, trans_b):
-    m, n, k = 33, 17, 29
+def test_gemm_with_transposed_operands_matches_numpy(dev, trans_a, trans_b, size):
+    m, n, k = GEMM_TILING[size]
     rng = np.random.default_rng(RNG_SEED + trans_a + 2 * trans_b)
     a = rand_f32(rng, (m, k))
     b = rand_f32(rng, (k, n))
@@ -95,9 +101,12 @@ def _padded(rng: np.random.Generator, rows: int, cols: int, ld: int) -> np.ndarr
     return full
 
 
+@pytest.mark.parametrize("size", ["small", "tiled"])
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, True)], ids=["nn", "tt"])
-def test_gemm_with_row_strides_reads_only_the_matrix_and_keeps_c_padding(dev, trans_a, trans_b):
-    m, n, k = 19, 23, 11
+def test_gemm_with_row_strides_reads_only_the_matrix_and_keeps_c_padding(
+    dev, trans_a, trans_b, size
+):
+    m, n, k = (19, 23, 11) if size == "small" else (190, 230, 110)
     rng = np.random.default_rng(RNG_SEED + 99 + trans_a)
     a_rows, a_cols = (k, m) if trans_a else (m, k)
     b_rows, b_cols = (n, k) if trans_b else (k, n)
