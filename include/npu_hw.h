@@ -66,6 +66,7 @@ enum npu_reg {
 #define NPU_CAP_MSIX		(1u << 3)
 #define NPU_CAP_TIMESTAMPS	(1u << 4)
 #define NPU_CAP_MMU		(1u << 5)
+#define NPU_CAP_TENSOR		(1u << 6)	/* ELTWISE, UNARY, CONVERT */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -148,7 +149,35 @@ enum npu_opcode {
 	NPU_OP_COPY	= 1,
 	NPU_OP_FILL	= 2,
 	NPU_OP_GEMM	= 3,
+	NPU_OP_ELTWISE	= 4,	/* out = a <kind> b; size-1 dims broadcast, same rank */
+	NPU_OP_UNARY	= 5,	/* out = kind(in) */
+	NPU_OP_CONVERT	= 6,	/* out = in, any strides, any dtypes */
 	NPU_OP_COUNT,
+};
+
+/* ELTWISE kinds */
+enum npu_eltwise_kind {
+	NPU_ELTWISE_ADD		= 0,
+	NPU_ELTWISE_SUB		= 1,
+	NPU_ELTWISE_MUL		= 2,
+	NPU_ELTWISE_DIV		= 3,	/* float dtypes only */
+	NPU_ELTWISE_MAX		= 4,
+	NPU_ELTWISE_MIN		= 5,
+	NPU_ELTWISE_COUNT,
+};
+
+/* UNARY kinds; those from GELU to SQRT take float dtypes only */
+enum npu_unary_kind {
+	NPU_UNARY_RELU		= 0,
+	NPU_UNARY_GELU		= 1,	/* exact: x * (1 + erf(x / sqrt(2))) / 2 */
+	NPU_UNARY_SIGMOID	= 2,
+	NPU_UNARY_TANH		= 3,
+	NPU_UNARY_EXP		= 4,
+	NPU_UNARY_LOG		= 5,
+	NPU_UNARY_SQRT		= 6,
+	NPU_UNARY_ABS		= 7,
+	NPU_UNARY_NEG		= 8,
+	NPU_UNARY_COUNT,
 };
 
 /* Descriptor flags */
@@ -160,8 +189,45 @@ enum npu_opcode {
 #define NPU_GEMM_TRANS_B	(1u << 1)
 #define NPU_GEMM_F_MASK		(NPU_GEMM_TRANS_A | NPU_GEMM_TRANS_B)
 
+/* Element types. GEMM takes FP32 only; tensor ops take all of them. */
 enum npu_dtype {
 	NPU_DTYPE_FP32	= 0,
+	NPU_DTYPE_FP16	= 1,	/* IEEE 754 binary16 */
+	NPU_DTYPE_BF16	= 2,	/* bfloat16: the top half of an fp32 */
+	NPU_DTYPE_INT8	= 3,
+	NPU_DTYPE_INT32	= 4,
+	NPU_DTYPE_COUNT,
+};
+
+/*
+ * Tensor operand of ELTWISE/UNARY/CONVERT, as the device reads it from the
+ * op's parameter block. Dimensions at and above ndim are zero. Strides are
+ * in elements; a stride of 0 repeats the element along that dimension.
+ */
+#define NPU_MAX_RANK		4
+#define NPU_TENSOR_OPERANDS	4
+#define NPU_TENSOR_PARAMS	16
+#define NPU_MAX_STRIDE		0x7fffffffu
+#define NPU_MAX_ELEMS		(1u << 28)	/* elements per operand */
+
+struct npu_hw_tensor {
+	__u64 va;		/* device VA of element [0, ..., 0] */
+	__u32 dtype;		/* enum npu_dtype */
+	__u32 ndim;		/* 1..NPU_MAX_RANK */
+	__u32 shape[NPU_MAX_RANK];	/* 1..2^31-1 each */
+	__u32 strides[NPU_MAX_RANK];	/* 0..NPU_MAX_STRIDE */
+};
+
+/*
+ * Parameter block of a tensor op: 256 bytes at a 64-byte aligned device VA,
+ * read once when the op starts. Operands a tensor op does not use, and all
+ * params of ELTWISE/UNARY/CONVERT, must be zero.
+ *   ELTWISE: t[0] = a, t[1] = b, t[2] = out
+ *   UNARY, CONVERT: t[0] = in, t[1] = out
+ */
+struct npu_tensor_params {
+	struct npu_hw_tensor t[NPU_TENSOR_OPERANDS];
+	__u32 params[NPU_TENSOR_PARAMS];
 };
 
 /* Upper bounds the device enforces on one command. */
@@ -201,6 +267,11 @@ struct npu_cmd {
 			__u32 dtype;		/* enum npu_dtype */
 			__u32 flags;		/* NPU_GEMM_* */
 		} gemm;
+		struct {
+			__u64 params;	/* VA of struct npu_tensor_params */
+			__u32 kind;	/* enum npu_eltwise_kind / npu_unary_kind */
+			__u32 rsvd;
+		} tensor;
 		__u64 raw[14];
 	};
 };

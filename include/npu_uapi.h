@@ -22,6 +22,7 @@
 #define NPU_INFO_CAP_MSIX	(1u << 3)
 #define NPU_INFO_CAP_TIMESTAMPS	(1u << 4)
 #define NPU_INFO_CAP_MMU	(1u << 5)
+#define NPU_INFO_CAP_TENSOR	(1u << 6)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -80,6 +81,38 @@ struct npu_op {
 	__u64 rsvd;		/* must be zero */
 };
 
+/*
+ * A tensor operand of a tensor op: a strided view into a buffer object.
+ * Dimensions at and above ndim must be zero; strides are in elements and 0
+ * repeats an element (broadcasting). The furthest element must lie inside
+ * the BO: offset + extent <= BO size, where extent =
+ * (sum((shape[d] - 1) * strides[d]) + 1) * dtype size.
+ */
+struct npu_tensor_ref {
+	__u32 handle;
+	__u32 dtype;		/* enum npu_dtype */
+	__u64 offset;		/* bytes from the start of the BO to element 0 */
+	__u32 ndim;		/* 1..NPU_MAX_RANK */
+	__u32 rsvd;		/* must be zero */
+	__u32 shape[4];
+	__u32 strides[4];
+	__u64 rsvd2;		/* must be zero */
+};
+
+/*
+ * A tensor op (ELTWISE, UNARY, CONVERT): SUBMIT takes an array of these
+ * when op_size == sizeof(struct npu_tensor_op). Operands in the order of
+ * npu_hw.h (inputs, then the output); unused operands and params zero.
+ */
+struct npu_tensor_op {
+	__u16 opcode;		/* NPU_OP_ELTWISE, NPU_OP_UNARY, NPU_OP_CONVERT */
+	__u16 flags;		/* must be zero */
+	__u32 kind;		/* enum npu_eltwise_kind / npu_unary_kind; 0 for CONVERT */
+	struct npu_tensor_ref t[4];
+	__u32 params[12];	/* must be zero for these opcodes */
+	__u64 rsvd;		/* must be zero */
+};
+
 #define NPU_SUBMIT_MAX_OPS	256
 
 /*
@@ -87,11 +120,11 @@ struct npu_op {
  * timeline (consecutive values); @fence returns the value of the last op.
  */
 struct npu_submit {
-	__u64 ops_ptr;		/* in: user pointer to struct npu_op[num_ops] */
+	__u64 ops_ptr;		/* in: user pointer to the ops */
 	__u32 num_ops;		/* in: 1..NPU_SUBMIT_MAX_OPS */
 	__u32 queue;		/* in: queue index */
 	__u32 flags;		/* in: must be zero */
-	__u32 op_size;		/* in: sizeof(struct npu_op) */
+	__u32 op_size;		/* in: sizeof(struct npu_op) or sizeof(struct npu_tensor_op) */
 	__u64 fence;		/* out: fence value of the last op */
 };
 

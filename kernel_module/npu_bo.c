@@ -10,6 +10,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/mm.h>
 #include <linux/slab.h>
+#include <linux/vmalloc.h>
 
 #include "npu_drv.h"
 #include "npu_trace.h"
@@ -45,7 +46,8 @@ static void npu_bo_free(struct kref *ref)
  * Back @bo with zeroed pages, map them for DMA and into the device's VA
  * space. On failure everything done here is undone.
  */
-static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo)
+static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
+				bool device_writable)
 {
 	struct device *dev = &ndev->pdev->dev;
 	unsigned long i;
@@ -68,7 +70,7 @@ static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo)
 	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret)
 		goto err_free_table;
-	bo->va = npu_mmu_map(ndev, &bo->sgt, bo->size);
+	bo->va = npu_mmu_map(ndev, &bo->sgt, bo->size, device_writable);
 	if (!bo->va) {
 		ret = -ENOMEM;
 		goto err_unmap;
@@ -87,6 +89,40 @@ err_free_pages:
 void npu_bo_put(struct npu_bo *bo)
 {
 	kref_put(&bo->ref, npu_bo_free);
+}
+
+/*
+ * A buffer object owned by the driver (no handle), that the device can read
+ * but not write, with a kernel mapping in @vaddr. Released with
+ * npu_bo_put() after vunmap().
+ */
+struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
+				    void **vaddr)
+{
+	struct npu_bo *bo;
+	int ret;
+
+	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	if (!bo)
+		return ERR_PTR(-ENOMEM);
+	kref_init(&bo->ref);
+	bo->size = PAGE_ALIGN(size);
+	bo->npages = bo->size >> PAGE_SHIFT;
+	ret = npu_bo_alloc_backing(ndev, bo, false);
+	if (ret) {
+		kfree(bo);
+		return ERR_PTR(ret);
+	}
+	bo->ndev = ndev;
+	kref_get(&ndev->ref);
+	atomic64_inc(&ndev->bo_count);
+	atomic64_add(bo->size, &ndev->bo_bytes);
+	*vaddr = vmap(bo->pages, bo->npages, VM_MAP, PAGE_KERNEL);
+	if (!*vaddr) {
+		npu_bo_put(bo);
+		return ERR_PTR(-ENOMEM);
+	}
+	return bo;
 }
 
 /* Look up @handle and take a reference, or NULL. */
@@ -123,7 +159,7 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(args.size);
 	bo->npages = bo->size >> PAGE_SHIFT;
-	ret = npu_bo_alloc_backing(ndev, bo);
+	ret = npu_bo_alloc_backing(ndev, bo, true);
 	if (ret) {
 		kfree(bo);
 		return ret;

@@ -3,6 +3,7 @@
  * NPU driver: PCI probe/remove, the /dev/npuN character device and its file
  * operations. Each open file is a context that owns its buffer objects.
  */
+#include <linux/dma-map-ops.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
 #include <linux/module.h>
@@ -176,6 +177,12 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = dma_set_mask_and_coherent(dev, DMA_BIT_MASK(64));
 	if (ret)
 		goto err_put_ndev;
+	/* Buffers are shared with user space and the device without syncs. */
+	if (!dev_is_dma_coherent(dev)) {
+		dev_err(dev, "needs cache-coherent DMA\n");
+		ret = -ENODEV;
+		goto err_put_ndev;
+	}
 	pci_set_master(pdev);
 
 	ret = npu_hw_init(ndev);

@@ -95,6 +95,9 @@ struct npu_queue {
 	dma_addr_t cpl_dma;
 	struct npu_fence_wb *wb;
 	dma_addr_t wb_dma;
+	/* Parameter blocks of tensor ops, one per ring slot, device read-only. */
+	struct npu_bo *params_bo;
+	struct npu_tensor_params *params;
 
 	/*
 	 * submit_lock serialises writers of the ring: it protects tail,
@@ -165,6 +168,7 @@ int npu_hw_init(struct npu_device *ndev);
 void npu_hw_fini(struct npu_device *ndev);
 void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
 void npu_queue_kick(struct npu_queue *q);
+u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p);
 u32 npu_queue_space(struct npu_queue *q);
 bool npu_fence_done(struct npu_queue *q, u64 fence);
 void npu_queue_abort_all(struct npu_queue *q, u32 status);
@@ -174,7 +178,8 @@ void npu_queue_process(struct npu_queue *q);
 int npu_mmu_init(struct npu_device *ndev);
 void npu_mmu_fini(struct npu_device *ndev);
 void npu_mmu_enable(struct npu_device *ndev);
-u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size);
+u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size,
+		bool device_writable);
 void npu_mmu_unmap(struct npu_device *ndev, u64 va, u64 size);
 
 /* npu_bo.c */
@@ -182,6 +187,8 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg);
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
 void npu_bo_put(struct npu_bo *bo);
+struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
+				    void **vaddr);
 void npu_bo_release_all(struct npu_context *ctx);
 int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 

@@ -7,6 +7,7 @@
 #include <linux/interrupt.h>
 #include <linux/iopoll.h>
 #include <linux/slab.h>
+#include <linux/vmalloc.h>
 
 #include "npu_drv.h"
 #include "npu_trace.h"
@@ -75,6 +76,18 @@ void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd)
 {
 	q->ring[q->tail & (q->entries - 1)] = *cmd;
 	q->tail++;
+}
+
+/*
+ * Store the parameter block of the descriptor about to be pushed at the
+ * tail; returns its device VA. Caller holds submit_lock and has space.
+ */
+u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p)
+{
+	u32 slot = q->tail & (q->entries - 1);
+
+	q->params[slot] = *p;
+	return q->params_bo->va + (u64)slot * sizeof(*p);
 }
 
 /* Make the new descriptors visible to the device, then ring the doorbell. */
@@ -251,6 +264,14 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	if (!q->ring || !q->cpl || !q->wb)
 		return -ENOMEM;
 
+	q->params_bo = npu_bo_create_kernel(ndev, q->entries * sizeof(*q->params),
+					    (void **)&q->params);
+	if (IS_ERR(q->params_bo)) {
+		ret = PTR_ERR(q->params_bo);
+		q->params_bo = NULL;
+		return ret;
+	}
+
 	q->irq = pci_irq_vector(ndev->pdev, NPU_VEC_QUEUE(index));
 	ret = devm_request_threaded_irq(dev, q->irq, npu_irq_hard,
 					npu_queue_irq_thread, IRQF_ONESHOT,
@@ -258,6 +279,16 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	if (ret)
 		dev_err(dev, "queue %u: cannot request IRQ %d: %d\n", index, q->irq, ret);
 	return ret;
+}
+
+/* The parameter arena of @q; the device no longer runs the queue. */
+static void npu_queue_fini(struct npu_queue *q)
+{
+	if (!q->params_bo)
+		return;
+	vunmap(q->params);
+	npu_bo_put(q->params_bo);
+	q->params_bo = NULL;
 }
 
 int npu_hw_init(struct npu_device *ndev)
@@ -309,8 +340,10 @@ int npu_hw_init(struct npu_device *ndev)
 	if (ret)
 		return ret;
 	ret = npu_queue_init(ndev, &ndev->queue, 0);
-	if (ret)
+	if (ret) {
+		npu_queue_fini(&ndev->queue);
 		return ret;
+	}
 
 	npu_hw_start(ndev);
 	return 0;
@@ -330,9 +363,11 @@ void npu_hw_fini(struct npu_device *ndev)
 	 * A device that does not stop may still DMA into the buffers of the
 	 * jobs in flight: then keep them (and their memory) forever.
 	 */
-	if (npu_hw_reset(ndev))
+	if (npu_hw_reset(ndev)) {
 		dev_err(&ndev->pdev->dev, "device did not stop; leaking in-flight jobs\n");
-	else
+	} else {
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_queue_fini(q);
+	}
 	mutex_unlock(&q->submit_lock);
 }

@@ -10,6 +10,7 @@
 #include <linux/uaccess.h>
 
 #include "npu_drv.h"
+#include "npu_tensor.h"
 #include "npu_trace.h"
 
 #define NPU_SUBMIT_SPACE_TIMEOUT	(10 * HZ)
@@ -206,6 +207,68 @@ static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 	return -EINVAL;
 }
 
+/*
+ * Validate one tensor op and translate it into a descriptor plus the
+ * parameter block the device will read (@hw). The rules are the device's
+ * own (npu_tensor.h); on top, every operand must lie inside its BO.
+ */
+static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
+				const struct npu_tensor_op *op, struct npu_cmd *cmd,
+				struct npu_tensor_params *hw)
+{
+	u32 n = npu_tensor_op_operands(op->opcode);
+	struct npu_bo *bos[NPU_TENSOR_OPERANDS] = {};
+	u32 i;
+
+	if (!n || op->flags || op->rsvd || !npu_mem_is_zero(op->params, sizeof(op->params)))
+		return -EINVAL;
+	memset(hw, 0, sizeof(*hw));
+	for (i = 0; i < NPU_TENSOR_OPERANDS; i++) {
+		const struct npu_tensor_ref *ref = &op->t[i];
+
+		if (i >= n) {
+			if (!npu_mem_is_zero(ref, sizeof(*ref)))
+				return -EINVAL;
+			continue;
+		}
+		if (ref->rsvd || ref->rsvd2)
+			return -EINVAL;
+		bos[i] = npu_bo_lookup(ctx, ref->handle);
+		if (!bos[i])
+			return -ENOENT;
+		job->bos[job->num_bos++] = bos[i];
+		hw->t[i].dtype = ref->dtype;
+		hw->t[i].ndim = ref->ndim;
+		memcpy(hw->t[i].shape, ref->shape, sizeof(ref->shape));
+		memcpy(hw->t[i].strides, ref->strides, sizeof(ref->strides));
+	}
+	if (npu_tensor_op_check(op->opcode, op->kind, hw) != NPU_ST_OK)
+		return -EINVAL;
+	for (i = 0; i < n; i++) {
+		u64 end;
+
+		if (check_add_overflow(op->t[i].offset, npu_tensor_extent(&hw->t[i]), &end) ||
+		    end > bos[i]->size)
+			return -ERANGE;
+		hw->t[i].va = bos[i]->va + op->t[i].offset;
+	}
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->opcode = op->opcode;
+	cmd->tensor.kind = op->kind;
+	return 0;
+}
+
+/* Validate and translate op @i of a SUBMIT of either op format. */
+static int npu_build_op(struct npu_context *ctx, struct npu_job *job,
+			const void *ops, u32 op_size, u32 i, struct npu_cmd *cmd,
+			struct npu_tensor_params *hw)
+{
+	if (op_size == sizeof(struct npu_tensor_op))
+		return npu_build_tensor_cmd(ctx, job, (const struct npu_tensor_op *)ops + i,
+					    cmd, &hw[i]);
+	return npu_build_cmd(ctx, job, (const struct npu_op *)ops + i, cmd);
+}
+
 /* Wait, with submit_lock dropped, until @n ring slots are free. */
 static int npu_wait_space(struct npu_queue *q, u32 n)
 {
@@ -228,37 +291,43 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
+	struct npu_tensor_params *hw = NULL;
 	struct npu_submit args;
-	struct npu_op *ops;
 	struct npu_cmd *cmds;
 	struct npu_job *job;
+	bool tensor;
+	void *ops;
 	u32 i;
 	int ret;
 
 	if (copy_from_user(&args, arg, sizeof(args)))
 		return -EFAULT;
-	if (args.flags || args.op_size != sizeof(struct npu_op) ||
+	tensor = args.op_size == sizeof(struct npu_tensor_op);
+	if (args.flags || (!tensor && args.op_size != sizeof(struct npu_op)) ||
 	    args.num_ops == 0 || args.num_ops > NPU_SUBMIT_MAX_OPS ||
 	    args.queue >= ndev->num_queues)
 		return -EINVAL;
+	if (tensor && !(ndev->caps & NPU_CAP_TENSOR))
+		return -EOPNOTSUPP;
 
 	ops = vmemdup_user(u64_to_user_ptr(args.ops_ptr),
-			   array_size(args.num_ops, sizeof(*ops)));
+			   array_size(args.num_ops, args.op_size));
 	if (IS_ERR(ops))
 		return PTR_ERR(ops);
 	cmds = kvmalloc_array(args.num_ops, sizeof(*cmds), GFP_KERNEL);
-	job = kvzalloc(struct_size(job, bos, args.num_ops * NPU_OP_MAX_BUFS),
+	if (tensor)
+		hw = kvmalloc_array(args.num_ops, sizeof(*hw), GFP_KERNEL);
+	job = kvzalloc(struct_size(job, bos, args.num_ops * NPU_TENSOR_OPERANDS),
 		       GFP_KERNEL);
-	if (!cmds || !job) {
+	if (!cmds || !job || (tensor && !hw)) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
 	job->ctx = ctx;
 	for (i = 0; i < args.num_ops; i++) {
-		ret = npu_build_cmd(ctx, job, &ops[i], &cmds[i]);
+		ret = npu_build_op(ctx, job, ops, args.op_size, i, &cmds[i], hw);
 		if (ret) {
-			npu_dbg(ndev, "submit: op %u (opcode %u) rejected: %d\n",
-				i, ops[i].opcode, ret);
+			npu_dbg(ndev, "submit: op %u rejected: %d\n", i, ret);
 			goto out_put_bos;
 		}
 	}
@@ -274,6 +343,9 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 		cmds[i].fence = job->first_fence + i;
 		if (i == args.num_ops - 1)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
+		/* The slot is free, so is its parameter block. */
+		if (tensor)
+			cmds[i].tensor.params = npu_queue_put_params(q, &hw[i]);
 		npu_queue_push(q, &cmds[i]);
 	}
 	job->last_fence = job->first_fence + args.num_ops - 1;
@@ -287,6 +359,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	mutex_unlock(&q->submit_lock);
 
 	args.fence = job->last_fence;
+	kvfree(hw);
 	kvfree(cmds);
 	kvfree(ops);
 	/* The job is queued: a fault here leaves it running, like any exit. */
@@ -297,6 +370,7 @@ out_put_bos:
 		npu_bo_put(job->bos[i]);
 out_free:
 	kvfree(job);
+	kvfree(hw);
 	kvfree(cmds);
 	kvfree(ops);
 	return ret;

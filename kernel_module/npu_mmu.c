@@ -94,10 +94,12 @@ static void npu_mmu_clear(struct npu_mmu *mmu, u64 va, u64 size)
 }
 
 /*
- * Map the DMA pages of @sgt at a new VA range of @size bytes; returns the
- * VA, or 0 when the VA space or memory for page tables is exhausted.
+ * Map the DMA pages of @sgt at a new VA range of @size bytes, writable by
+ * the device or not; returns the VA, or 0 when the VA space or memory for
+ * page tables is exhausted.
  */
-u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size)
+u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size,
+		bool device_writable)
 {
 	struct npu_mmu *mmu = &ndev->mmu;
 	struct sg_dma_page_iter iter;
@@ -119,7 +121,8 @@ u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size)
 			return 0;
 		}
 		WRITE_ONCE(l2[(cur >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1)],
-			   cpu_to_le64(page | NPU_PTE_VALID | NPU_PTE_WRITE));
+			   cpu_to_le64(page | NPU_PTE_VALID |
+				       (device_writable ? NPU_PTE_WRITE : 0)));
 		cur += NPU_PAGE_SIZE;
 	}
 	mutex_unlock(&mmu->lock);

@@ -116,6 +116,14 @@ struct NpuState {
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
+/* NPU_ST_OK, or the status for a bad device address range (logged). */
+uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len);
+/* Run @fn over [0, total) in tiles of @grain: on the cores, or inline. */
+uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
+                       uint64_t grain);
+
+/* npu_tensor.c: ELTWISE, UNARY and CONVERT. */
+uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);

@@ -19,7 +19,7 @@
  * Validate a device address range; returns NPU_ST_OK or the status to
  * report. The bus addresses it maps to are checked by npu_mem_*().
  */
-static uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
+uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
 {
     uint64_t end;
 
@@ -43,8 +43,8 @@ static uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
  * Run a tiled job on the cores, or inline on the command processor when
  * it is a single tile (no hand-off cost for small commands).
  */
-static uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job,
-                              uint64_t total, uint64_t grain)
+uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
+                       uint64_t grain)
 {
     if (total <= grain || s->cores.n < 2) {
         return fn(&s->cp_core, job, 0, total);
@@ -303,6 +303,9 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_COPY] = sizeof(((struct npu_cmd *)0)->copy),
     [NPU_OP_FILL] = sizeof(((struct npu_cmd *)0)->fill),
     [NPU_OP_GEMM] = sizeof(((struct npu_cmd *)0)->gemm),
+    [NPU_OP_ELTWISE] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_UNARY] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_CONVERT] = sizeof(((struct npu_cmd *)0)->tensor),
 };
 
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
@@ -325,6 +328,10 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         return npu_exec_fill(s, w, cmd);
     case NPU_OP_GEMM:
         return npu_exec_gemm(s, w, cmd);
+    case NPU_OP_ELTWISE:
+    case NPU_OP_UNARY:
+    case NPU_OP_CONVERT:
+        return npu_exec_tensor(s, w, cmd);
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",
                       cmd->opcode);

@@ -14,8 +14,10 @@ Quick start::
 
 Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
 :mod:`npu.device` (discovery, :class:`Device`), :mod:`npu.buffer`
-(:class:`Buffer`), :mod:`npu.ops` (op builders) and :mod:`npu.api`
-(numpy-level functions). See docs/runtime.md.
+(:class:`Buffer`), :mod:`npu.ops` (op builders), :mod:`npu.api`
+(numpy-level functions) and :mod:`npu.tensor` (device-resident
+:class:`Tensor` and its ops: ``npu.tensor(x) + 1`` stays on the device until
+``.numpy()``). See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from . import ops
-from ._abi import Cap, DType, Opcode, Status, status_name
+from ._abi import Cap, DType, EltwiseKind, Opcode, Status, UnaryKind, status_name
 from .api import copy_array, fill, matmul
 from .buffer import Buffer
 from .device import (
@@ -37,12 +39,38 @@ from .device import (
     set_default_device,
 )
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
-from .ops import BufRef, Op
+from .ops import BufRef, Op, TensorOp, TensorRef
+from .tensor import (
+    BFloat16Type,
+    Tensor,
+    abs,
+    add,
+    bf16_to_float32,
+    bfloat16,
+    divide,
+    exp,
+    float32_to_bf16,
+    gelu,
+    log,
+    maximum,
+    minimum,
+    multiply,
+    negative,
+    permute,
+    relu,
+    result_type,
+    sigmoid,
+    sqrt,
+    subtract,
+    tanh,
+    tensor,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "BFloat16Type",
     "BufRef",
     "Buffer",
     "Cap",
@@ -50,23 +78,49 @@ __all__ = [
     "Device",
     "DeviceInfo",
     "DeviceNotFoundError",
+    "EltwiseKind",
     "NpuDeviceError",
     "NpuError",
     "NpuTimeoutError",
     "Op",
     "Opcode",
     "Status",
+    "Tensor",
+    "TensorOp",
+    "TensorRef",
+    "UnaryKind",
     "__version__",
+    "abs",
+    "add",
+    "bf16_to_float32",
+    "bfloat16",
     "close_default_device",
     "copy_array",
     "default_device",
     "devices",
+    "divide",
+    "exp",
     "fill",
+    "float32_to_bf16",
+    "gelu",
+    "log",
     "matmul",
+    "maximum",
+    "minimum",
+    "multiply",
+    "negative",
     "open_device",
     "ops",
+    "permute",
+    "relu",
+    "result_type",
     "set_default_device",
+    "sigmoid",
+    "sqrt",
     "status_name",
+    "subtract",
+    "tanh",
+    "tensor",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

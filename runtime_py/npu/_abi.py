@@ -2,8 +2,10 @@
 
 This module is the only place that knows the binary layout of the device
 descriptors and of the ``/dev/npuN`` ioctl structures. Every struct, field and
-constant of the two headers has a counterpart here with the same name minus
-the ``npu_``/``NPU_`` prefix turned into CamelCase for types; the host test
+constant of the headers has a counterpart here with the same name minus the
+``npu_``/``NPU_`` prefix turned into CamelCase for types (``npu_tensor.h``
+defines only inline functions; :func:`npu.ops.check_tensor_op` is the Python
+version of its checks); the host test
 ``tests/host/test_abi_layout.py`` compiles the headers with gcc and checks that
 sizes, offsets, constants and ioctl numbers agree.
 
@@ -43,6 +45,7 @@ NPU_CAP_GEMM_FP32: Final = 1 << 2
 NPU_CAP_MSIX: Final = 1 << 3
 NPU_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_CAP_MMU: Final = 1 << 5
+NPU_CAP_TENSOR: Final = 1 << 6
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -52,7 +55,29 @@ NPU_OP_NOP: Final = 0
 NPU_OP_COPY: Final = 1
 NPU_OP_FILL: Final = 2
 NPU_OP_GEMM: Final = 3
-NPU_OP_COUNT: Final = 4
+NPU_OP_ELTWISE: Final = 4
+NPU_OP_UNARY: Final = 5
+NPU_OP_CONVERT: Final = 6
+NPU_OP_COUNT: Final = 7
+
+NPU_ELTWISE_ADD: Final = 0
+NPU_ELTWISE_SUB: Final = 1
+NPU_ELTWISE_MUL: Final = 2
+NPU_ELTWISE_DIV: Final = 3
+NPU_ELTWISE_MAX: Final = 4
+NPU_ELTWISE_MIN: Final = 5
+NPU_ELTWISE_COUNT: Final = 6
+
+NPU_UNARY_RELU: Final = 0
+NPU_UNARY_GELU: Final = 1
+NPU_UNARY_SIGMOID: Final = 2
+NPU_UNARY_TANH: Final = 3
+NPU_UNARY_EXP: Final = 4
+NPU_UNARY_LOG: Final = 5
+NPU_UNARY_SQRT: Final = 6
+NPU_UNARY_ABS: Final = 7
+NPU_UNARY_NEG: Final = 8
+NPU_UNARY_COUNT: Final = 9
 
 NPU_CMD_F_IRQ: Final = 1 << 0
 NPU_CMD_F_MASK: Final = NPU_CMD_F_IRQ
@@ -62,6 +87,17 @@ NPU_GEMM_TRANS_B: Final = 1 << 1
 NPU_GEMM_F_MASK: Final = NPU_GEMM_TRANS_A | NPU_GEMM_TRANS_B
 
 NPU_DTYPE_FP32: Final = 0
+NPU_DTYPE_FP16: Final = 1
+NPU_DTYPE_BF16: Final = 2
+NPU_DTYPE_INT8: Final = 3
+NPU_DTYPE_INT32: Final = 4
+NPU_DTYPE_COUNT: Final = 5
+
+NPU_MAX_RANK: Final = 4
+NPU_TENSOR_OPERANDS: Final = 4
+NPU_TENSOR_PARAMS: Final = 16
+NPU_MAX_STRIDE: Final = 0x7FFFFFFF
+NPU_MAX_ELEMS: Final = 1 << 28
 
 NPU_MAX_XFER: Final = 1 << 32
 NPU_MAX_DIM: Final = 65536
@@ -97,6 +133,7 @@ NPU_INFO_CAP_GEMM_FP32: Final = 1 << 2
 NPU_INFO_CAP_MSIX: Final = 1 << 3
 NPU_INFO_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_INFO_CAP_MMU: Final = 1 << 5
+NPU_INFO_CAP_TENSOR: Final = 1 << 6
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -114,6 +151,34 @@ class Opcode(enum.IntEnum):
     COPY = NPU_OP_COPY
     FILL = NPU_OP_FILL
     GEMM = NPU_OP_GEMM
+    ELTWISE = NPU_OP_ELTWISE
+    UNARY = NPU_OP_UNARY
+    CONVERT = NPU_OP_CONVERT
+
+
+class EltwiseKind(enum.IntEnum):
+    """Kinds of the binary ELTWISE op (``enum npu_eltwise_kind``)."""
+
+    ADD = NPU_ELTWISE_ADD
+    SUB = NPU_ELTWISE_SUB
+    MUL = NPU_ELTWISE_MUL
+    DIV = NPU_ELTWISE_DIV
+    MAX = NPU_ELTWISE_MAX
+    MIN = NPU_ELTWISE_MIN
+
+
+class UnaryKind(enum.IntEnum):
+    """Kinds of the UNARY op (``enum npu_unary_kind``); GELU..SQRT are float-only."""
+
+    RELU = NPU_UNARY_RELU
+    GELU = NPU_UNARY_GELU
+    SIGMOID = NPU_UNARY_SIGMOID
+    TANH = NPU_UNARY_TANH
+    EXP = NPU_UNARY_EXP
+    LOG = NPU_UNARY_LOG
+    SQRT = NPU_UNARY_SQRT
+    ABS = NPU_UNARY_ABS
+    NEG = NPU_UNARY_NEG
 
 
 class Status(enum.IntEnum):
@@ -150,6 +215,7 @@ class Cap(enum.IntFlag):
     MSIX = NPU_INFO_CAP_MSIX
     TIMESTAMPS = NPU_INFO_CAP_TIMESTAMPS
     MMU = NPU_INFO_CAP_MMU
+    TENSOR = NPU_INFO_CAP_TENSOR
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -158,9 +224,26 @@ class Cap(enum.IntFlag):
 
 
 class DType(enum.IntEnum):
-    """GEMM element types (``enum npu_dtype``)."""
+    """Element types (``enum npu_dtype``): GEMM takes FP32, tensor ops all of them."""
 
     FP32 = NPU_DTYPE_FP32
+    FP16 = NPU_DTYPE_FP16
+    BF16 = NPU_DTYPE_BF16
+    INT8 = NPU_DTYPE_INT8
+    INT32 = NPU_DTYPE_INT32
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (``npu_dtype_size``)."""
+        return _DTYPE_SIZES[self]
+
+    @property
+    def is_float(self) -> bool:
+        """True for FP32, FP16 and BF16 (``npu_dtype_is_float``)."""
+        return self in (DType.FP32, DType.FP16, DType.BF16)
+
+
+_DTYPE_SIZES: Final = {DType.FP32: 4, DType.FP16: 2, DType.BF16: 2, DType.INT8: 1, DType.INT32: 4}
 
 
 def status_name(status: int) -> str:
@@ -218,6 +301,16 @@ class NpuCmdGemm(ctypes.LittleEndianStructure):
     ]
 
 
+class NpuCmdTensor(ctypes.LittleEndianStructure):
+    """``npu_cmd.tensor``: ELTWISE, UNARY and CONVERT."""
+
+    _fields_ = [
+        ("params", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+    ]
+
+
 class NpuCmdArgs(ctypes.LittleEndianUnion):
     """The anonymous union of ``struct npu_cmd``."""
 
@@ -225,6 +318,7 @@ class NpuCmdArgs(ctypes.LittleEndianUnion):
         ("copy", NpuCmdCopy),
         ("fill", NpuCmdFill),
         ("gemm", NpuCmdGemm),
+        ("tensor", NpuCmdTensor),
         ("raw", ctypes.c_uint64 * 14),
     ]
 
@@ -243,6 +337,27 @@ class NpuCmd(ctypes.LittleEndianStructure):
         ("rsvd0", ctypes.c_uint32),
         ("fence", ctypes.c_uint64),
         ("args", NpuCmdArgs),
+    ]
+
+
+class NpuHwTensor(ctypes.LittleEndianStructure):
+    """``struct npu_hw_tensor``: a tensor operand in a parameter block."""
+
+    _fields_ = [
+        ("va", ctypes.c_uint64),
+        ("dtype", ctypes.c_uint32),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.c_uint32 * NPU_MAX_RANK),
+        ("strides", ctypes.c_uint32 * NPU_MAX_RANK),
+    ]
+
+
+class NpuTensorParams(ctypes.LittleEndianStructure):
+    """``struct npu_tensor_params``: the 256-byte parameter block of a tensor op."""
+
+    _fields_ = [
+        ("t", NpuHwTensor * NPU_TENSOR_OPERANDS),
+        ("params", ctypes.c_uint32 * NPU_TENSOR_PARAMS),
     ]
 
 
@@ -337,6 +452,34 @@ class NpuOp(ctypes.Structure):
     ]
 
 
+class NpuTensorRef(ctypes.Structure):
+    """``struct npu_tensor_ref``: a strided view into a buffer object (64 bytes)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("offset", ctypes.c_uint64),
+        ("ndim", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
+        ("shape", ctypes.c_uint32 * NPU_MAX_RANK),
+        ("strides", ctypes.c_uint32 * NPU_MAX_RANK),
+        ("rsvd2", ctypes.c_uint64),
+    ]
+
+
+class NpuTensorOp(ctypes.Structure):
+    """``struct npu_tensor_op``: one ELTWISE/UNARY/CONVERT op of a SUBMIT (320 bytes)."""
+
+    _fields_ = [
+        ("opcode", ctypes.c_uint16),
+        ("flags", ctypes.c_uint16),
+        ("kind", ctypes.c_uint32),
+        ("t", NpuTensorRef * NPU_TENSOR_OPERANDS),
+        ("params", ctypes.c_uint32 * 12),
+        ("rsvd", ctypes.c_uint64),
+    ]
+
+
 class NpuSubmit(ctypes.Structure):
     """``struct npu_submit`` (SUBMIT)."""
 
@@ -369,11 +512,15 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_cmd": NpuCmd,
     "npu_cpl": NpuCpl,
     "npu_fence_wb": NpuFenceWb,
+    "npu_hw_tensor": NpuHwTensor,
+    "npu_tensor_params": NpuTensorParams,
     "npu_info": NpuInfo,
     "npu_bo_create": NpuBoCreate,
     "npu_bo_destroy": NpuBoDestroy,
     "npu_buf_ref": NpuBufRef,
     "npu_op": NpuOp,
+    "npu_tensor_ref": NpuTensorRef,
+    "npu_tensor_op": NpuTensorOp,
     "npu_submit": NpuSubmit,
     "npu_wait": NpuWait,
 }

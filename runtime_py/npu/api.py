@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -17,20 +17,57 @@ import numpy.typing as npt
 from . import _abi, ops
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .tensor import Tensor
+from .tensor import matmul as _tensor_matmul
 
 __all__ = ["copy_array", "fill", "matmul"]
 
 log = logging.getLogger(__name__)
 
 
+@overload
+def matmul(
+    a: Tensor,
+    b: Tensor | npt.ArrayLike,
+    *,
+    device: Device | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> Tensor: ...
+
+
+@overload
+def matmul(
+    a: npt.ArrayLike,
+    b: Tensor,
+    *,
+    device: Device | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> Tensor: ...
+
+
+@overload
 def matmul(
     a: npt.ArrayLike,
     b: npt.ArrayLike,
     *,
     device: Device | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
-) -> npt.NDArray[np.float32]:
+) -> npt.NDArray[np.float32]: ...
+
+
+def matmul(
+    a: Tensor | npt.ArrayLike,
+    b: Tensor | npt.ArrayLike,
+    *,
+    device: Device | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> npt.NDArray[np.float32] | Tensor:
     """Return ``a @ b`` computed by a device GEMM, as a new float32 array.
+
+    If ``a`` or ``b`` is a :class:`npu.Tensor` the GEMM runs on the
+    device-resident data and the result is a float32 :class:`npu.Tensor`
+    (not waited for; see :func:`npu.tensor.matmul`). ``device`` must then be
+    ``None`` or the tensors' device, and ``timeout_s`` is not used.
 
     ``a`` (``m x k``) and ``b`` (``k x n``) are converted with
     ``np.ascontiguousarray(x, dtype=np.float32)``. If ``m``, ``n`` or ``k`` is
@@ -42,6 +79,11 @@ def matmul(
         NpuError: allocation or execution failed (``NpuDeviceError`` when the
             device reports an error status, ``NpuTimeoutError`` on timeout).
     """
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        owner = a.device if isinstance(a, Tensor) else b.device  # type: ignore[union-attr]
+        if device is not None and device is not owner:
+            raise ValueError("matmul: device= differs from the tensors' device")
+        return _tensor_matmul(a, b)
     a32 = np.ascontiguousarray(a, dtype=np.float32)
     b32 = np.ascontiguousarray(b, dtype=np.float32)
     if a32.ndim != 2 or b32.ndim != 2:

@@ -32,7 +32,7 @@ from typing import Final, SupportsIndex
 from . import _abi
 from .buffer import Buffer
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
-from .ops import Op
+from .ops import AnyOp, Op, TensorOp
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -161,7 +161,7 @@ def _version_str(version: int) -> str:
 class _Submitted:
     first_fence: int
     last_fence: int
-    ops: tuple[Op, ...]
+    ops: tuple[AnyOp, ...]
 
 
 class Device:
@@ -323,18 +323,27 @@ class Device:
         self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, arg, f"BO_DESTROY(handle={handle})")
         log.debug("BO_DESTROY handle=%d", handle)
 
-    def submit(self, ops: Sequence[Op], queue: int = 0) -> int:
+    def submit(self, ops: Sequence[AnyOp], queue: int = 0) -> int:
         """Submit operations to a queue (SUBMIT) and return the fence of the last one.
 
         The ops run in order and get consecutive fences. Completion is
         observed with :meth:`wait`. A SUBMIT interrupted by a signal while
         the driver waits for ring space is retried.
 
+        One SUBMIT carries one kind of op array: ``struct npu_op``
+        (:class:`npu.ops.Op`) or ``struct npu_tensor_op``
+        (:class:`npu.ops.TensorOp`). A sequence that mixes the two is split
+        into consecutive SUBMITs of one kind each, in order, so the fences
+        still increase op by op. Such a split is not atomic: if a later
+        SUBMIT is refused, the earlier ones are already queued.
+
         Raises:
             ValueError: no ops, more than ``NPU_SUBMIT_MAX_OPS``, or an op uses
                 a buffer of another device.
+            TypeError: an element is neither an ``Op`` nor a ``TensorOp``.
             NpuError: a buffer was freed (``EBADF``) or the driver refused the
-                submission (e.g. ``EINVAL``, ``ENOENT`` for an unknown handle).
+                submission (e.g. ``EINVAL``, ``ENOENT`` for an unknown handle,
+                ``ERANGE`` for a tensor past the end of its buffer).
         """
         batch = tuple(ops)
         if not batch:
@@ -345,18 +354,36 @@ class Device:
             )
         queue = _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
         for op in batch:
+            if not isinstance(op, Op | TensorOp):
+                raise TypeError(f"submit: {op!r} is not an npu.ops.Op or npu.ops.TensorOp")
             for buf in op.buffers:
                 if isinstance(buf, Buffer):
                     if buf.device is not self:
                         raise ValueError(f"submit: {op} uses {buf!r} of {buf.device!r}")
                     buf.handle  # noqa: B018 - raises NpuError(EBADF) if freed
-        raw_ops = (_abi.NpuOp * len(batch))(*(op.pack() for op in batch))
+        fence = 0
+        start = 0
+        while start < len(batch):
+            tensor = isinstance(batch[start], TensorOp)
+            end = start + 1
+            while end < len(batch) and isinstance(batch[end], TensorOp) == tensor:
+                end += 1
+            fence = self._submit_one_kind(batch[start:end], queue, tensor)
+            start = end
+        return fence
+
+    def _submit_one_kind(self, batch: tuple[AnyOp, ...], queue: int, tensor: bool) -> int:
+        """One SUBMIT of ops that are all ``TensorOp`` (``tensor``) or all ``Op``."""
+        struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
+        raw_ops = (struct * len(batch))()
+        for i, op in enumerate(batch):
+            raw_ops[i] = op.pack()
         arg = _abi.NpuSubmit(
             ops_ptr=ctypes.addressof(raw_ops),
             num_ops=len(batch),
             queue=queue,
             flags=0,
-            op_size=ctypes.sizeof(_abi.NpuOp),
+            op_size=ctypes.sizeof(struct),
         )
 
         def context() -> str:
@@ -369,7 +396,13 @@ class Device:
         with self._lock:
             history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
             history.append(_Submitted(fence - len(batch) + 1, fence, batch))
-        log.debug("SUBMIT queue=%d num_ops=%d -> fence %d", queue, len(batch), fence)
+        log.debug(
+            "SUBMIT queue=%d num_ops=%d op_size=%d -> fence %d",
+            queue,
+            len(batch),
+            ctypes.sizeof(struct),
+            fence,
+        )
         return fence
 
     def wait(self, fence: int, timeout_s: float | None = DEFAULT_TIMEOUT_S, queue: int = 0) -> None:
@@ -432,7 +465,7 @@ class Device:
         log.debug("WAIT queue=%d fence=%d done", queue, fence)
 
     def run(
-        self, ops: Sequence[Op], queue: int = 0, timeout_s: float | None = DEFAULT_TIMEOUT_S
+        self, ops: Sequence[AnyOp], queue: int = 0, timeout_s: float | None = DEFAULT_TIMEOUT_S
     ) -> int:
         """Submit ``ops`` and wait for them; return the fence of the last one."""
         fence = self.submit(ops, queue)
@@ -465,7 +498,7 @@ class Device:
     def _forget_buffer(self, buf: Buffer) -> None:
         self._buffers.discard(buf)
 
-    def _find_op(self, queue: int, fence: int) -> Op | None:
+    def _find_op(self, queue: int, fence: int) -> AnyOp | None:
         """The op that got ``fence`` (fences of one SUBMIT are consecutive)."""
         with self._lock:
             for sub in self._inflight.get(queue, ()):

@@ -1,8 +1,13 @@
-"""Building the operations of a SUBMIT (``struct npu_op``).
+"""Building the operations of a SUBMIT (``struct npu_op`` and ``struct npu_tensor_op``).
 
 Each builder validates its arguments in Python (raising :class:`ValueError`)
-and returns an immutable :class:`Op`; :meth:`npu.Device.submit` packs a
-sequence of them into an array of ``struct npu_op``.
+and returns an immutable :class:`Op` (NOP, COPY, FILL, GEMM) or
+:class:`TensorOp` (ELTWISE, UNARY, CONVERT); :meth:`npu.Device.submit` packs
+a sequence of them into arrays of ``struct npu_op`` / ``struct npu_tensor_op``.
+
+Tensor operands are :class:`TensorRef` (handle, dtype, byte offset, shape and
+strides in elements), built with :func:`tensor_ref`;
+:func:`check_tensor_op` applies the rules of ``include/npu_tensor.h``.
 
 Buffers are passed as anything with integer ``handle`` and ``size``
 attributes (:class:`BufferLike`), normally :class:`npu.Buffer`. Each op refers
@@ -13,20 +18,29 @@ lie inside ``buffer.size``.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, SupportsIndex
+from typing import Protocol, SupportsIndex, TypeAlias
 
 from . import _abi
 
 __all__ = [
+    "AnyOp",
     "BufRef",
     "BufferLike",
     "Op",
+    "TensorOp",
+    "TensorRef",
+    "check_tensor_op",
+    "convert",
     "copy",
+    "eltwise",
     "fill",
     "gemm",
     "gemm_extent",
     "nop",
+    "tensor_ref",
+    "unary",
 ]
 
 _FP32_BYTES = 4
@@ -260,3 +274,252 @@ def _ref(what: str, buf: BufferLike, offset_: SupportsIndex, nbytes: int) -> Buf
             f"of {size} bytes (handle {buf.handle})"
         )
     return BufRef(buf.handle, offset, nbytes)
+
+
+# ---------------------------------------------------------------------------
+# Tensor ops (struct npu_tensor_op)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A tensor operand (``struct npu_tensor_ref``): a strided view into a buffer object.
+
+    ``offset`` is in bytes (to element ``[0, ..., 0]``), ``strides`` in
+    elements; ``shape`` and ``strides`` have ``1..NPU_MAX_RANK`` entries.
+    Construction checks what ``npu_tensor_check`` checks (``ValueError``).
+    """
+
+    handle: int
+    dtype: _abi.DType
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_range("tensor handle", self.handle, 0, _abi.U32_MAX)
+        _check_range("tensor offset", self.offset, 0, _abi.U64_MAX)
+        if not isinstance(self.dtype, _abi.DType):
+            raise TypeError(f"tensor dtype must be npu.DType, not {type(self.dtype).__name__}")
+        ndim = len(self.shape)
+        if not 1 <= ndim <= _abi.NPU_MAX_RANK:
+            raise ValueError(f"tensor rank {ndim} is not in 1..{_abi.NPU_MAX_RANK}")
+        if len(self.strides) != ndim:
+            raise ValueError(f"tensor shape {self.shape} and strides {self.strides} differ in rank")
+        numel = 1
+        for d in range(ndim):
+            _check_range(f"tensor shape[{d}]", self.shape[d], 1, _abi.NPU_MAX_STRIDE)
+            _check_range(f"tensor strides[{d}]", self.strides[d], 0, _abi.NPU_MAX_STRIDE)
+            numel *= self.shape[d]
+        if numel > _abi.NPU_MAX_ELEMS:
+            raise ValueError(
+                f"tensor of shape {self.shape} has {numel} elements, "
+                f"more than NPU_MAX_ELEMS={_abi.NPU_MAX_ELEMS}"
+            )
+
+    @property
+    def ndim(self) -> int:
+        """Rank (1..4)."""
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+    @property
+    def extent(self) -> int:
+        """Bytes from element 0 to the end of the furthest element (``npu_tensor_extent``)."""
+        last = sum((dim - 1) * stride for dim, stride in zip(self.shape, self.strides, strict=True))
+        return (last + 1) * self.dtype.itemsize
+
+    @property
+    def contiguous(self) -> bool:
+        """Row-major and dense, ignoring dims of size 1 (``npu_tensor_is_contiguous``)."""
+        want = 1
+        for dim, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
+            if dim > 1 and stride != want:
+                return False
+            want *= dim
+        return True
+
+    def pack(self) -> _abi.NpuTensorRef:
+        """Return the ``struct npu_tensor_ref`` (dims at and above ``ndim`` zero)."""
+        raw = _abi.NpuTensorRef()
+        raw.handle = self.handle
+        raw.dtype = int(self.dtype)
+        raw.offset = self.offset
+        raw.ndim = self.ndim
+        for d, (dim, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
+            raw.shape[d] = dim
+            raw.strides[d] = stride
+        return raw
+
+    def __str__(self) -> str:
+        shape = "x".join(str(d) for d in self.shape)
+        strides = ",".join(str(s) for s in self.strides)
+        return f"{self.dtype.name.lower()}[{shape}]@{self.handle}+{self.offset}/({strides})"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorOp:
+    """One ELTWISE, UNARY or CONVERT op (``struct npu_tensor_op``).
+
+    ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
+    (ELTWISE: a, b, out; UNARY and CONVERT: in, out). ``kind`` is an
+    :class:`npu.EltwiseKind`, an :class:`npu.UnaryKind` or 0 for CONVERT.
+    Build with :func:`eltwise`, :func:`unary` and :func:`convert`, which check
+    the op with :func:`check_tensor_op`. ``buffers`` holds the buffer objects
+    for :meth:`npu.Device.submit`'s checks; it is not part of equality.
+    """
+
+    opcode: _abi.Opcode
+    kind: int
+    operands: tuple[TensorRef, ...]
+    buffers: tuple[BufferLike, ...] = field(default=(), compare=False, repr=False)
+
+    def pack(self) -> _abi.NpuTensorOp:
+        """Return the ``struct npu_tensor_op`` (unused operands, params, rsvd zero)."""
+        raw = _abi.NpuTensorOp()
+        raw.opcode = int(self.opcode)
+        raw.flags = 0
+        raw.kind = int(self.kind)
+        for i, ref in enumerate(self.operands):
+            raw.t[i] = ref.pack()
+        return raw
+
+    def __str__(self) -> str:
+        if self.opcode is _abi.Opcode.ELTWISE:
+            name = f"ELTWISE.{_abi.EltwiseKind(self.kind).name}"
+        elif self.opcode is _abi.Opcode.UNARY:
+            name = f"UNARY.{_abi.UnaryKind(self.kind).name}"
+        else:
+            name = self.opcode.name
+        return f"{name}({', '.join(str(t) for t in self.operands)})"
+
+
+#: Either kind of op :meth:`npu.Device.submit` accepts.
+AnyOp: TypeAlias = Op | TensorOp
+
+_OPERANDS = {_abi.Opcode.ELTWISE: 3, _abi.Opcode.UNARY: 2, _abi.Opcode.CONVERT: 2}
+
+
+def check_tensor_op(op: TensorOp) -> None:
+    """Apply the checks of ``npu_tensor_op_check`` (``include/npu_tensor.h``) to ``op``.
+
+    Raises:
+        ValueError: the driver would reject the op with ``EINVAL``: wrong
+            operand count, non-contiguous output, dtype or shape mismatch, a
+            kind out of range, or a float-only kind on an integer dtype.
+    """
+    n = _OPERANDS.get(op.opcode)
+    if n is None:
+        raise ValueError(f"{op.opcode.name} is not a tensor op")
+    if len(op.operands) != n:
+        raise ValueError(f"{op.opcode.name} takes {n} operands, not {len(op.operands)}")
+    *inputs, out = op.operands
+    if not out.contiguous:
+        raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
+    if op.opcode is _abi.Opcode.ELTWISE:
+        kind = _abi.EltwiseKind(op.kind)  # ValueError if out of range
+        for t in inputs:
+            if t.dtype is not out.dtype:
+                raise ValueError(f"{op}: ELTWISE inputs must have the output's dtype")
+            if t.ndim != out.ndim or any(
+                d not in (o, 1) for d, o in zip(t.shape, out.shape, strict=True)
+            ):
+                raise ValueError(f"{op}: input shape {t.shape} does not broadcast to {out.shape}")
+        if kind is _abi.EltwiseKind.DIV and not out.dtype.is_float:
+            raise ValueError(f"{op}: DIV takes float dtypes only")
+    elif op.opcode is _abi.Opcode.UNARY:
+        ukind = _abi.UnaryKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype or t.shape != out.shape:
+            raise ValueError(f"{op}: UNARY input and output must have the same dtype and shape")
+        if _abi.UnaryKind.GELU <= ukind <= _abi.UnaryKind.SQRT and not out.dtype.is_float:
+            raise ValueError(f"{op}: {ukind.name} takes float dtypes only")
+    else:
+        (t,) = inputs
+        if op.kind != 0:
+            raise ValueError(f"{op}: CONVERT kind must be 0")
+        if t.shape != out.shape:
+            raise ValueError(f"{op}: CONVERT input and output must have the same shape")
+
+
+def tensor_ref(
+    buf: BufferLike,
+    dtype: _abi.DType,
+    shape: Sequence[SupportsIndex],
+    strides: Sequence[SupportsIndex] | None = None,
+    offset: SupportsIndex = 0,
+) -> TensorRef:
+    """Return a :class:`TensorRef` into ``buf``; ``strides`` default to row-major.
+
+    Raises:
+        ValueError: bad rank, shape or stride, or the view's extent does not
+            fit ``buf.size`` (the driver's ``ERANGE``).
+    """
+    dims = tuple(operator.index(d) for d in shape)
+    if strides is None:
+        steps: list[int] = []
+        acc = 1
+        for dim in reversed(dims):
+            steps.append(acc)
+            acc *= dim
+        strides_t = tuple(reversed(steps))
+    else:
+        strides_t = tuple(operator.index(s) for s in strides)
+    ref = TensorRef(buf.handle, _abi.DType(dtype), operator.index(offset), dims, strides_t)
+    if ref.offset + ref.extent > buf.size:
+        raise ValueError(
+            f"tensor {ref}: bytes [{ref.offset}, {ref.offset + ref.extent}) do not fit the "
+            f"buffer of {buf.size} bytes"
+        )
+    return ref
+
+
+def eltwise(
+    kind: _abi.EltwiseKind,
+    a: TensorRef,
+    b: TensorRef,
+    out: TensorRef,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return an ELTWISE op ``out = a <kind> b`` (inputs broadcast to ``out``).
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.ELTWISE, int(kind), (a, b, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def unary(
+    kind: _abi.UnaryKind, x: TensorRef, out: TensorRef, buffers: tuple[BufferLike, ...] = ()
+) -> TensorOp:
+    """Return a UNARY op ``out = kind(x)``.
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.UNARY, int(kind), (x, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def convert(x: TensorRef, out: TensorRef, buffers: tuple[BufferLike, ...] = ()) -> TensorOp:
+    """Return a CONVERT op: ``out = x`` element by element, any strides and dtypes.
+
+    Float to int truncates toward zero, saturates at the integer range and
+    turns NaN into 0 (device semantics).
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.CONVERT, 0, (x, out), buffers)
+    check_tensor_op(op)
+    return op

@@ -5,12 +5,20 @@ of it, so mmap() of the real fd works. ``ioctl`` replaces ``fcntl.ioctl`` and
 implements GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT (executing the ops with
 numpy at submit time) and WAIT, including the -EIO path that fills in
 ``status`` and ``error_fence`` before failing, as the uapi header specifies.
+
+SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
+(ELTWISE, UNARY, CONVERT). Tensor ops are validated like the driver does
+(``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT, extent past the
+BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
+output dtype, integer math wrapping, float -> int truncating toward zero and
+saturating (NaN -> 0), float32 -> bfloat16 rounding to nearest even.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -41,6 +49,8 @@ class FakeDriver:
     hang: bool = False
     calls: list[tuple[int, bytes]] = field(default_factory=list)
     submitted: list[_abi.NpuOp] = field(default_factory=list)
+    submitted_tensor: list[_abi.NpuTensorOp] = field(default_factory=list)
+    submits: list[tuple[int, int]] = field(default_factory=list)  # (op_size, num_ops)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -95,7 +105,7 @@ class FakeDriver:
             arg.hw_version = _abi.NPU_HW_VERSION
             arg.abi_version = _abi.NPU_ABI_VERSION
             arg.driver_version = 0x00010002
-            arg.caps = 0x1F
+            arg.caps = 0x1F | _abi.NPU_INFO_CAP_TENSOR
             arg.num_queues = 1
             arg.num_cores = 4
             arg.max_submit = _abi.NPU_SUBMIT_MAX_OPS
@@ -123,10 +133,15 @@ class FakeDriver:
             del self.bos[arg.handle]
             return 0
         if request == _abi.NPU_IOCTL_SUBMIT:
+            if arg.op_size == ctypes.sizeof(_abi.NpuTensorOp) and not arg.flags and not arg.queue:
+                if not 1 <= arg.num_ops <= _abi.NPU_SUBMIT_MAX_OPS:
+                    raise _err(errno.EINVAL)
+                return self._submit_tensor(arg)
             if arg.op_size != ctypes.sizeof(_abi.NpuOp) or arg.flags or arg.queue:
                 raise _err(errno.EINVAL)
             if not 1 <= arg.num_ops <= _abi.NPU_SUBMIT_MAX_OPS:
                 raise _err(errno.EINVAL)
+            self.submits.append((arg.op_size, arg.num_ops))
             ops = (_abi.NpuOp * arg.num_ops).from_address(arg.ops_ptr)
             for op in ops:
                 self.submitted.append(_abi.NpuOp.from_buffer_copy(op))
@@ -150,3 +165,180 @@ class FakeDriver:
                 raise _err(errno.ETIMEDOUT)
             return 0
         raise _err(errno.ENOTTY)
+
+    # -- tensor ops ------------------------------------------------------------------
+
+    def _submit_tensor(self, arg: Any) -> int:
+        ops = (_abi.NpuTensorOp * arg.num_ops).from_address(arg.ops_ptr)
+        copies = [_abi.NpuTensorOp.from_buffer_copy(op) for op in ops]
+        for op in copies:  # validate everything first: a bad op queues nothing
+            self._check_tensor_op(op)
+        self.submits.append((arg.op_size, arg.num_ops))
+        for op in copies:
+            self.submitted_tensor.append(op)
+            self.fence += 1
+            if self.failed is None:
+                if op.opcode in self.fail_opcode:
+                    self.failed = (self.fence, self.fail_opcode[op.opcode])
+                    continue
+                self._execute_tensor(op)
+                self.completed = self.fence
+        arg.fence = self.fence
+        return 0
+
+    def _check_tensor_op(self, op: _abi.NpuTensorOp) -> None:
+        n = {_abi.NPU_OP_ELTWISE: 3, _abi.NPU_OP_UNARY: 2, _abi.NPU_OP_CONVERT: 2}.get(op.opcode)
+        if n is None or op.flags or op.rsvd or any(op.params):
+            raise _err(errno.EINVAL)
+        for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
+            t = op.t[i]
+            if i >= n:
+                if bytes(t) != bytes(ctypes.sizeof(t)):
+                    raise _err(errno.EINVAL)
+                continue
+            if t.rsvd or t.rsvd2:
+                raise _err(errno.EINVAL)
+            if t.handle not in self.bos:
+                raise _err(errno.ENOENT)
+        extents = []
+        for i in range(n):
+            t = op.t[i]
+            size = _DTYPE_SIZE.get(t.dtype, 0)
+            if not size or not 1 <= t.ndim <= _abi.NPU_MAX_RANK:
+                raise _err(errno.EINVAL)
+            numel, last = 1, 0
+            for d in range(_abi.NPU_MAX_RANK):
+                if d >= t.ndim:
+                    if t.shape[d] or t.strides[d]:
+                        raise _err(errno.EINVAL)
+                    continue
+                if not 1 <= t.shape[d] <= _abi.NPU_MAX_STRIDE or t.strides[d] > _abi.NPU_MAX_STRIDE:
+                    raise _err(errno.EINVAL)
+                numel *= t.shape[d]
+                last += (t.shape[d] - 1) * t.strides[d]
+            if numel > _abi.NPU_MAX_ELEMS:
+                raise _err(errno.EINVAL)
+            extents.append((t.handle, t.offset + (last + 1) * size))
+        ins, out = [op.t[i] for i in range(n - 1)], op.t[n - 1]
+        want = 1
+        for d in reversed(range(out.ndim)):
+            if out.shape[d] > 1 and out.strides[d] != want:
+                raise _err(errno.EINVAL)
+            want *= out.shape[d]
+        shape = lambda t: tuple(t.shape[: t.ndim])  # noqa: E731
+        is_float = out.dtype in _FLOATS
+        if op.opcode == _abi.NPU_OP_ELTWISE:
+            ok = op.kind < _abi.NPU_ELTWISE_COUNT and all(
+                t.dtype == out.dtype
+                and t.ndim == out.ndim
+                and all(a in (b, 1) for a, b in zip(shape(t), shape(out), strict=True))
+                for t in ins
+            )
+            ok = ok and (op.kind != _abi.NPU_ELTWISE_DIV or is_float)
+        elif op.opcode == _abi.NPU_OP_UNARY:
+            ok = (
+                op.kind < _abi.NPU_UNARY_COUNT
+                and ins[0].dtype == out.dtype
+                and shape(ins[0]) == shape(out)
+                and (not _abi.NPU_UNARY_GELU <= op.kind <= _abi.NPU_UNARY_SQRT or is_float)
+            )
+        else:
+            ok = op.kind == 0 and shape(ins[0]) == shape(out)
+        if not ok:
+            raise _err(errno.EINVAL)
+        for handle, end in extents:
+            if end > self.bos[handle][1]:
+                raise _err(errno.ERANGE)
+
+    def _tensor(self, t: _abi.NpuTensorRef) -> np.ndarray[Any, Any]:
+        """A writable strided view of the operand in its storage dtype."""
+        base, size = self.bos[t.handle]
+        mm = mmap.mmap(self.fd, size, offset=base)
+        storage = _STORAGE[t.dtype]
+        flat = np.frombuffer(mm, dtype=np.uint8)[t.offset :]
+        item = storage.itemsize
+        return np.lib.stride_tricks.as_strided(
+            flat.view(storage)
+            if flat.size % item == 0
+            else flat[: flat.size // item * item].view(storage),
+            shape=tuple(t.shape[: t.ndim]),
+            strides=tuple(t.strides[d] * item for d in range(t.ndim)),
+        )
+
+    def _load(self, t: _abi.NpuTensorRef) -> np.ndarray[Any, Any]:
+        raw = self._tensor(t)
+        if t.dtype == _abi.NPU_DTYPE_BF16:
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        if t.dtype in _FLOATS:
+            return raw.astype(np.float32)
+        return raw.astype(np.int64)
+
+    def _store(self, t: _abi.NpuTensorRef, values: np.ndarray[Any, Any]) -> None:
+        dst = self._tensor(t)
+        if t.dtype in _FLOATS:
+            f = values.astype(np.float32)
+            if t.dtype == _abi.NPU_DTYPE_BF16:
+                u = f.view(np.uint32).astype(np.uint64)
+                bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+                dst[...] = np.where(np.isnan(f), ((u >> 16) | 0x40).astype(np.uint16), bits)
+            else:
+                dst[...] = f.astype(_STORAGE[t.dtype])
+            return
+        lo, hi = _INT_RANGE[t.dtype]
+        if values.dtype.kind == "f":
+            v = np.nan_to_num(np.trunc(values.astype(np.float64)), nan=0.0)
+            dst[...] = np.clip(v, lo, hi).astype(_STORAGE[t.dtype])
+        else:  # integer math wraps
+            dst[...] = values.astype(np.int64).astype(_STORAGE[t.dtype])
+
+    def _execute_tensor(self, op: _abi.NpuTensorOp) -> None:
+        if op.opcode == _abi.NPU_OP_CONVERT:
+            self._store(op.t[1], self._load(op.t[0]))
+            return
+        if op.opcode == _abi.NPU_OP_ELTWISE:
+            a, b = self._load(op.t[0]), self._load(op.t[1])
+            fn = _ELTWISE[op.kind]
+            with np.errstate(all="ignore"):
+                self._store(op.t[2], fn(a, b))
+            return
+        x = self._load(op.t[0])
+        with np.errstate(all="ignore"):
+            self._store(op.t[1], _UNARY[op.kind](x))
+
+
+_FLOATS = (_abi.NPU_DTYPE_FP32, _abi.NPU_DTYPE_FP16, _abi.NPU_DTYPE_BF16)
+_DTYPE_SIZE = {
+    _abi.NPU_DTYPE_FP32: 4,
+    _abi.NPU_DTYPE_FP16: 2,
+    _abi.NPU_DTYPE_BF16: 2,
+    _abi.NPU_DTYPE_INT8: 1,
+    _abi.NPU_DTYPE_INT32: 4,
+}
+_STORAGE: dict[int, np.dtype[Any]] = {
+    _abi.NPU_DTYPE_FP32: np.dtype(np.float32),
+    _abi.NPU_DTYPE_FP16: np.dtype(np.float16),
+    _abi.NPU_DTYPE_BF16: np.dtype(np.uint16),
+    _abi.NPU_DTYPE_INT8: np.dtype(np.int8),
+    _abi.NPU_DTYPE_INT32: np.dtype(np.int32),
+}
+_INT_RANGE = {_abi.NPU_DTYPE_INT8: (-128, 127), _abi.NPU_DTYPE_INT32: (-(2**31), 2**31 - 1)}
+_ELTWISE = {
+    _abi.NPU_ELTWISE_ADD: np.add,
+    _abi.NPU_ELTWISE_SUB: np.subtract,
+    _abi.NPU_ELTWISE_MUL: np.multiply,
+    _abi.NPU_ELTWISE_DIV: np.divide,
+    _abi.NPU_ELTWISE_MAX: np.maximum,
+    _abi.NPU_ELTWISE_MIN: np.minimum,
+}
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_UNARY = {
+    _abi.NPU_UNARY_RELU: lambda x: np.maximum(x, 0),
+    _abi.NPU_UNARY_GELU: lambda x: x * (1 + _erf(x / math.sqrt(2))) / 2,
+    _abi.NPU_UNARY_SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    _abi.NPU_UNARY_TANH: np.tanh,
+    _abi.NPU_UNARY_EXP: np.exp,
+    _abi.NPU_UNARY_LOG: np.log,
+    _abi.NPU_UNARY_SQRT: np.sqrt,
+    _abi.NPU_UNARY_ABS: np.abs,
+    _abi.NPU_UNARY_NEG: np.negative,
+}

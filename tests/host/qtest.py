@@ -370,6 +370,35 @@ def gemm(
     return cmd(hw.OP_GEMM, payload, fence=fence)
 
 
+def tensor(opcode: int, params: int, kind: int = 0, *, rsvd: int = 0, fence: int = 0) -> bytes:
+    """An ELTWISE/UNARY/CONVERT descriptor: the VA of its parameter block and the kind."""
+    return cmd(opcode, struct.pack("<QII", params, kind, rsvd), fence=fence)
+
+
+TENSOR_SIZE = 48  # struct npu_hw_tensor
+TENSOR_PARAMS_SIZE = 256  # struct npu_tensor_params
+
+
+def hw_tensor(
+    va: int, dtype: int, shape: Sequence[int], strides: Sequence[int], *,
+    ndim: int | None = None,
+) -> bytes:  # fmt: skip
+    """A ``struct npu_hw_tensor``; shape and strides are zero-padded to NPU_MAX_RANK."""
+    rank = hw.MAX_RANK
+    shape4 = [*shape, *[0] * (rank - len(shape))]
+    strides4 = [*strides, *[0] * (rank - len(strides))]
+    nd = len(shape) if ndim is None else ndim
+    return struct.pack(f"<QII{rank}I{rank}I", va, dtype, nd, *shape4, *strides4)
+
+
+def tensor_params(tensors: Sequence[bytes], params: Sequence[int] = ()) -> bytes:
+    """A ``struct npu_tensor_params``: operands (zero-padded to 4), then the params words."""
+    assert len(tensors) <= hw.TENSOR_OPERANDS and len(params) <= hw.TENSOR_PARAMS
+    ops = b"".join(tensors).ljust(hw.TENSOR_OPERANDS * TENSOR_SIZE, b"\0")
+    words = struct.pack(f"<{len(params)}I", *params).ljust(hw.TENSOR_PARAMS * 4, b"\0")
+    return ops + words
+
+
 @dataclass(frozen=True)
 class Completion:
     """A ``struct npu_cpl``."""

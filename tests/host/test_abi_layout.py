@@ -26,10 +26,13 @@ FIELDS: dict[str, list[str]] = {
         "fill", "fill.dst", "fill.len", "fill.pattern", "fill.rsvd",
         "gemm", "gemm.a", "gemm.b", "gemm.c", "gemm.m", "gemm.n", "gemm.k",
         "gemm.lda", "gemm.ldb", "gemm.ldc", "gemm.dtype", "gemm.flags",
+        "tensor", "tensor.params", "tensor.kind", "tensor.rsvd",
         "raw",
     ],
     "npu_cpl": ["fence", "status", "opcode", "rsvd", "t_start", "t_end"],
     "npu_fence_wb": ["value", "timestamp"],
+    "npu_hw_tensor": ["va", "dtype", "ndim", "shape", "strides"],
+    "npu_tensor_params": ["t", "params"],
     "npu_info": [
         "hw_version", "abi_version", "driver_version", "caps", "num_queues", "num_cores",
         "max_submit", "ring_entries", "max_bo_size", "pci_vendor", "pci_device", "rsvd",
@@ -38,6 +41,10 @@ FIELDS: dict[str, list[str]] = {
     "npu_bo_destroy": ["handle", "rsvd"],
     "npu_buf_ref": ["handle", "rsvd", "offset", "size"],
     "npu_op": ["opcode", "flags", "num_bufs", "bufs", "params", "rsvd"],
+    "npu_tensor_ref": [
+        "handle", "dtype", "offset", "ndim", "rsvd", "shape", "strides", "rsvd2",
+    ],
+    "npu_tensor_op": ["opcode", "flags", "kind", "t", "params", "rsvd"],
     "npu_submit": ["ops_ptr", "num_ops", "queue", "flags", "op_size", "fence"],
     "npu_wait": [
         "fence", "timeout_ns", "queue", "flags", "status", "rsvd", "error_fence",
@@ -48,12 +55,21 @@ CONSTANTS = [
     "NPU_PCI_VENDOR_ID", "NPU_PCI_DEVICE_ID", "NPU_PCI_REVISION", "NPU_PCI_CLASS",
     "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
     "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
-    "NPU_CAP_MMU",
+    "NPU_CAP_MMU", "NPU_CAP_TENSOR",
     "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
-    "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_COUNT",
+    "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_ELTWISE",
+    "NPU_OP_UNARY", "NPU_OP_CONVERT", "NPU_OP_COUNT",
+    "NPU_ELTWISE_ADD", "NPU_ELTWISE_SUB", "NPU_ELTWISE_MUL", "NPU_ELTWISE_DIV",
+    "NPU_ELTWISE_MAX", "NPU_ELTWISE_MIN", "NPU_ELTWISE_COUNT",
+    "NPU_UNARY_RELU", "NPU_UNARY_GELU", "NPU_UNARY_SIGMOID", "NPU_UNARY_TANH",
+    "NPU_UNARY_EXP", "NPU_UNARY_LOG", "NPU_UNARY_SQRT", "NPU_UNARY_ABS", "NPU_UNARY_NEG",
+    "NPU_UNARY_COUNT",
     "NPU_CMD_F_IRQ", "NPU_CMD_F_MASK",
     "NPU_GEMM_TRANS_A", "NPU_GEMM_TRANS_B", "NPU_GEMM_F_MASK",
-    "NPU_DTYPE_FP32", "NPU_MAX_XFER", "NPU_MAX_DIM", "NPU_MAX_LD",
+    "NPU_DTYPE_FP32", "NPU_DTYPE_FP16", "NPU_DTYPE_BF16", "NPU_DTYPE_INT8", "NPU_DTYPE_INT32",
+    "NPU_DTYPE_COUNT",
+    "NPU_MAX_RANK", "NPU_TENSOR_OPERANDS", "NPU_TENSOR_PARAMS", "NPU_MAX_STRIDE",
+    "NPU_MAX_ELEMS", "NPU_MAX_XFER", "NPU_MAX_DIM", "NPU_MAX_LD",
     "NPU_ST_OK", "NPU_ST_BAD_OPCODE", "NPU_ST_BAD_FLAGS", "NPU_ST_BAD_RESERVED",
     "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
     "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_COUNT",
@@ -61,7 +77,7 @@ CONSTANTS = [
     "NPU_ERR_BAD_RING",
     "NPU_IOCTL_BASE",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
-    "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU",
+    "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU", "NPU_INFO_CAP_TENSOR",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
     "NPU_IOCTL_WAIT",
@@ -74,6 +90,7 @@ def _c_program() -> str:
         "#include <stdio.h>",
         '#include "npu_hw.h"',
         '#include "npu_uapi.h"',
+        '#include "npu_tensor.h"',
         "#define MEMBER_SIZE(s, f) sizeof(((struct s *)0)->f)",
         "int main(void) {",
     ]
@@ -198,13 +215,14 @@ def test_every_constant_of_the_headers_is_checked() -> None:
     import re
 
     defined: set[str] = set()
-    for header in ("npu_hw.h", "npu_uapi.h"):
+    for header in ("npu_hw.h", "npu_uapi.h", "npu_tensor.h"):
         text = (REPO / "include" / header).read_text()
         defined |= set(re.findall(r"^#define\s+(NPU_[A-Z0-9_]+)\s", text, re.M))
-        defined |= set(re.findall(r"^\s+(NPU_(?:OP|ST|ERR|DTYPE)_[A-Z0-9_]+)\b", text, re.M))
+        enum_member = r"^\s+(NPU_(?:OP|ST|ERR|DTYPE|ELTWISE|UNARY)_[A-Z0-9_]+)\b"
+        defined |= set(re.findall(enum_member, text, re.M))
     # Register map, BARs, MSI-X, MMU tables and function-like macros are driver/device business.
     driver_only = re.compile(
-        r"NPU_(H$|HW_H$|UAPI_H$|BAR|REG_|Q_|QREG|QCTL|QSTAT|DOORBELL|MSIX|VEC_|STATUS_|"
+        r"NPU_(H$|HW_H$|UAPI_H$|TENSOR_H$|BAR|REG_|Q_|QREG|QCTL|QSTAT|DOORBELL|MSIX|VEC_|STATUS_|"
         r"CONTROL_|IRQ_|MMU_|PTE_|PAGE_|FAULT_)"
     )
     expected = {name for name in defined if not driver_only.match(name)}

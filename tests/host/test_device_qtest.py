@@ -112,7 +112,7 @@ def test_pci_identity_and_bar_sizes_match_the_header(npu: Npu) -> None:
 
 def test_identity_registers_match_the_header(npu: Npu) -> None:
     all_caps = (hw.CAP_COPY | hw.CAP_FILL | hw.CAP_GEMM_FP32 | hw.CAP_MSIX
-                | hw.CAP_TIMESTAMPS | hw.CAP_MMU)  # fmt: skip
+                | hw.CAP_TIMESTAMPS | hw.CAP_MMU | hw.CAP_TENSOR)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION
@@ -553,8 +553,8 @@ def gemm_abc(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, **kw: int) ->
 
 COPY16 = copy(DATA, DATA + 0x1000, 16)
 BAD_DESCRIPTORS: dict[str, tuple[bytes, str]] = {
-    "opcode-4": (cmd(4), "BAD_OPCODE"),
-    "opcode-5": (cmd(5, b"\1" * 112), "BAD_OPCODE"),
+    "opcode-7": (cmd(7), "BAD_OPCODE"),
+    "opcode-8": (cmd(8, b"\1" * 112), "BAD_OPCODE"),
     "opcode-0xffff": (cmd(0xFFFF), "BAD_OPCODE"),
     "flags-bit1": (nop(flags=2), "BAD_FLAGS"),
     "copy-flags-bit15": (with_byte(COPY16, 3, 0x80), "BAD_FLAGS"),
@@ -1033,7 +1033,15 @@ def test_dma_cannot_reprogram_the_device_through_the_ecam_window(ready: Npu) -> 
 SCRATCH = 0x1000_0000  # random DMA may land anywhere in [SCRATCH, RAM_SIZE)
 FUZZ_COUNT = 1000
 FUZZ_RING = 256
-PAYLOAD_USED = {hw.OP_NOP: 0, hw.OP_COPY: 24, hw.OP_FILL: 24, hw.OP_GEMM: 56}
+PAYLOAD_USED = {
+    hw.OP_NOP: 0,
+    hw.OP_COPY: 24,
+    hw.OP_FILL: 24,
+    hw.OP_GEMM: 56,
+    hw.OP_ELTWISE: 16,
+    hw.OP_UNARY: 16,
+    hw.OP_CONVERT: 16,
+}
 
 
 def fuzz_address(rng: random.Random) -> int:
@@ -1073,7 +1081,7 @@ def fuzz_gemm_shape(rng: random.Random) -> list[int]:
 
 def fuzz_descriptor(rng: random.Random, fence: int) -> bytes:
     """A seeded random descriptor with opcode 0..5, mostly near-valid fields."""
-    opcode = rng.randrange(6)
+    opcode = rng.randrange(hw.OP_COUNT + 1)
     if rng.random() < 0.2:  # random bytes everywhere
         return (
             struct.pack("<H", opcode)

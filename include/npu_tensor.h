@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Validation of tensor ops (ELTWISE, UNARY, CONVERT), shared by the driver,
+ * which rejects a bad op at SUBMIT with -EINVAL, and the device model, which
+ * checks again what it fetched and completes a bad op with the status these
+ * functions return. One implementation, so the two can never disagree.
+ *
+ * The structures are in host byte order here; the device converts the
+ * little-endian parameter block first.
+ */
+#ifndef NPU_TENSOR_H
+#define NPU_TENSOR_H
+
+#include "npu_hw.h"
+
+/* Bytes per element of @dtype, 0 if unknown. */
+static inline __u32 npu_dtype_size(__u32 dtype)
+{
+	switch (dtype) {
+	case NPU_DTYPE_FP32:
+	case NPU_DTYPE_INT32:
+		return 4;
+	case NPU_DTYPE_FP16:
+	case NPU_DTYPE_BF16:
+		return 2;
+	case NPU_DTYPE_INT8:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static inline int npu_dtype_is_float(__u32 dtype)
+{
+	return dtype == NPU_DTYPE_FP32 || dtype == NPU_DTYPE_FP16 ||
+	       dtype == NPU_DTYPE_BF16;
+}
+
+/* Number of elements; valid only after npu_tensor_check(). */
+static inline __u64 npu_tensor_numel(const struct npu_hw_tensor *t)
+{
+	__u64 n = 1;
+	__u32 d;
+
+	for (d = 0; d < t->ndim; d++)
+		n *= t->shape[d];
+	return n;
+}
+
+/*
+ * Bytes from element [0, ..., 0] to the end of the furthest element;
+ * valid only after npu_tensor_check().
+ */
+static inline __u64 npu_tensor_extent(const struct npu_hw_tensor *t)
+{
+	__u64 last = 0;
+	__u32 d;
+
+	for (d = 0; d < t->ndim; d++)
+		last += (__u64)(t->shape[d] - 1) * t->strides[d];
+	return (last + 1) * npu_dtype_size(t->dtype);
+}
+
+/* Row-major and dense: what an output operand must be. */
+static inline int npu_tensor_is_contiguous(const struct npu_hw_tensor *t)
+{
+	__u64 want = 1;
+	__u32 d;
+
+	for (d = t->ndim; d-- > 0;) {
+		if (t->shape[d] > 1 && t->strides[d] != want)
+			return 0;
+		want *= t->shape[d];
+	}
+	return 1;
+}
+
+static inline int npu_tensor_is_zero(const struct npu_hw_tensor *t)
+{
+	const __u32 *w = (const __u32 *)t;
+	__u32 i;
+
+	for (i = 0; i < sizeof(*t) / sizeof(*w); i++)
+		if (w[i])
+			return 0;
+	return 1;
+}
+
+/* One operand on its own: dtype, rank, shape, strides and size limits. */
+static inline __u32 npu_tensor_check(const struct npu_hw_tensor *t)
+{
+	__u64 last = 0, numel = 1;
+	__u32 d;
+
+	if (!npu_dtype_size(t->dtype) || t->ndim < 1 || t->ndim > NPU_MAX_RANK)
+		return NPU_ST_BAD_ARGS;
+	for (d = 0; d < NPU_MAX_RANK; d++) {
+		if (d >= t->ndim) {
+			if (t->shape[d] || t->strides[d])
+				return NPU_ST_BAD_RESERVED;
+			continue;
+		}
+		if (t->shape[d] < 1 || t->shape[d] > NPU_MAX_STRIDE ||
+		    t->strides[d] > NPU_MAX_STRIDE)
+			return NPU_ST_BAD_ARGS;
+		numel *= t->shape[d];
+		if (numel > NPU_MAX_ELEMS)
+			return NPU_ST_BAD_ARGS;
+		last += (__u64)(t->shape[d] - 1) * t->strides[d];
+	}
+	if (last >= NPU_MAX_XFER / 4)
+		return NPU_ST_BAD_ARGS;
+	return NPU_ST_OK;
+}
+
+/* Operands an op reads and writes (the last one is the output). */
+static inline __u32 npu_tensor_op_operands(__u32 opcode)
+{
+	switch (opcode) {
+	case NPU_OP_ELTWISE:
+		return 3;
+	case NPU_OP_UNARY:
+	case NPU_OP_CONVERT:
+		return 2;
+	default:
+		return 0;
+	}
+}
+
+static inline int npu_tensor_same_shape(const struct npu_hw_tensor *a,
+					const struct npu_hw_tensor *b)
+{
+	__u32 d;
+
+	if (a->ndim != b->ndim)
+		return 0;
+	for (d = 0; d < a->ndim; d++)
+		if (a->shape[d] != b->shape[d])
+			return 0;
+	return 1;
+}
+
+/* Can @in be broadcast to @out (same rank, each dim equal or 1)? */
+static inline int npu_tensor_broadcasts_to(const struct npu_hw_tensor *in,
+					   const struct npu_hw_tensor *out)
+{
+	__u32 d;
+
+	if (in->ndim != out->ndim)
+		return 0;
+	for (d = 0; d < in->ndim; d++)
+		if (in->shape[d] != out->shape[d] && in->shape[d] != 1)
+			return 0;
+	return 1;
+}
+
+/* A whole tensor op: NPU_ST_OK, or the status the device completes it with. */
+static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
+					const struct npu_tensor_params *p)
+{
+	__u32 n = npu_tensor_op_operands(opcode);
+	const struct npu_hw_tensor *out;
+	__u32 i, st;
+
+	if (!n)
+		return NPU_ST_BAD_OPCODE;
+	for (i = 0; i < NPU_TENSOR_OPERANDS; i++) {
+		st = i < n ? npu_tensor_check(&p->t[i]) :
+			     (npu_tensor_is_zero(&p->t[i]) ? NPU_ST_OK : NPU_ST_BAD_RESERVED);
+		if (st != NPU_ST_OK)
+			return st;
+	}
+	for (i = 0; i < NPU_TENSOR_PARAMS; i++)
+		if (p->params[i])
+			return NPU_ST_BAD_RESERVED;
+	out = &p->t[n - 1];
+	if (!npu_tensor_is_contiguous(out))
+		return NPU_ST_BAD_ARGS;
+
+	switch (opcode) {
+	case NPU_OP_ELTWISE:
+		if (kind >= NPU_ELTWISE_COUNT ||
+		    p->t[0].dtype != out->dtype || p->t[1].dtype != out->dtype ||
+		    !npu_tensor_broadcasts_to(&p->t[0], out) ||
+		    !npu_tensor_broadcasts_to(&p->t[1], out) ||
+		    (kind == NPU_ELTWISE_DIV && !npu_dtype_is_float(out->dtype)))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_UNARY:
+		if (kind >= NPU_UNARY_COUNT || p->t[0].dtype != out->dtype ||
+		    !npu_tensor_same_shape(&p->t[0], out) ||
+		    (kind >= NPU_UNARY_GELU && kind <= NPU_UNARY_SQRT &&
+		     !npu_dtype_is_float(out->dtype)))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	default: /* NPU_OP_CONVERT */
+		if (kind || !npu_tensor_same_shape(&p->t[0], out))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	}
+}
+
+#endif /* NPU_TENSOR_H */

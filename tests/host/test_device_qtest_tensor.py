@@ -1,0 +1,1014 @@
+"""Tensor ops (ELTWISE, UNARY, CONVERT) of the device model, through qtest.
+
+Every result is checked against a numpy reference computed here with the
+semantics of docs/npu-spec.md: float dtypes compute in fp32 and round once
+(round to nearest even) to the output dtype, integers wrap like numpy,
+float -> int conversions truncate and saturate (NaN -> 0). bfloat16 has no
+numpy type: values travel as uint16 bit patterns and the reference rounds
+the fp32 bit pattern to nearest even.
+
+Most tests share one QEMU (module fixture); the MMU and multi-core tests
+start their own.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from qtest import (
+    DATA,
+    QEMU,
+    TENSOR_PARAMS_SIZE,
+    TENSOR_SIZE,
+    Npu,
+    cmd,
+    hw,
+    hw_tensor,
+    tensor,
+    tensor_params,
+)
+
+np = pytest.importorskip("numpy")
+
+pytestmark = pytest.mark.skipif(
+    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
+)
+
+FP32, FP16, BF16, INT8, INT32 = (hw.DTYPE_FP32, hw.DTYPE_FP16, hw.DTYPE_BF16,
+                                 hw.DTYPE_INT8, hw.DTYPE_INT32)  # fmt: skip
+DTYPES = {"fp32": FP32, "fp16": FP16, "bf16": BF16, "int8": INT8, "int32": INT32}
+FLOATS = (FP32, FP16, BF16)
+SIZE = {FP32: 4, FP16: 2, BF16: 2, INT8: 1, INT32: 4}
+STORAGE = {FP32: np.float32, FP16: np.float16, BF16: np.uint16, INT8: np.int8, INT32: np.int32}
+INT_RANGE = {INT8: (-(1 << 7), (1 << 7) - 1), INT32: (-(1 << 31), (1 << 31) - 1)}
+
+ELTWISE = {"add": hw.ELTWISE_ADD, "sub": hw.ELTWISE_SUB, "mul": hw.ELTWISE_MUL,
+           "div": hw.ELTWISE_DIV, "max": hw.ELTWISE_MAX, "min": hw.ELTWISE_MIN}  # fmt: skip
+UNARY = {"relu": hw.UNARY_RELU, "gelu": hw.UNARY_GELU, "sigmoid": hw.UNARY_SIGMOID,
+         "tanh": hw.UNARY_TANH, "exp": hw.UNARY_EXP, "log": hw.UNARY_LOG,
+         "sqrt": hw.UNARY_SQRT, "abs": hw.UNARY_ABS, "neg": hw.UNARY_NEG}  # fmt: skip
+INT_UNARY = {"relu", "abs", "neg"}
+
+PARAMS = DATA  # parameter block (64-byte aligned)
+HEAP = DATA + 0x1_0000  # operands, allocated upwards from here
+GUARD = 0xAA  # the byte every output region starts with
+
+
+# --------------------------------------------------------------------------
+# Values: encoding, decoding and numpy references
+# --------------------------------------------------------------------------
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bfloat16 bit patterns, round to nearest even; NaN stays NaN."""
+    x = np.asarray(x, np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def bf16_value(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def wrap(x: np.ndarray, dtype: int) -> np.ndarray:
+    """Two's-complement wraparound of integers to dtype."""
+    lo, hi = INT_RANGE[dtype]
+    return ((np.asarray(x, np.int64) - lo) % (hi - lo + 1) + lo).astype(np.int64)
+
+
+def round_to(x: np.ndarray, dtype: int) -> np.ndarray:
+    """Values (float or int) as dtype would hold them: float32 or int64 arrays."""
+    with np.errstate(all="ignore"):
+        if dtype == FP32:
+            return np.asarray(x).astype(np.float32)
+        if dtype == FP16:
+            return np.asarray(x).astype(np.float32).astype(np.float16).astype(np.float32)
+        if dtype == BF16:
+            return bf16_value(bf16_bits(np.asarray(x).astype(np.float32)))
+    return wrap(x, dtype)
+
+
+def encode(values: np.ndarray, dtype: int) -> bytes:
+    """Values already representable in dtype -> little-endian bytes."""
+    if dtype == BF16:
+        return bf16_bits(values).astype("<u2").tobytes()
+    return np.asarray(values).astype(np.dtype(STORAGE[dtype]).newbyteorder("<")).tobytes()
+
+
+def decode(raw: bytes, dtype: int, shape: Sequence[int] = (-1,)) -> np.ndarray:
+    """Bytes -> float32 (float dtypes) or int64 (int dtypes) array."""
+    arr = np.frombuffer(raw, np.dtype(STORAGE[dtype]).newbyteorder("<"))
+    if dtype == BF16:
+        out = bf16_value(arr)
+    elif dtype in FLOATS:
+        out = arr.astype(np.float32)
+    else:
+        out = arr.astype(np.int64)
+    return out.reshape(shape)
+
+
+def random_values(rng: np.random.Generator, dtype: int, n: int, *, scale: float = 4.0,
+                  specials: bool = True) -> np.ndarray:  # fmt: skip
+    """n values of dtype (as float32 / int64), with the interesting ones first."""
+    if dtype in FLOATS:
+        x = (rng.standard_normal(n) * scale).astype(np.float32)
+        if specials:
+            sp = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5]
+            sp += {FP32: [3e38, -1e-40, 1e-45], FP16: [65504.0, -6e-8, 1e-5],
+                   BF16: [3e38, 1e-38, -2.5]}[dtype]  # fmt: skip
+            k = min(n, len(sp))
+            x[:k] = sp[:k]
+        return round_to(x, dtype)
+    lo, hi = INT_RANGE[dtype]
+    x = rng.integers(lo, hi + 1, n, dtype=np.int64)
+    if dtype == INT32:  # small values too, so that products do not always wrap
+        x[n // 2 :] = rng.integers(-50000, 50000, n - n // 2)
+    if specials:
+        sp = [0, 1, -1, lo, hi, lo + 1, hi - 1]
+        k = min(n, len(sp))
+        x[:k] = sp[:k]
+    return x
+
+
+def assert_matches(got: np.ndarray, want: np.ndarray, dtype: int, *, rtol: float = 0.0,
+                   atol: float = 0.0, what: str = "") -> None:  # fmt: skip
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if dtype in FLOATS:
+        np.testing.assert_allclose(got, want.astype(np.float32), rtol=rtol, atol=atol,
+                                   equal_nan=True, err_msg=what)  # fmt: skip
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def gather(buf: np.ndarray, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """The logical tensor of shape/strides (elements) over the flat buffer buf."""
+    off = np.zeros(tuple(shape), np.int64)
+    for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
+        idx = [1] * len(shape)
+        idx[d] = n
+        off = off + (np.arange(n) * s).reshape(idx)
+    return buf[off]
+
+
+def contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def extent(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from [0, ...] to the furthest element, inclusive."""
+    return sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + 1
+
+
+# --------------------------------------------------------------------------
+# Running ops
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Operand:
+    dtype: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None  # contiguous when None
+    buf: np.ndarray | None = None  # input: flat values backing the operand
+    va: int = 0
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(self.shape)
+        if self.strides is None:
+            self.strides = contiguous(self.shape)
+        self.strides = tuple(self.strides)
+
+    @property
+    def nbytes(self) -> int:
+        return extent(self.shape, self.strides) * SIZE[self.dtype]
+
+    def desc(self) -> bytes:
+        return hw_tensor(self.va, self.dtype, self.shape, self.strides)
+
+
+class Rig:
+    """Operands and parameter blocks in guest memory; ops run on queue 0."""
+
+    def __init__(self, npu: Npu, *, va_to_pa: Callable[[int], int] | None = None) -> None:
+        self.npu = npu
+        self.va_to_pa = va_to_pa
+        self.fence = 0
+
+    # Memory at device addresses (VAs when the MMU is on): page by page.
+    def write(self, va: int, data: bytes) -> None:
+        if self.va_to_pa is None:
+            self.npu.qt.memwrite(va, data)
+            return
+        pos = 0
+        while pos < len(data):
+            n = min(len(data) - pos, 0x1000 - ((va + pos) & 0xFFF))
+            self.npu.qt.memwrite(self.va_to_pa(va + pos), data[pos : pos + n])
+            pos += n
+
+    def read(self, va: int, size: int) -> bytes:
+        if self.va_to_pa is None:
+            return self.npu.qt.memread(va, size)
+        out, pos = b"", 0
+        while pos < size:
+            n = min(size - pos, 0x1000 - ((va + pos) & 0xFFF))
+            out += self.npu.qt.memread(self.va_to_pa(va + pos), n)
+            pos += n
+        return out
+
+    def place(self, operands: Sequence[Operand], base: int = HEAP) -> None:
+        """Give each operand a 4 KiB aligned VA, write inputs, fill outputs with GUARD."""
+        va = base
+        for i, op in enumerate(operands):
+            op.va = va
+            if i < len(operands) - 1:
+                assert op.buf is not None and op.buf.size == op.nbytes // SIZE[op.dtype]
+                self.write(va, encode(op.buf, op.dtype))
+            else:
+                self.write(va, bytes([GUARD]) * (op.nbytes + 64))
+            va += (op.nbytes + 64 + 0xFFF) & ~0xFFF
+
+    def submit(self, opcode: int, kind: int, block: bytes, *, params: int = PARAMS,
+               rsvd: int = 0, desc: bytes | None = None, timeout: float = 30.0) -> int:  # fmt: skip
+        """Write the parameter block, run the op, return its completion status."""
+        if block:
+            self.write(params, block)
+        self.fence += 1
+        d = desc if desc is not None else tensor(opcode, params, kind, rsvd=rsvd, fence=self.fence)
+        cpl = self.npu.run(d, timeout)
+        assert cpl.opcode == opcode
+        return cpl.status
+
+    def run(self, opcode: int, kind: int, operands: Sequence[Operand], *,
+            place: bool = True, timeout: float = 30.0) -> np.ndarray:  # fmt: skip
+        """Place the operands, run the op (it must complete OK), return the output."""
+        if place:
+            self.place(operands)
+        status = self.submit(opcode, kind, tensor_params([op.desc() for op in operands]),
+                             timeout=timeout)  # fmt: skip
+        assert status == hw.ST_OK, f"status {status}"
+        out = operands[-1]
+        raw = self.read(out.va, out.nbytes + 64)
+        assert raw[out.nbytes :] == bytes([GUARD]) * 64, "the op wrote past its output"
+        return decode(raw[: out.nbytes], out.dtype, out.shape)
+
+
+@pytest.fixture(scope="module")
+def shared_npu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Npu]:
+    dev = Npu(tmp_path_factory.mktemp("tensor") / "qemu.log")
+    try:
+        dev.start()
+        yield dev
+    finally:
+        dev.close()
+
+
+@pytest.fixture
+def rig(shared_npu: Npu) -> Iterator[Rig]:
+    yield Rig(shared_npu)
+    shared_npu.assert_alive()
+    assert not shared_npu.rd(hw.REG_STATUS) & hw.STATUS_ERROR
+
+
+def operand_from(rng: np.random.Generator, dtype: int, shape: Sequence[int],
+                 strides: Sequence[int] | None = None, **kw: float) -> Operand:  # fmt: skip
+    op = Operand(dtype, tuple(shape), strides)
+    op.buf = random_values(rng, dtype, op.nbytes // SIZE[dtype], **kw)  # type: ignore[arg-type]
+    return op
+
+
+def logical(op: Operand) -> np.ndarray:
+    assert op.buf is not None and op.strides is not None
+    return gather(op.buf, op.shape, op.strides)
+
+
+# --------------------------------------------------------------------------
+# References
+# --------------------------------------------------------------------------
+
+
+def ref_eltwise(kind: int, a: np.ndarray, b: np.ndarray, dtype: int) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if dtype in FLOATS:
+            a, b = a.astype(np.float32), b.astype(np.float32)
+            r = {hw.ELTWISE_ADD: np.add, hw.ELTWISE_SUB: np.subtract,
+                 hw.ELTWISE_MUL: np.multiply, hw.ELTWISE_DIV: np.divide,
+                 hw.ELTWISE_MAX: np.maximum, hw.ELTWISE_MIN: np.minimum}[kind](a, b)  # fmt: skip
+            return round_to(r, dtype)
+        a, b = a.astype(np.int64), b.astype(np.int64)
+        r = {hw.ELTWISE_ADD: np.add, hw.ELTWISE_SUB: np.subtract,
+             hw.ELTWISE_MUL: np.multiply, hw.ELTWISE_MAX: np.maximum,
+             hw.ELTWISE_MIN: np.minimum}[kind](a, b)  # fmt: skip
+        return wrap(r, dtype)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def ref_unary(kind: int, x: np.ndarray, dtype: int) -> tuple[np.ndarray, float, float]:
+    """(reference, rtol, atol): exact kinds compare exactly, the others within ~2 ulp."""
+    with np.errstate(all="ignore"):
+        if dtype not in FLOATS:
+            x = x.astype(np.int64)
+            r = {hw.UNARY_RELU: np.maximum(x, 0), hw.UNARY_ABS: np.abs(x),
+                 hw.UNARY_NEG: -x}[kind]  # fmt: skip
+            return wrap(r, dtype), 0.0, 0.0
+        x32 = x.astype(np.float32)
+        exact = {hw.UNARY_RELU: np.maximum(x32, np.float32(0)), hw.UNARY_SQRT: np.sqrt(x32),
+                 hw.UNARY_ABS: np.abs(x32), hw.UNARY_NEG: -x32}  # fmt: skip
+        if kind in exact:
+            return round_to(exact[kind], dtype), 0.0, 0.0
+        x64 = x.astype(np.float64)
+        r = {
+            hw.UNARY_GELU: lambda: 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)).astype(np.float64)),
+            hw.UNARY_SIGMOID: lambda: 1 / (1 + np.exp(-x64)),
+            hw.UNARY_TANH: lambda: np.tanh(x64),
+            hw.UNARY_EXP: lambda: np.exp(x64),
+            hw.UNARY_LOG: lambda: np.log(x64),
+        }[kind]()
+        rtol = {FP32: 4e-6, FP16: 2e-3, BF16: 1.6e-2}[dtype]
+        return round_to(r, dtype), rtol, 2e-6
+
+
+def ref_convert(x: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """x holds src values (float32 / int64)."""
+    if dst in FLOATS:
+        if src in FLOATS or dst == FP32:
+            return round_to(x.astype(np.float32), dst)  # int -> fp32: one rounding
+        if dst == FP16:  # |x| < 2^24 is exact in fp32; larger is inf in fp16 anyway
+            return round_to(x.astype(np.float64), dst)
+        return np.array([int_to_bf16_exact(int(v)) for v in x.ravel()],
+                        np.float32).reshape(x.shape)  # fmt: skip
+    if src in FLOATS:
+        lo, hi = INT_RANGE[dst]
+        with np.errstate(invalid="ignore"):
+            t = np.clip(np.trunc(x.astype(np.float64)), lo, hi)
+        return np.where(np.isnan(x), 0, t).astype(np.int64)
+    return wrap(x, dst)
+
+
+def int_to_bf16_exact(v: int) -> float:
+    """An integer rounded once, to nearest even, to bfloat16's 8 significant bits."""
+    a = abs(v)
+    if a < 256:
+        return float(v)
+    sh = a.bit_length() - 8
+    q, rem = divmod(a, 1 << sh)
+    half = 1 << (sh - 1)
+    if rem > half or (rem == half and q & 1):
+        q += 1
+    return math.copysign(float(q << sh), v)
+
+
+# --------------------------------------------------------------------------
+# Every kind x dtype
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("kname", ELTWISE)
+def test_eltwise_every_kind_and_dtype(rig: Rig, kname: str, dname: str) -> None:
+    kind, dtype = ELTWISE[kname], DTYPES[dname]
+    rng = np.random.default_rng(kind * 10 + dtype)
+    shape = (5, 67)
+    a = operand_from(rng, dtype, shape)
+    b = operand_from(rng, dtype, shape)
+    assert b.buf is not None
+    b.buf[:8] = b.buf[8:16]  # a's specials meet ordinary values, and vice versa
+    out = Operand(dtype, shape)
+    ops = [a, b, out]
+    if kind == hw.ELTWISE_DIV and dtype not in FLOATS:
+        rig.place(ops)
+        block = tensor_params([op.desc() for op in ops])
+        assert rig.submit(hw.OP_ELTWISE, kind, block) == hw.ST_BAD_ARGS
+        return
+    got = rig.run(hw.OP_ELTWISE, kind, ops)
+    assert_matches(got, ref_eltwise(kind, logical(a), logical(b), dtype), dtype)
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("kname", UNARY)
+def test_unary_every_kind_and_dtype(rig: Rig, kname: str, dname: str) -> None:
+    kind, dtype = UNARY[kname], DTYPES[dname]
+    rng = np.random.default_rng(100 + kind * 10 + dtype)
+    scale = {hw.UNARY_EXP: 6.0, hw.UNARY_LOG: 30.0, hw.UNARY_SQRT: 30.0}.get(kind, 3.0)
+    x = operand_from(rng, dtype, (3, 4, 55), scale=scale)
+    out = Operand(dtype, (3, 4, 55))
+    if dtype not in FLOATS and kname not in INT_UNARY:
+        rig.place([x, out])
+        block = tensor_params([x.desc(), out.desc()])
+        assert rig.submit(hw.OP_UNARY, kind, block) == hw.ST_BAD_ARGS
+        return
+    if kind in (hw.UNARY_LOG, hw.UNARY_SQRT):
+        assert x.buf is not None
+        x.buf[8:] = np.abs(x.buf[8:])  # mostly in the domain; the specials stay
+    got = rig.run(hw.OP_UNARY, kind, [x, out])
+    want, rtol, atol = ref_unary(kind, logical(x), dtype)
+    assert_matches(got, want, dtype, rtol=rtol, atol=atol)
+
+
+CONVERT_SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, -0.5, 2.5, -2.5, 127.9, 128.0,
+                    -128.9, -129.0, 255.0, 1e5, -1e5, 65504.0, 65519.9, 65520.0, 3e9, -3e9,
+                    2147483520.0, -2147483648.0, 2.0**31, 1e-7, 6e-8, 3e-8, 1.5e-5, 1e38,
+                    -3.4e38, 1.00390625, 1.005859375, 257.0, 16777217.0]  # fmt: skip
+
+
+@pytest.mark.parametrize("dst_name", DTYPES)
+@pytest.mark.parametrize("src_name", DTYPES)
+def test_convert_every_dtype_pair(rig: Rig, src_name: str, dst_name: str) -> None:
+    src, dst = DTYPES[src_name], DTYPES[dst_name]
+    rng = np.random.default_rng(200 + src * 10 + dst)
+    x = operand_from(rng, src, (4, 50), scale=300.0)
+    assert x.buf is not None
+    if src in FLOATS:
+        sp = round_to(np.array(CONVERT_SPECIALS, np.float32), src)
+        x.buf[: sp.size] = sp
+    else:
+        x.buf[7:12] = [2**24 + 2**16 + 1, -(2**24 + 2**16 + 1), 2**24 + 1, 65520, -65519]
+        x.buf[:] = wrap(x.buf, src)
+    out = Operand(dst, x.shape)
+    got = rig.run(hw.OP_CONVERT, 0, [x, out])
+    assert_matches(got, ref_convert(logical(x), src, dst), dst)
+
+
+# --------------------------------------------------------------------------
+# Broadcasting, strides, special values
+# --------------------------------------------------------------------------
+
+BROADCASTS = {
+    "row": ((1, 33), (7, 33), (7, 33)),
+    "column": ((7, 1), (7, 33), (7, 33)),
+    "both-sides": ((4, 1, 5), (1, 3, 1), (4, 3, 5)),
+    "scalar": ((1, 1, 1, 1), (2, 3, 4, 5), (2, 3, 4, 5)),
+    "rank-4-mixed": ((2, 1, 4, 1), (1, 3, 1, 6), (2, 3, 4, 6)),
+    "1-d": ((1,), (100,), (100,)),
+    "long-rows": ((1, 70001), (2, 70001), (2, 70001)),  # rows split in 64Ki units
+}
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("case", BROADCASTS)
+def test_eltwise_broadcasting(rig: Rig, case: str, dname: str) -> None:
+    dtype = DTYPES[dname]
+    sa, sb, so = BROADCASTS[case]
+    rng = np.random.default_rng(len(case))
+    for kind in (hw.ELTWISE_SUB, hw.ELTWISE_MUL):
+        a, b = operand_from(rng, dtype, sa), operand_from(rng, dtype, sb)
+        out = Operand(dtype, so)
+        got = rig.run(hw.OP_ELTWISE, kind, [a, b, out])
+        ref_a = np.broadcast_to(logical(a), so)
+        ref_b = np.broadcast_to(logical(b), so)
+        assert_matches(got, ref_eltwise(kind, ref_a, ref_b, dtype), dtype)
+        # The same with the operands swapped.
+        out = Operand(dtype, so)
+        got = rig.run(hw.OP_ELTWISE, kind, [b, a, out])
+        assert_matches(got, ref_eltwise(kind, ref_b, ref_a, dtype), dtype)
+
+
+def test_eltwise_zero_strides_and_ignored_strides_of_size_1_dims(rig: Rig) -> None:
+    rng = np.random.default_rng(5)
+    # a: a row repeated with stride 0; b: a column whose size-1 dim has a huge stride.
+    a = operand_from(rng, FP32, (6, 9), (0, 1), specials=False)
+    b = operand_from(rng, FP32, (6, 1), (1, 0), specials=False)
+    b_odd = Operand(FP32, (6, 1), (1, 12345), buf=b.buf)
+    out = Operand(FP32, (6, 9))
+    got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_ADD, [a, b_odd, out])
+    assert np.array_equal(got, logical(a) + np.broadcast_to(logical(b), (6, 9)))
+    # The output may have any stride on a size-1 dimension, too.
+    out = Operand(FP32, (6, 1, 9), (9, 777, 1))
+    a3 = Operand(FP32, (6, 1, 9), (0, 0, 1), buf=a.buf)
+    b3 = Operand(FP32, (6, 1, 1), (1, 0, 0), buf=b.buf)
+    got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_MAX, [a3, b3, out])
+    want = np.maximum(logical(a3), logical(b3))
+    assert np.array_equal(got, want)
+
+
+STRIDED = {
+    "transpose-2d": ((13, 7), (1, 13)),
+    "every-other-row": ((5, 8), (16, 1)),
+    "column-slice": ((9, 3), (10, 2)),
+    "permute-3d": ((4, 5, 6), (1, 24, 4)),
+    "reverse-of-4d": ((2, 3, 4, 5), (1, 2, 6, 24)),
+    "repeated-row": ((6, 11), (0, 1)),
+    "all-zero-strides": ((3, 4), (0, 0)),
+}
+
+
+@pytest.mark.parametrize("pair", [("fp32", "fp32"), ("fp16", "fp32"), ("int8", "bf16"),
+                                  ("int32", "int32"), ("bf16", "int8")])  # fmt: skip
+@pytest.mark.parametrize("case", STRIDED)
+def test_convert_strided_and_transposed_inputs(rig: Rig, case: str, pair: tuple[str, str]) -> None:
+    src, dst = DTYPES[pair[0]], DTYPES[pair[1]]
+    shape, strides = STRIDED[case]
+    x = operand_from(np.random.default_rng(len(case)), src, shape, strides, scale=50.0)
+    out = Operand(dst, shape)
+    got = rig.run(hw.OP_CONVERT, 0, [x, out])
+    assert_matches(got, ref_convert(logical(x), src, dst), dst)
+
+
+def test_unary_on_a_transposed_input(rig: Rig) -> None:
+    x = operand_from(np.random.default_rng(9), FP16, (40, 30), (1, 40))
+    out = Operand(FP16, (40, 30))
+    got = rig.run(hw.OP_UNARY, hw.UNARY_NEG, [x, out])
+    assert_matches(got, -logical(x), FP16)
+
+
+def test_int_wraparound_like_numpy(rig: Rig) -> None:
+    cases = [  # (dtype, kind, a, b, want)
+        (INT8, hw.ELTWISE_ADD, [127, -128, 100, -100], [1, -1, 100, -100], [-128, 127, -56, 56]),
+        (INT8, hw.ELTWISE_SUB, [-128, 127, 0, 0], [1, -1, -128, 127], [127, -128, -128, -127]),
+        (INT8, hw.ELTWISE_MUL, [16, -128, 127, -1], [16, -1, 127, -128], [0, -128, 1, -128]),
+        (INT32, hw.ELTWISE_ADD, [2**31 - 1, -(2**31), 0, 5], [1, -1, 0, -5],
+         [-(2**31), 2**31 - 1, 0, 0]),
+        (INT32, hw.ELTWISE_MUL, [65536, 2**31 - 1, -(2**31), 123456789], [65536, 2, -1, 1000],
+         [0, -2, -(2**31), wrap(123456789000, INT32)]),
+    ]  # fmt: skip
+    for dtype, kind, a, b, want in cases:
+        oa = Operand(dtype, (4,), buf=np.array(a, np.int64))
+        ob = Operand(dtype, (4,), buf=np.array(b, np.int64))
+        got = rig.run(hw.OP_ELTWISE, kind, [oa, ob, Operand(dtype, (4,))])
+        assert got.tolist() == [int(w) for w in want], (dtype, kind)
+    for dtype, lo in ((INT8, -128), (INT32, -(2**31))):
+        x = Operand(dtype, (4,), buf=np.array([lo, -1, 0, lo + 1], np.int64))
+        assert rig.run(hw.OP_UNARY, hw.UNARY_ABS, [x, Operand(dtype, (4,))]).tolist() == [
+            lo, 1, 0, -(lo + 1)]  # fmt: skip
+        assert rig.run(hw.OP_UNARY, hw.UNARY_NEG, [x, Operand(dtype, (4,))]).tolist() == [
+            lo, 1, 0, -(lo + 1)]  # fmt: skip
+        assert rig.run(hw.OP_UNARY, hw.UNARY_RELU, [x, Operand(dtype, (4,))]).tolist() == [
+            0, 0, 0, 0]  # fmt: skip
+    # int -> int conversions wrap like numpy's astype.
+    x = Operand(INT32, (6,), buf=np.array([128, 255, 256, -129, 2**31 - 1, -(2**31)], np.int64))
+    got = rig.run(hw.OP_CONVERT, 0, [x, Operand(INT8, (6,))])
+    assert got.tolist() == np.array([128, 255, 256, -129, 2**31 - 1, -(2**31)]).astype(
+        np.int8).tolist()  # fmt: skip
+
+
+def test_float_to_int_truncates_and_saturates(rig: Rig) -> None:
+    vals = [np.nan, -np.nan, np.inf, -np.inf, 1e10, -1e10, 2.0**31, -(2.0**31), 2147483520.0,
+            -2147483520.0, 127.99, 128.0, -128.99, -129.0, 1.9, -1.9, -0.0]  # fmt: skip
+    want = {
+        INT8: [0, 0, 127, -128, 127, -128, 127, -128, 127, -128, 127, 127, -128, -128, 1, -1, 0],
+        INT32: [0, 0, 2**31 - 1, -(2**31), 2**31 - 1, -(2**31), 2**31 - 1, -(2**31),
+                2147483520, -2147483520, 127, 128, -128, -129, 1, -1, 0],
+    }  # fmt: skip
+    for dtype, expect in want.items():
+        x = Operand(FP32, (len(vals),), buf=np.array(vals, np.float32))
+        got = rig.run(hw.OP_CONVERT, 0, [x, Operand(dtype, (len(vals),))])
+        assert got.tolist() == expect
+
+
+def test_fp16_to_fp32_is_exact_for_all_65536_values(rig: Rig) -> None:
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    x = Operand(FP16, (256, 256), buf=bits.view(np.float16).astype(np.float32))
+    got = rig.run(hw.OP_CONVERT, 0, [x, Operand(FP32, (256, 256))])
+    want = bits.view(np.float16).astype(np.float32).reshape(256, 256)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])  # signs too
+    # ... and back: every fp16 value survives fp32 -> fp16 bit for bit (NaNs stay NaN).
+    back = Operand(FP32, (256, 256), buf=want.ravel())
+    raw = rig.run(hw.OP_CONVERT, 0, [back, Operand(FP16, (256, 256))])
+    rbits = raw.astype(np.float16).view(np.uint16).ravel()
+    assert np.array_equal(rbits[~nan.ravel()], bits[~nan.ravel()])
+    assert np.all(np.isnan(raw.ravel()[nan.ravel()]))
+
+
+def test_fp32_to_fp16_and_bf16_round_to_nearest_even(rig: Rig) -> None:
+    rng = np.random.default_rng(77)
+    u = rng.integers(0, 1 << 32, 20000, dtype=np.uint64).astype(np.uint32)
+    # Ties, near-ties, the subnormal and overflow boundaries of fp16.
+    edges = np.array([0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FFFFF, 0x387FE000,
+                      0x387FF000, 0x477FEFFF, 0x477FF000, 0x477FE000, 0x3F801000, 0x3F803000,
+                      0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF,
+                      0x7F800001, 0xFFC00000, 0x80000001, 0x00000001],
+                     np.uint32)  # fmt: skip
+    u[: edges.size] = edges
+    f = u.view(np.float32)
+    for dst in (FP16, BF16):
+        x = Operand(FP32, (f.size,), buf=f)
+        got = rig.run(hw.OP_CONVERT, 0, [x, Operand(dst, (f.size,))])
+        assert_matches(got, round_to(f, dst), dst)
+
+
+# --------------------------------------------------------------------------
+# Rejections
+# --------------------------------------------------------------------------
+
+A_VA, B_VA, OUT_VA = HEAP, HEAP + 0x1000, HEAP + 0x2000
+
+
+def t(va: int, dtype: int = FP32, shape: Sequence[int] = (2, 3),
+      strides: Sequence[int] | None = None, **kw: int) -> bytes:  # fmt: skip
+    return hw_tensor(va, dtype, shape, contiguous(shape) if strides is None else strides, **kw)
+
+
+def good_unary() -> list[bytes]:
+    return [t(A_VA), t(OUT_VA)]
+
+
+def good_eltwise() -> list[bytes]:
+    return [t(A_VA), t(B_VA), t(OUT_VA)]
+
+
+def patched(block: bytes, offset: int, fmt: str, value: int) -> bytes:
+    raw = bytearray(block)
+    struct.pack_into(fmt, raw, offset, value)
+    return bytes(raw)
+
+
+OPERAND_1 = TENSOR_SIZE  # offset of t[1] in the block
+BAD_OPS: dict[str, tuple[int, int, bytes, str]] = {
+    # name: (opcode, kind, parameter block, status)
+    "dtype-5": (hw.OP_UNARY, hw.UNARY_NEG, tensor_params([t(A_VA, 5), t(OUT_VA, 5)]), "BAD_ARGS"),
+    "dtype-mismatch": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA), t(OUT_VA, FP16)]),
+        "BAD_ARGS",
+    ),
+    "eltwise-dtype-mismatch": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        tensor_params([t(A_VA), t(B_VA, INT32), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "rank-0": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA, shape=(), strides=()), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "rank-5": (hw.OP_CONVERT, 0, tensor_params([t(A_VA, ndim=5), t(OUT_VA)]), "BAD_ARGS"),
+    "shape-0": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA, shape=(2, 0)), t(OUT_VA, shape=(2, 0))]),
+        "BAD_ARGS",
+    ),
+    "shape-2^31": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params(
+            [t(A_VA, shape=(1 << 31,), strides=(1,)), t(OUT_VA, shape=(1 << 31,), strides=(1,))]
+        ),
+        "BAD_ARGS",
+    ),
+    "stride-2^31": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params([t(A_VA, strides=(1 << 31, 1)), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "too-many-elements": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params(
+            [t(A_VA, shape=(1 << 14, (1 << 14) + 1)), t(OUT_VA, shape=(1 << 14, (1 << 14) + 1))]
+        ),
+        "BAD_ARGS",
+    ),
+    "extent-2^30-elements": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params([t(A_VA, shape=(2, 3), strides=(1 << 30, 1)), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "unused-dim-shape": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        patched(tensor_params(good_unary()), 16 + 4 * 3, "<I", 1),
+        "BAD_RESERVED",
+    ),
+    "unused-dim-stride": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        patched(tensor_params(good_unary()), OPERAND_1 + 32 + 4 * 2, "<I", 1),
+        "BAD_RESERVED",
+    ),
+    "unused-operand": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([*good_unary(), t(B_VA)]),
+        "BAD_RESERVED",
+    ),
+    "unused-operand-3-byte": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        patched(tensor_params(good_eltwise()), 3 * TENSOR_SIZE + 47, "<B", 1),
+        "BAD_RESERVED",
+    ),
+    "params-word-0": (hw.OP_UNARY, hw.UNARY_NEG, tensor_params(good_unary(), [1]), "BAD_RESERVED"),
+    "params-word-15": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params(good_unary(), [0] * 15 + [1 << 31]),
+        "BAD_RESERVED",
+    ),
+    "non-contiguous-output": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA), t(OUT_VA, strides=(1, 2))]),
+        "BAD_ARGS",
+    ),
+    "padded-output-rows": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params([t(A_VA), t(OUT_VA, strides=(4, 1))]),
+        "BAD_ARGS",
+    ),
+    "broadcast-output": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        tensor_params([t(A_VA), t(B_VA), t(OUT_VA, strides=(0, 1))]),
+        "BAD_ARGS",
+    ),
+    "unary-shape-mismatch": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA, shape=(3, 2)), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "unary-no-broadcast": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA, shape=(1, 3)), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "convert-rank-mismatch": (
+        hw.OP_CONVERT,
+        0,
+        tensor_params([t(A_VA, shape=(1, 2, 3)), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "eltwise-not-broadcastable": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        tensor_params([t(A_VA, shape=(2, 2)), t(B_VA), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "eltwise-rank-mismatch": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        tensor_params([t(A_VA, shape=(3,)), t(B_VA), t(OUT_VA)]),
+        "BAD_ARGS",
+    ),
+    "eltwise-output-broadcasts": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_ADD,
+        tensor_params([t(A_VA), t(B_VA), t(OUT_VA, shape=(1, 3))]),
+        "BAD_ARGS",
+    ),
+    "div-int8": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_DIV,
+        tensor_params([t(A_VA, INT8), t(B_VA, INT8), t(OUT_VA, INT8)]),
+        "BAD_ARGS",
+    ),
+    "div-int32": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_DIV,
+        tensor_params([t(A_VA, INT32), t(B_VA, INT32), t(OUT_VA, INT32)]),
+        "BAD_ARGS",
+    ),
+    "gelu-int8": (
+        hw.OP_UNARY,
+        hw.UNARY_GELU,
+        tensor_params([t(A_VA, INT8), t(OUT_VA, INT8)]),
+        "BAD_ARGS",
+    ),
+    "sqrt-int32": (
+        hw.OP_UNARY,
+        hw.UNARY_SQRT,
+        tensor_params([t(A_VA, INT32), t(OUT_VA, INT32)]),
+        "BAD_ARGS",
+    ),
+    "eltwise-kind-6": (hw.OP_ELTWISE, 6, tensor_params(good_eltwise()), "BAD_ARGS"),
+    "unary-kind-9": (hw.OP_UNARY, 9, tensor_params(good_unary()), "BAD_ARGS"),
+    "convert-kind-1": (hw.OP_CONVERT, 1, tensor_params(good_unary()), "BAD_ARGS"),
+    "all-zero-block": (hw.OP_ELTWISE, 0, bytes(TENSOR_PARAMS_SIZE), "BAD_ARGS"),
+    "operand-wraps-2^64": (
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t((1 << 64) - 8), t(OUT_VA)]),
+        "BAD_ADDR",
+    ),
+    "output-wraps-2^64": (
+        hw.OP_ELTWISE,
+        hw.ELTWISE_MUL,
+        tensor_params([t(A_VA), t(B_VA), t((1 << 64) - 16)]),
+        "BAD_ADDR",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("opcode", "kind", "block", "status"), BAD_OPS.values(), ids=BAD_OPS.keys()
+)
+def test_bad_parameter_block_is_rejected_and_writes_nothing(
+    rig: Rig, opcode: int, kind: int, block: bytes, status: str
+) -> None:
+    rig.npu.qt.memset(HEAP, 0x3000, GUARD)
+    assert rig.submit(opcode, kind, block) == getattr(hw, "ST_" + status)
+    assert rig.npu.qt.memread(HEAP, 0x3000) == bytes([GUARD]) * 0x3000
+
+
+def _desc_with_byte(desc: bytes, offset: int) -> bytes:
+    raw = bytearray(desc)
+    raw[offset] = 1
+    return bytes(raw)
+
+
+BAD_DESCS: dict[str, tuple[Callable[[], bytes], str]] = {
+    "rsvd": (lambda: tensor(hw.OP_UNARY, PARAMS, hw.UNARY_NEG, rsvd=1), "BAD_RESERVED"),
+    "payload-byte-32": (lambda: _desc_with_byte(tensor(hw.OP_UNARY, PARAMS), 32), "BAD_RESERVED"),
+    "payload-byte-127": (
+        lambda: _desc_with_byte(tensor(hw.OP_CONVERT, PARAMS), 127),
+        "BAD_RESERVED",
+    ),
+    "params-va-misaligned-8": (lambda: tensor(hw.OP_UNARY, PARAMS + 8, hw.UNARY_NEG), "BAD_ARGS"),
+    "params-va-misaligned-32": (lambda: tensor(hw.OP_ELTWISE, PARAMS + 32), "BAD_ARGS"),
+    "params-va-wraps-2^64": (lambda: tensor(hw.OP_CONVERT, (1 << 64) - 64), "BAD_ADDR"),
+    "params-in-bar0": (lambda: tensor(hw.OP_CONVERT, 0xE000_0000), "BAD_ADDR"),
+}
+
+
+@pytest.mark.parametrize(("make", "status"), BAD_DESCS.values(), ids=BAD_DESCS.keys())
+def test_bad_descriptor_is_rejected(rig: Rig, make: Callable[[], bytes], status: str) -> None:
+    # A valid block at PARAMS: only the descriptor is wrong.
+    rig.write(PARAMS, tensor_params(good_unary()))
+    rig.npu.qt.memset(OUT_VA, 0x1000, GUARD)
+    desc = make()
+    opcode = struct.unpack_from("<H", desc)[0]
+    assert rig.submit(opcode, 0, b"", desc=desc) == getattr(hw, "ST_" + status)
+    assert rig.npu.qt.memread(OUT_VA, 0x1000) == bytes([GUARD]) * 0x1000
+
+
+def test_the_parameter_block_is_read_once_and_little_endian(rig: Rig) -> None:
+    """A block written as little-endian words is decoded as such (a sanity check of offsets)."""
+    x = Operand(INT32, (3,), buf=np.array([1, -2, 3], np.int64))
+    out = Operand(INT32, (3,))
+    rig.place([x, out])
+    block = tensor_params([x.desc(), out.desc()])
+    assert block[:8] == struct.pack("<Q", x.va) and len(block) == TENSOR_PARAMS_SIZE
+    assert rig.submit(hw.OP_UNARY, hw.UNARY_NEG, block) == hw.ST_OK
+    assert decode(rig.read(out.va, 12), INT32).tolist() == [-1, 2, -3]
+
+
+def test_in_place_op_reads_all_inputs_before_writing(rig: Rig) -> None:
+    x = Operand(FP32, (4, 300), buf=np.arange(1200, dtype=np.float32))
+    rig.place([x])
+    rig.write(x.va, encode(x.buf, FP32))
+    out = Operand(FP32, (4, 300), va=x.va)
+    # out = x + x^T-ish view of the same memory: any early write would corrupt the input.
+    xt = Operand(FP32, (4, 300), (1, 4), va=x.va)
+    block = tensor_params([x.desc(), xt.desc(), out.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block) == hw.ST_OK
+    got = decode(rig.read(x.va, 4800), FP32, (4, 300))
+    assert x.buf is not None
+    assert np.array_equal(got, logical(x) + gather(x.buf, (4, 300), (1, 4)))
+
+
+def test_a_burst_of_bad_tensor_ops_completes_in_order(rig: Rig) -> None:
+    """A burst of rejected tensor ops, then a good one: all complete in order."""
+    descs = [tensor(hw.OP_UNARY, PARAMS + 8, fence=1), tensor(hw.OP_CONVERT, PARAMS, 7, fence=2),
+             cmd(hw.OP_ELTWISE, b"\0" * 16 + b"\1", fence=3)]  # fmt: skip
+    rig.write(PARAMS, tensor_params(good_unary()))
+    first = rig.npu.submit(*descs)[0]
+    rig.npu.wait_head(first + 3)
+    got = [c.status for c in rig.npu.completions(first, 3)]
+    assert got == [hw.ST_BAD_ARGS, hw.ST_BAD_ARGS, hw.ST_BAD_RESERVED]
+
+
+# --------------------------------------------------------------------------
+# Through the device MMU
+# --------------------------------------------------------------------------
+
+L1, L2 = 0x20_0000, 0x20_1000
+BACKING = 0x0100_0000  # page i of VA space lives at BACKING + perm(i) * 4 KiB
+MMU_PAGES = 64
+UNMAPPED_PAGE, READONLY_PAGE = 40, 50
+
+
+def mmu_perm(page: int) -> int:
+    return (page * 37 + 11) % MMU_PAGES  # scattered, one to one
+
+
+@pytest.fixture
+def mmu_rig(tmp_path: Path) -> Iterator[Rig]:
+    dev = Npu(tmp_path / "qemu.log")
+    try:
+        qt = dev.qt
+        qt.memset(L1, 0x2000, 0)
+        qt.memwrite(L1, struct.pack("<Q", L2 | hw.PTE_VALID))
+        for page in range(MMU_PAGES):
+            if page == UNMAPPED_PAGE:
+                continue
+            flags = hw.PTE_VALID | (0 if page == READONLY_PAGE else hw.PTE_WRITE)
+            qt.memwrite(
+                L2 + page * 8, struct.pack("<Q", (BACKING + mmu_perm(page) * 0x1000) | flags)
+            )
+        dev.wr(hw.REG_MMU_L1_LO, L1)
+        dev.wr(hw.REG_MMU_L1_HI, 0)
+        dev.wr(hw.REG_MMU_L1_ENTRIES, 1)
+        dev.wr(hw.REG_MMU_CONTROL, hw.MMU_ENABLE)
+        dev.start()
+        yield Rig(dev, va_to_pa=lambda va: BACKING + mmu_perm(va >> 12) * 0x1000 + (va & 0xFFF))
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def mmu_fault(npu: Npu) -> tuple[int, int]:
+    return npu.rd(hw.REG_MMU_FAULT_LO) | npu.rd(hw.REG_MMU_FAULT_HI) << 32, npu.rd(
+        hw.REG_MMU_FAULT_INFO
+    )
+
+
+def test_mmu_ops_through_scattered_pages_and_faults_in_each_operand(mmu_rig: Rig) -> None:
+    rig = mmu_rig
+    rng = np.random.default_rng(3)
+    params_va = 0x1000
+    # A good op spanning many scattered pages: a (16, 300) fp32 transposed from (300, 16).
+    a = operand_from(rng, FP32, (16, 300), (1, 16), specials=False)
+    b = operand_from(rng, FP32, (1, 300), specials=False)
+    out = Operand(FP32, (16, 300))
+    rig.place([a, b, out], base=0x2000)
+    assert out.va + out.nbytes < UNMAPPED_PAGE * 0x1000
+    block = tensor_params([a.desc(), b.desc(), out.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block, params=params_va) == hw.ST_OK
+    got = decode(rig.read(out.va, out.nbytes), FP32, out.shape)
+    assert np.array_equal(got, logical(a) + np.broadcast_to(logical(b), (16, 300)))
+    assert rig.npu.rd(hw.REG_MMU_FAULTS) == 0
+
+    hole = UNMAPPED_PAGE * 0x1000
+    readonly = READONLY_PAGE * 0x1000
+    small = [t(0x2000), t(0x3000), t(0x4000)]
+    cases = {
+        "a": ([t(hole + 0x10), small[1], small[2]], hole + 0x10, 0),
+        "b": ([small[0], t(hole - 8), small[2]], hole, 0),
+        "out": ([small[0], small[1], t(hole - 16)], hole, hw.FAULT_WRITE),
+        "out-read-only": ([small[0], small[1], t(readonly + 0x100)], readonly + 0x100,
+                          hw.FAULT_WRITE | hw.FAULT_PERM),
+    }  # fmt: skip
+    for n, (name, (ops, va, info)) in enumerate(cases.items(), start=1):
+        status = rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, tensor_params(ops), params=params_va)
+        assert status == hw.ST_MMU_FAULT, name
+        assert mmu_fault(rig.npu) == (va, info), name
+        assert rig.npu.rd(hw.REG_MMU_FAULTS) == n, name
+    # The parameter block itself on an unmapped page.
+    rig.write(params_va, tensor_params(small))
+    assert rig.submit(hw.OP_ELTWISE, 0, b"", params=hole + 0x40) == hw.ST_MMU_FAULT
+    assert mmu_fault(rig.npu) == (hole + 0x40, 0)
+    # Beyond the one-entry L1 table.
+    assert rig.submit(hw.OP_ELTWISE, 0, b"", params=1 << 21) == hw.ST_MMU_FAULT
+    assert mmu_fault(rig.npu) == (1 << 21, hw.FAULT_RANGE)
+    # The queue still works.
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block, params=params_va) == hw.ST_OK
+
+
+# --------------------------------------------------------------------------
+# Large ops on the AI cores
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4])
+def test_large_ops_split_across_cores_are_exact(tmp_path: Path, cores: int) -> None:
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(cores)
+        # fp32 with a broadcast row: (1031, 1033) = 1.06M elements, several row tiles.
+        a = operand_from(rng, FP32, (1031, 1033), specials=False)
+        b = operand_from(rng, FP32, (1, 1033), specials=False)
+        out = Operand(FP32, (1031, 1033))
+        got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_MUL, [a, b, out])
+        assert np.array_equal(got, logical(a) * logical(b))
+        # A transposed fp32 -> fp16 conversion.
+        x = operand_from(rng, FP32, (1100, 1000), (1, 1100), specials=False)
+        got = rig.run(hw.OP_CONVERT, 0, [x, Operand(FP16, (1100, 1000))])
+        assert_matches(got, round_to(logical(x), FP16), FP16)
+        # One long int8 row: split in 64Ki-element units across the cores.
+        n = (1 << 20) + 12345
+        p, q = operand_from(rng, INT8, (n,)), operand_from(rng, INT8, (n,))
+        got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_ADD, [p, q, Operand(INT8, (n,))])
+        assert np.array_equal(got, wrap(logical(p) + logical(q), INT8))
+        # A few long rows (units end inside rows), bf16 relu on a rank-3 tensor.
+        r = operand_from(rng, BF16, (3, 5, 70001), specials=False)
+        got = rig.run(hw.OP_UNARY, hw.UNARY_RELU, [r, Operand(BF16, (3, 5, 70001))])
+        assert_matches(got, round_to(np.maximum(logical(r), 0), BF16), BF16)
+        dev.assert_alive()
+    finally:
+        dev.close()
