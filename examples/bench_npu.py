@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """NPU micro-benchmarks, run inside the guest.
 
-Measures the submit/wait round trip, NOP throughput, DMA copy bandwidth and
-fp32 GEMM throughput of the NPU next to the guest CPU doing the same work with
-numpy. Every result is checked (copy equal, GEMM close to numpy); the script
-exits 1 if one is wrong. Progress goes to stderr; the last line of stdout is
-one JSON object (see docs/benchmarks.md for the keys)::
+Measures the submit/wait round trip, NOP throughput, DMA copy bandwidth,
+fp32 GEMM throughput and the tensor ops (element-wise, unary, convert,
+transpose on ``npu.Tensor``) of the NPU next to the guest CPU doing the same
+work with numpy. Every result is checked (copy equal, GEMM and tensor ops
+close to numpy); the script exits 1 if one is wrong. Progress goes to
+stderr; the last line of stdout is one JSON object (see docs/benchmarks.md
+for the keys)::
 
     python3 examples/bench_npu.py            # in the guest; `make bench` runs it
 
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,6 +52,14 @@ COPY_RUNS = 2 if QUICK else 5
 GEMM_RUNS = 2 if QUICK else 5
 E2E_RUNS = 1 if QUICK else 3
 GETPPID_LOOPS = 20_000 if QUICK else 200_000
+# Tensor ops: square fp32 tensors of 1M (1024 x 1024) and 256K (512 x 512)
+# elements. The NPU figure is a chain of TENSOR_CHAIN identical ops submitted
+# back to back and one wait, divided by TENSOR_CHAIN; median of TENSOR_RUNS.
+TENSOR_SIZES = (("1m", 1024), ("256k", 512))
+TENSOR_CHAIN = 4 if QUICK else 16
+TENSOR_RUNS = 2 if QUICK else 5
+TENSOR_NUMPY_RUNS = 1 if QUICK else 3
+GELU_EXACT_SAMPLES = 4096  # elements of the GELU result checked against the exact erf form
 
 
 class BenchError(RuntimeError):
@@ -197,6 +209,267 @@ def bench_guest_numpy_gemm(a: np.ndarray, b: np.ndarray) -> tuple[float, int, np
     return gemm_flop(n) / dt / 1e9, n, c
 
 
+@dataclass
+class TensorInputs:
+    """Operands of the tensor-op benchmarks: host arrays and their device copies."""
+
+    n: int
+    x: np.ndarray  # (n, n) fp32
+    y: np.ndarray  # (n, n) fp32
+    row: np.ndarray  # (n,) fp32, broadcast over the rows of x
+    tx: npu.Tensor
+    ty: npu.Tensor
+    trow: npu.Tensor
+
+    @staticmethod
+    def buf(t: npu.Tensor) -> npu.Buffer:
+        """The tensor's buffer (uploaded tensors are contiguous, at offset 0)."""
+        assert t.buffer is not None and t.offset == 0
+        return t.buffer
+
+
+def numpy_gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (fp32): the guest-numpy baseline for npu.gelu.
+
+    The exact form needs erf, which numpy lacks (np.vectorize(math.erf) would
+    take minutes in the guest). x**3 is written x*x*x, which numpy computes
+    faster, so the baseline is the stronger one.
+    """
+    out: np.ndarray = 0.5 * x * (1 + np.tanh(0.79788456 * (x + 0.044715 * (x * x * x))))
+    return out
+
+
+def _ref(buf: Any, dtype: npu.DType, n: int, strides: tuple[int, int] | None = None) -> Any:
+    return npu.ops.tensor_ref(buf, dtype, (n, n), strides)
+
+
+@dataclass(frozen=True)
+class TensorBench:
+    """One tensor op: the Tensor-API call, the same op into a preallocated
+    output (npu.ops), the numpy baseline and the check tolerances."""
+
+    name: str
+    npu_fn: Callable[[TensorInputs], npu.Tensor]
+    raw_fn: Callable[[TensorInputs, npu.Buffer], Any]  # -> TensorOp writing the buffer
+    numpy_fn: Callable[[TensorInputs], np.ndarray]
+    out_dtype: Any
+    rtol: float
+    atol: float
+
+
+FP32, FP16 = npu.DType.FP32, npu.DType.FP16
+
+
+def _unary_bench(name: str, kind: npu.UnaryKind, fn: Any, ref: Any, rtol: float) -> TensorBench:
+    return TensorBench(
+        name,
+        lambda t: fn(t.tx),
+        lambda t, out: npu.ops.unary(
+            kind, _ref(t.buf(t.tx), FP32, t.n), _ref(out, FP32, t.n), (t.buf(t.tx), out)
+        ),
+        ref,
+        np.float32,
+        rtol,
+        1e-6,
+    )
+
+
+TENSOR_BENCHES: tuple[TensorBench, ...] = (
+    TensorBench(
+        "eltwise_add",
+        lambda t: npu.add(t.tx, t.ty),
+        lambda t, out: npu.ops.eltwise(
+            npu.EltwiseKind.ADD,
+            _ref(t.buf(t.tx), FP32, t.n),
+            _ref(t.buf(t.ty), FP32, t.n),
+            _ref(out, FP32, t.n),
+            (t.buf(t.tx), t.buf(t.ty), out),
+        ),
+        lambda t: np.add(t.x, t.y),
+        np.float32,
+        1e-6,
+        0.0,
+    ),
+    TensorBench(
+        "eltwise_mul_bcast",
+        lambda t: npu.multiply(t.tx, t.trow),
+        lambda t, out: npu.ops.eltwise(
+            npu.EltwiseKind.MUL,
+            _ref(t.buf(t.tx), FP32, t.n),
+            _ref(t.buf(t.trow), FP32, t.n, (0, 1)),
+            _ref(out, FP32, t.n),
+            (t.buf(t.tx), t.buf(t.trow), out),
+        ),
+        lambda t: np.multiply(t.x, t.row),
+        np.float32,
+        1e-6,
+        0.0,
+    ),
+    _unary_bench("unary_relu", npu.UnaryKind.RELU, npu.relu, lambda t: np.maximum(t.x, 0), 0.0),
+    # Checked against the tanh approximation (max abs difference from the
+    # exact GELU ~5e-4), and GELU_EXACT_SAMPLES elements against math.erf.
+    TensorBench(
+        "unary_gelu",
+        lambda t: npu.gelu(t.tx),
+        lambda t, out: npu.ops.unary(
+            npu.UnaryKind.GELU,
+            _ref(t.buf(t.tx), FP32, t.n),
+            _ref(out, FP32, t.n),
+            (t.buf(t.tx), out),
+        ),
+        lambda t: numpy_gelu_tanh(t.x),
+        np.float32,
+        0.0,
+        1e-3,
+    ),
+    _unary_bench("unary_exp", npu.UnaryKind.EXP, npu.exp, lambda t: np.exp(t.x), 1e-5),
+    _unary_bench(
+        "unary_sigmoid",
+        npu.UnaryKind.SIGMOID,
+        npu.sigmoid,
+        lambda t: 1 / (1 + np.exp(-t.x)),
+        1e-5,
+    ),
+    TensorBench(
+        "convert_fp32_fp16",
+        lambda t: t.tx.astype(np.float16),
+        lambda t, out: npu.ops.convert(
+            _ref(t.buf(t.tx), FP32, t.n), _ref(out, FP16, t.n), (t.buf(t.tx), out)
+        ),
+        lambda t: t.x.astype(np.float16),
+        np.float16,
+        1e-3,
+        6e-8,
+    ),
+    TensorBench(
+        "transpose",
+        lambda t: t.tx.T.contiguous(),
+        lambda t, out: npu.ops.convert(
+            _ref(t.buf(t.tx), FP32, t.n, (1, t.n)), _ref(out, FP32, t.n), (t.buf(t.tx), out)
+        ),
+        lambda t: np.ascontiguousarray(t.x.T),
+        np.float32,
+        0.0,
+        0.0,
+    ),
+)
+
+
+def check_tensor(got: np.ndarray, ref: np.ndarray, bench: TensorBench, what: str) -> None:
+    """Raise BenchError unless got has ref's shape and dtype and is close to it."""
+    if got.shape != ref.shape or got.dtype != np.dtype(bench.out_dtype):
+        raise BenchError(
+            f"{what}: got {got.dtype}{got.shape}, want {np.dtype(bench.out_dtype)}{ref.shape}"
+        )
+    g, r = got.astype(np.float32), ref.astype(np.float32)
+    if not np.allclose(g, r, rtol=bench.rtol, atol=bench.atol):
+        err = float(np.max(np.abs(g - r)))
+        raise BenchError(f"{what}: result differs from numpy (max abs err {err:.3g})")
+
+
+def check_gelu_exact(got: np.ndarray, x: np.ndarray, what: str) -> None:
+    """Raise BenchError unless sampled elements of got match the exact (erf) GELU."""
+    idx = np.random.default_rng(1).choice(x.size, GELU_EXACT_SAMPLES, replace=False)
+    xs = x.reshape(-1)[idx].astype(np.float64)
+    exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in xs])
+    gs = got.reshape(-1)[idx].astype(np.float64)
+    if not np.allclose(gs, exact, rtol=1e-5, atol=1e-6):
+        err = float(np.max(np.abs(gs - exact)))
+        raise BenchError(f"{what}: differs from the exact GELU (max abs err {err:.3g})")
+
+
+def npu_chain_us(fn: Callable[[], Any], wait: Callable[[Any], None]) -> tuple[float, Any]:
+    """(median us per op, last result) of TENSOR_CHAIN calls of fn, then one wait.
+
+    Every result of a chain stays referenced until the chain is timed, so no
+    buffer is freed inside the timed region."""
+    wait(fn())  # warm-up
+    times = []
+    last = None
+    for _ in range(TENSOR_RUNS):
+        outs = []
+        t0 = time.perf_counter()
+        for _ in range(TENSOR_CHAIN):
+            outs.append(fn())
+        wait(outs[-1])
+        times.append(time.perf_counter() - t0)
+        last = outs[-1]
+        del outs
+    return statistics.median(times) / TENSOR_CHAIN * 1e6, last
+
+
+def bench_tensor_op(
+    dev: npu.Device, t: TensorInputs, bench: TensorBench, size: str
+) -> dict[str, float]:
+    """This op's figures at one size: NPU (Tensor API and preallocated), guest numpy."""
+    key = f"{bench.name}_{size}"
+    ref = bench.numpy_fn(t)  # warm-up and reference
+    numpy_s = statistics.median(timed_runs(lambda: bench.numpy_fn(t), TENSOR_NUMPY_RUNS))
+
+    us_npu, last = npu_chain_us(lambda: bench.npu_fn(t), lambda r: r.wait(timeout_s=WAIT_TIMEOUT_S))
+    got = last.numpy(timeout_s=WAIT_TIMEOUT_S)
+    check_tensor(got, ref, bench, f"npu {key}")
+    if bench.name == "unary_gelu":
+        check_gelu_exact(got, t.x, f"npu {key}")
+    del last, got
+
+    itemsize = np.dtype(bench.out_dtype).itemsize
+    with dev.alloc(t.n * t.n * itemsize) as out:
+        view = out.numpy(bench.out_dtype, (t.n, t.n))
+        view[:] = 0  # touch the pages before timing
+        op = [bench.raw_fn(t, out)]
+        us_raw, _ = npu_chain_us(
+            lambda: dev.submit(op), lambda f: dev.wait(f, timeout_s=WAIT_TIMEOUT_S)
+        )
+        check_tensor(np.array(view), ref, bench, f"npu {key} (preallocated)")
+        del view
+
+    us_numpy = numpy_s * 1e6
+    log.info(
+        "%-22s npu %8.0f us (prealloc %8.0f)  guest numpy %9.0f us  -> %6.1fx (%6.1fx)",
+        key,
+        us_npu,
+        us_raw,
+        us_numpy,
+        us_numpy / us_npu,
+        us_numpy / us_raw,
+    )
+    return {
+        f"{key}_us_npu": us_npu,
+        f"{key}_us_npu_prealloc": us_raw,
+        f"{key}_us_guest_numpy": us_numpy,
+        f"{key}_speedup": us_numpy / us_npu,
+        f"{key}_speedup_prealloc": us_numpy / us_raw,
+    }
+
+
+def bench_tensor_ops(dev: npu.Device) -> dict[str, float]:
+    """Every TENSOR_BENCHES op at every TENSOR_SIZES size, plus the minimum speedups."""
+    res: dict[str, float] = {}
+    for size, n in TENSOR_SIZES:
+        rng = np.random.default_rng(n)
+        x = rng.standard_normal((n, n), dtype=np.float32)
+        y = rng.standard_normal((n, n), dtype=np.float32)
+        row = rng.standard_normal(n, dtype=np.float32)
+        t = TensorInputs(
+            n,
+            x,
+            y,
+            row,
+            npu.tensor(x, device=dev),
+            npu.tensor(y, device=dev),
+            npu.tensor(row, device=dev),
+        )
+        for bench in TENSOR_BENCHES:
+            res.update(bench_tensor_op(dev, t, bench, size))
+        for suffix in ("", "_prealloc"):
+            res[f"tensor_ops_min_speedup_{size}{suffix}"] = min(
+                res[f"{b.name}_{size}_speedup{suffix}"] for b in TENSOR_BENCHES
+            )
+        del t
+    return res
+
+
 def main() -> int:
     """Run every benchmark; print the JSON result; 0 on success, 1 on a wrong result."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench_npu: %(message)s")
@@ -239,6 +512,12 @@ def main() -> int:
             result["gemm_fp32_1024_gflops_npu"] = dev_gflops
             result["gemm_fp32_1024_gflops_npu_e2e"] = e2e_gflops
             log.info("npu gemm %.2f GFLOP/s (e2e %.2f)", dev_gflops, e2e_gflops)
+            del a, b, ref
+
+            t_tensor = time.perf_counter()
+            result.update(bench_tensor_ops(dev))
+            result["tensor_bench_s"] = time.perf_counter() - t_tensor
+            log.info("tensor ops: %.1f s", result["tensor_bench_s"])
     except BenchError as e:
         log.error("WRONG RESULT: %s", e)
         return 1

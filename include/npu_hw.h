@@ -67,6 +67,7 @@ enum npu_reg {
 #define NPU_CAP_TIMESTAMPS	(1u << 4)
 #define NPU_CAP_MMU		(1u << 5)
 #define NPU_CAP_TENSOR		(1u << 6)	/* ELTWISE, UNARY, CONVERT */
+#define NPU_CAP_REDUCE		(1u << 7)	/* REDUCE, SOFTMAX, LAYERNORM */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -152,8 +153,43 @@ enum npu_opcode {
 	NPU_OP_ELTWISE	= 4,	/* out = a <kind> b; size-1 dims broadcast, same rank */
 	NPU_OP_UNARY	= 5,	/* out = kind(in) */
 	NPU_OP_CONVERT	= 6,	/* out = in, any strides, any dtypes */
+	NPU_OP_REDUCE	= 7,	/* out = kind over params[0]'s axes of in */
+	NPU_OP_SOFTMAX	= 8,	/* out = (log-)softmax of in along params[0] */
+	NPU_OP_LAYERNORM = 9,	/* out = norm(in) * gamma + beta */
 	NPU_OP_COUNT,
 };
+
+/*
+ * REDUCE: t[0] = in, t[1] = out. params[0] = bit mask of the reduced axes
+ * (nonzero, below 1 << ndim); out has in's rank and dtype, with 1 in the
+ * reduced dims and in's size elsewhere (keepdims form). MEAN takes float
+ * dtypes only; SUM of ints wraps like numpy.
+ */
+enum npu_reduce_kind {
+	NPU_REDUCE_SUM		= 0,
+	NPU_REDUCE_MEAN		= 1,
+	NPU_REDUCE_MAX		= 2,
+	NPU_REDUCE_MIN		= 3,
+	NPU_REDUCE_COUNT,
+};
+
+/*
+ * SOFTMAX: t[0] = in, t[1] = out, same shape, one float dtype.
+ * params[0] = axis (below ndim).
+ */
+enum npu_softmax_kind {
+	NPU_SOFTMAX_SOFTMAX	= 0,
+	NPU_SOFTMAX_LOG		= 1,
+	NPU_SOFTMAX_COUNT,
+};
+
+/*
+ * LAYERNORM (kind 0): t[0] = in, t[1] = gamma, t[2] = beta, t[3] = out,
+ * one float dtype. params[0] = number of trailing axes normalised together
+ * (1..ndim); params[1] = epsilon as fp32 bits (finite, > 0). out has in's
+ * shape; gamma and beta have in's rank, in's size in the normalised axes
+ * and 1 in the others.
+ */
 
 /* ELTWISE kinds */
 enum npu_eltwise_kind {
@@ -220,10 +256,12 @@ struct npu_hw_tensor {
 
 /*
  * Parameter block of a tensor op: 256 bytes at a 64-byte aligned device VA,
- * read once when the op starts. Operands a tensor op does not use, and all
- * params of ELTWISE/UNARY/CONVERT, must be zero.
+ * read once when the op starts. Operands a tensor op does not use, and the
+ * params it does not use (all of them for ELTWISE/UNARY/CONVERT), must be
+ * zero.
  *   ELTWISE: t[0] = a, t[1] = b, t[2] = out
- *   UNARY, CONVERT: t[0] = in, t[1] = out
+ *   UNARY, CONVERT, REDUCE, SOFTMAX: t[0] = in, t[1] = out
+ *   LAYERNORM: t[0] = in, t[1] = gamma, t[2] = beta, t[3] = out
  */
 struct npu_tensor_params {
 	struct npu_hw_tensor t[NPU_TENSOR_OPERANDS];

@@ -121,10 +121,62 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 		return 3;
 	case NPU_OP_UNARY:
 	case NPU_OP_CONVERT:
+	case NPU_OP_REDUCE:
+	case NPU_OP_SOFTMAX:
+		return 2;
+	case NPU_OP_LAYERNORM:
+		return 4;
+	default:
+		return 0;
+	}
+}
+
+/* Params an op uses (the others must be zero). */
+static inline __u32 npu_tensor_op_params(__u32 opcode)
+{
+	switch (opcode) {
+	case NPU_OP_REDUCE:
+	case NPU_OP_SOFTMAX:
+		return 1;
+	case NPU_OP_LAYERNORM:
 		return 2;
 	default:
 		return 0;
 	}
+}
+
+/* Is the fp32 bit pattern @bits a finite number above zero? */
+static inline int npu_f32_bits_positive_finite(__u32 bits)
+{
+	return !(bits & 0x80000000u) && bits != 0 && (bits & 0x7f800000u) != 0x7f800000u;
+}
+
+/* REDUCE: out is in with the reduced axes (bit mask @axes) set to 1. */
+static inline int npu_tensor_reduces_to(const struct npu_hw_tensor *in,
+					const struct npu_hw_tensor *out, __u32 axes)
+{
+	__u32 d;
+
+	if (!axes || axes >= (1u << in->ndim) || in->ndim != out->ndim)
+		return 0;
+	for (d = 0; d < in->ndim; d++)
+		if (out->shape[d] != ((axes & (1u << d)) ? 1 : in->shape[d]))
+			return 0;
+	return 1;
+}
+
+/* LAYERNORM: @p (gamma or beta) has in's size in the last @n axes, else 1. */
+static inline int npu_tensor_is_norm_param(const struct npu_hw_tensor *p,
+					   const struct npu_hw_tensor *in, __u32 n)
+{
+	__u32 d;
+
+	if (p->ndim != in->ndim)
+		return 0;
+	for (d = 0; d < in->ndim; d++)
+		if (p->shape[d] != (d + n >= in->ndim ? in->shape[d] : 1))
+			return 0;
+	return 1;
 }
 
 static inline int npu_tensor_same_shape(const struct npu_hw_tensor *a,
@@ -170,7 +222,7 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		if (st != NPU_ST_OK)
 			return st;
 	}
-	for (i = 0; i < NPU_TENSOR_PARAMS; i++)
+	for (i = npu_tensor_op_params(opcode); i < NPU_TENSOR_PARAMS; i++)
 		if (p->params[i])
 			return NPU_ST_BAD_RESERVED;
 	out = &p->t[n - 1];
@@ -191,6 +243,30 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		    !npu_tensor_same_shape(&p->t[0], out) ||
 		    (kind >= NPU_UNARY_GELU && kind <= NPU_UNARY_SQRT &&
 		     !npu_dtype_is_float(out->dtype)))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_REDUCE:
+		if (kind >= NPU_REDUCE_COUNT || p->t[0].dtype != out->dtype ||
+		    !npu_tensor_reduces_to(&p->t[0], out, p->params[0]) ||
+		    (kind == NPU_REDUCE_MEAN && !npu_dtype_is_float(out->dtype)))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_SOFTMAX:
+		if (kind >= NPU_SOFTMAX_COUNT || p->t[0].dtype != out->dtype ||
+		    !npu_dtype_is_float(out->dtype) ||
+		    !npu_tensor_same_shape(&p->t[0], out) || p->params[0] >= out->ndim)
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_LAYERNORM:
+		for (i = 0; i < 3; i++)
+			if (p->t[i].dtype != out->dtype)
+				return NPU_ST_BAD_ARGS;
+		if (kind || !npu_dtype_is_float(out->dtype) ||
+		    !npu_tensor_same_shape(&p->t[0], out) ||
+		    p->params[0] < 1 || p->params[0] > out->ndim ||
+		    !npu_tensor_is_norm_param(&p->t[1], out, p->params[0]) ||
+		    !npu_tensor_is_norm_param(&p->t[2], out, p->params[0]) ||
+		    !npu_f32_bits_positive_finite(p->params[1]))
 			return NPU_ST_BAD_ARGS;
 		return NPU_ST_OK;
 	default: /* NPU_OP_CONVERT */

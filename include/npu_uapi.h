@@ -23,6 +23,7 @@
 #define NPU_INFO_CAP_TIMESTAMPS	(1u << 4)
 #define NPU_INFO_CAP_MMU	(1u << 5)
 #define NPU_INFO_CAP_TENSOR	(1u << 6)
+#define NPU_INFO_CAP_REDUCE	(1u << 7)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -100,16 +101,17 @@ struct npu_tensor_ref {
 };
 
 /*
- * A tensor op (ELTWISE, UNARY, CONVERT): SUBMIT takes an array of these
- * when op_size == sizeof(struct npu_tensor_op). Operands in the order of
- * npu_hw.h (inputs, then the output); unused operands and params zero.
+ * A tensor op (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM): SUBMIT
+ * takes an array of these when op_size == sizeof(struct npu_tensor_op).
+ * Operands in the order of npu_hw.h (inputs, then the output); params as
+ * npu_hw.h gives them per opcode; unused operands and params zero.
  */
 struct npu_tensor_op {
-	__u16 opcode;		/* NPU_OP_ELTWISE, NPU_OP_UNARY, NPU_OP_CONVERT */
+	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_LAYERNORM */
 	__u16 flags;		/* must be zero */
-	__u32 kind;		/* enum npu_eltwise_kind / npu_unary_kind; 0 for CONVERT */
+	__u32 kind;		/* enum npu_*_kind of the opcode; 0 if it has none */
 	struct npu_tensor_ref t[4];
-	__u32 params[12];	/* must be zero for these opcodes */
+	__u32 params[12];	/* per opcode (npu_hw.h); unused ones zero */
 	__u64 rsvd;		/* must be zero */
 };
 

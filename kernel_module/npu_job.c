@@ -220,9 +220,14 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 	struct npu_bo *bos[NPU_TENSOR_OPERANDS] = {};
 	u32 i;
 
-	if (!n || op->flags || op->rsvd || !npu_mem_is_zero(op->params, sizeof(op->params)))
+	if (!n || op->flags || op->rsvd)
 		return -EINVAL;
+	if (op->opcode >= NPU_OP_REDUCE && !(ctx->ndev->caps & NPU_CAP_REDUCE))
+		return -EOPNOTSUPP;
 	memset(hw, 0, sizeof(*hw));
+	/* The validator below rejects params the opcode does not use. */
+	BUILD_BUG_ON(sizeof(op->params) > sizeof(hw->params));
+	memcpy(hw->params, op->params, sizeof(op->params));
 	for (i = 0; i < NPU_TENSOR_OPERANDS; i++) {
 		const struct npu_tensor_ref *ref = &op->t[i];
 

@@ -306,6 +306,9 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_ELTWISE] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_UNARY] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_CONVERT] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_REDUCE] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_SOFTMAX] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_LAYERNORM] = sizeof(((struct npu_cmd *)0)->tensor),
 };
 
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
@@ -331,6 +334,9 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_ELTWISE:
     case NPU_OP_UNARY:
     case NPU_OP_CONVERT:
+    case NPU_OP_REDUCE:
+    case NPU_OP_SOFTMAX:
+    case NPU_OP_LAYERNORM:
         return npu_exec_tensor(s, w, cmd);
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",

@@ -14,7 +14,7 @@ SYSFS_VALUES = {
     "hw_version": "1.0",
     "abi_version": "1",
     "driver_version": "1.0",
-    "caps": "0x0000007f",
+    "caps": "0x000000ff",
     "num_queues": "1",
     "num_cores": "2",
     "ring_entries": "4096",

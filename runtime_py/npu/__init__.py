@@ -25,7 +25,17 @@ from __future__ import annotations
 import logging
 
 from . import ops
-from ._abi import Cap, DType, EltwiseKind, Opcode, Status, UnaryKind, status_name
+from ._abi import (
+    Cap,
+    DType,
+    EltwiseKind,
+    Opcode,
+    ReduceKind,
+    SoftmaxKind,
+    Status,
+    UnaryKind,
+    status_name,
+)
 from .api import copy_array, fill, matmul
 from .buffer import Buffer
 from .device import (
@@ -51,8 +61,13 @@ from .tensor import (
     exp,
     float32_to_bf16,
     gelu,
+    layer_norm,
     log,
+    log_softmax,
+    max,
     maximum,
+    mean,
+    min,
     minimum,
     multiply,
     negative,
@@ -60,8 +75,10 @@ from .tensor import (
     relu,
     result_type,
     sigmoid,
+    softmax,
     sqrt,
     subtract,
+    sum,
     tanh,
     tensor,
 )
@@ -84,6 +101,8 @@ __all__ = [
     "NpuTimeoutError",
     "Op",
     "Opcode",
+    "ReduceKind",
+    "SoftmaxKind",
     "Status",
     "Tensor",
     "TensorOp",
@@ -103,9 +122,14 @@ __all__ = [
     "fill",
     "float32_to_bf16",
     "gelu",
+    "layer_norm",
     "log",
+    "log_softmax",
     "matmul",
+    "max",
     "maximum",
+    "mean",
+    "min",
     "minimum",
     "multiply",
     "negative",
@@ -116,9 +140,11 @@ __all__ = [
     "result_type",
     "set_default_device",
     "sigmoid",
+    "softmax",
     "sqrt",
     "status_name",
     "subtract",
+    "sum",
     "tanh",
     "tensor",
 ]

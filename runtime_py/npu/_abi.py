@@ -46,6 +46,7 @@ NPU_CAP_MSIX: Final = 1 << 3
 NPU_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_CAP_MMU: Final = 1 << 5
 NPU_CAP_TENSOR: Final = 1 << 6
+NPU_CAP_REDUCE: Final = 1 << 7
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -58,7 +59,20 @@ NPU_OP_GEMM: Final = 3
 NPU_OP_ELTWISE: Final = 4
 NPU_OP_UNARY: Final = 5
 NPU_OP_CONVERT: Final = 6
-NPU_OP_COUNT: Final = 7
+NPU_OP_REDUCE: Final = 7
+NPU_OP_SOFTMAX: Final = 8
+NPU_OP_LAYERNORM: Final = 9
+NPU_OP_COUNT: Final = 10
+
+NPU_REDUCE_SUM: Final = 0
+NPU_REDUCE_MEAN: Final = 1
+NPU_REDUCE_MAX: Final = 2
+NPU_REDUCE_MIN: Final = 3
+NPU_REDUCE_COUNT: Final = 4
+
+NPU_SOFTMAX_SOFTMAX: Final = 0
+NPU_SOFTMAX_LOG: Final = 1
+NPU_SOFTMAX_COUNT: Final = 2
 
 NPU_ELTWISE_ADD: Final = 0
 NPU_ELTWISE_SUB: Final = 1
@@ -134,10 +148,13 @@ NPU_INFO_CAP_MSIX: Final = 1 << 3
 NPU_INFO_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_INFO_CAP_MMU: Final = 1 << 5
 NPU_INFO_CAP_TENSOR: Final = 1 << 6
+NPU_INFO_CAP_REDUCE: Final = 1 << 7
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
 NPU_OP_MAX_PARAMS: Final = 8
+#: Entries of ``npu_tensor_op.params`` (not a C constant: the array size).
+TENSOR_OP_PARAMS: Final = 12
 NPU_SUBMIT_MAX_OPS: Final = 256
 
 U32_MAX: Final = (1 << 32) - 1
@@ -154,6 +171,9 @@ class Opcode(enum.IntEnum):
     ELTWISE = NPU_OP_ELTWISE
     UNARY = NPU_OP_UNARY
     CONVERT = NPU_OP_CONVERT
+    REDUCE = NPU_OP_REDUCE
+    SOFTMAX = NPU_OP_SOFTMAX
+    LAYERNORM = NPU_OP_LAYERNORM
 
 
 class EltwiseKind(enum.IntEnum):
@@ -179,6 +199,22 @@ class UnaryKind(enum.IntEnum):
     SQRT = NPU_UNARY_SQRT
     ABS = NPU_UNARY_ABS
     NEG = NPU_UNARY_NEG
+
+
+class ReduceKind(enum.IntEnum):
+    """Kinds of the REDUCE op (``enum npu_reduce_kind``); MEAN is float-only."""
+
+    SUM = NPU_REDUCE_SUM
+    MEAN = NPU_REDUCE_MEAN
+    MAX = NPU_REDUCE_MAX
+    MIN = NPU_REDUCE_MIN
+
+
+class SoftmaxKind(enum.IntEnum):
+    """Kinds of the SOFTMAX op (``enum npu_softmax_kind``)."""
+
+    SOFTMAX = NPU_SOFTMAX_SOFTMAX
+    LOG = NPU_SOFTMAX_LOG
 
 
 class Status(enum.IntEnum):
@@ -216,6 +252,7 @@ class Cap(enum.IntFlag):
     TIMESTAMPS = NPU_INFO_CAP_TIMESTAMPS
     MMU = NPU_INFO_CAP_MMU
     TENSOR = NPU_INFO_CAP_TENSOR
+    REDUCE = NPU_INFO_CAP_REDUCE
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -302,7 +339,7 @@ class NpuCmdGemm(ctypes.LittleEndianStructure):
 
 
 class NpuCmdTensor(ctypes.LittleEndianStructure):
-    """``npu_cmd.tensor``: ELTWISE, UNARY and CONVERT."""
+    """``npu_cmd.tensor``: the tensor ops (ELTWISE .. LAYERNORM)."""
 
     _fields_ = [
         ("params", ctypes.c_uint64),
@@ -468,14 +505,14 @@ class NpuTensorRef(ctypes.Structure):
 
 
 class NpuTensorOp(ctypes.Structure):
-    """``struct npu_tensor_op``: one ELTWISE/UNARY/CONVERT op of a SUBMIT (320 bytes)."""
+    """``struct npu_tensor_op``: one tensor op of a SUBMIT (320 bytes)."""
 
     _fields_ = [
         ("opcode", ctypes.c_uint16),
         ("flags", ctypes.c_uint16),
         ("kind", ctypes.c_uint32),
         ("t", NpuTensorRef * NPU_TENSOR_OPERANDS),
-        ("params", ctypes.c_uint32 * 12),
+        ("params", ctypes.c_uint32 * TENSOR_OP_PARAMS),
         ("rsvd", ctypes.c_uint64),
     ]
 

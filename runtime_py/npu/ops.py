@@ -2,7 +2,8 @@
 
 Each builder validates its arguments in Python (raising :class:`ValueError`)
 and returns an immutable :class:`Op` (NOP, COPY, FILL, GEMM) or
-:class:`TensorOp` (ELTWISE, UNARY, CONVERT); :meth:`npu.Device.submit` packs
+:class:`TensorOp` (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM);
+:meth:`npu.Device.submit` packs
 a sequence of them into arrays of ``struct npu_op`` / ``struct npu_tensor_op``.
 
 Tensor operands are :class:`TensorRef` (handle, dtype, byte offset, shape and
@@ -17,7 +18,10 @@ lie inside ``buffer.size``.
 
 from __future__ import annotations
 
+import enum
+import math
 import operator
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, SupportsIndex, TypeAlias
@@ -35,10 +39,14 @@ __all__ = [
     "convert",
     "copy",
     "eltwise",
+    "f32_bits",
     "fill",
     "gemm",
     "gemm_extent",
+    "layernorm",
     "nop",
+    "reduce",
+    "softmax",
     "tensor_ref",
     "unary",
 ]
@@ -366,20 +374,34 @@ class TensorRef:
 
 @dataclass(frozen=True, slots=True)
 class TensorOp:
-    """One ELTWISE, UNARY or CONVERT op (``struct npu_tensor_op``).
+    """One tensor op (``struct npu_tensor_op``): ELTWISE .. LAYERNORM.
 
     ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
-    (ELTWISE: a, b, out; UNARY and CONVERT: in, out). ``kind`` is an
-    :class:`npu.EltwiseKind`, an :class:`npu.UnaryKind` or 0 for CONVERT.
-    Build with :func:`eltwise`, :func:`unary` and :func:`convert`, which check
-    the op with :func:`check_tensor_op`. ``buffers`` holds the buffer objects
-    for :meth:`npu.Device.submit`'s checks; it is not part of equality.
+    (ELTWISE: a, b, out; UNARY, CONVERT, REDUCE, SOFTMAX: in, out;
+    LAYERNORM: in, gamma, beta, out). ``kind`` is an :class:`npu.EltwiseKind`,
+    :class:`npu.UnaryKind`, :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`
+    or 0 (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
+    (REDUCE: axes bit mask; SOFTMAX: axis; LAYERNORM: number of normalised
+    trailing axes, eps as fp32 bits); the rest of the 12 are packed as zero.
+    Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
+    :func:`reduce`, :func:`softmax` and :func:`layernorm`, which check the op
+    with :func:`check_tensor_op`. ``buffers`` holds the buffer objects for
+    :meth:`npu.Device.submit`'s checks; it is not part of equality.
     """
 
     opcode: _abi.Opcode
     kind: int
     operands: tuple[TensorRef, ...]
     buffers: tuple[BufferLike, ...] = field(default=(), compare=False, repr=False)
+    params: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.params) > _abi.TENSOR_OP_PARAMS:
+            raise ValueError(
+                f"{self.opcode.name}: {len(self.params)} params, at most {_abi.TENSOR_OP_PARAMS}"
+            )
+        for i, value in enumerate(self.params):
+            _check_range(f"{self.opcode.name} params[{i}]", value, 0, _abi.U32_MAX)
 
     def pack(self) -> _abi.NpuTensorOp:
         """Return the ``struct npu_tensor_op`` (unused operands, params, rsvd zero)."""
@@ -389,22 +411,55 @@ class TensorOp:
         raw.kind = int(self.kind)
         for i, ref in enumerate(self.operands):
             raw.t[i] = ref.pack()
+        for i, value in enumerate(self.params):
+            raw.params[i] = value
         return raw
 
     def __str__(self) -> str:
-        if self.opcode is _abi.Opcode.ELTWISE:
-            name = f"ELTWISE.{_abi.EltwiseKind(self.kind).name}"
-        elif self.opcode is _abi.Opcode.UNARY:
-            name = f"UNARY.{_abi.UnaryKind(self.kind).name}"
-        else:
-            name = self.opcode.name
-        return f"{name}({', '.join(str(t) for t in self.operands)})"
+        kinds: dict[_abi.Opcode, type[enum.IntEnum]] = {
+            _abi.Opcode.ELTWISE: _abi.EltwiseKind,
+            _abi.Opcode.UNARY: _abi.UnaryKind,
+            _abi.Opcode.REDUCE: _abi.ReduceKind,
+            _abi.Opcode.SOFTMAX: _abi.SoftmaxKind,
+        }
+        name = self.opcode.name
+        kind_enum = kinds.get(self.opcode)
+        if kind_enum is not None:
+            try:
+                name = f"{name}.{kind_enum(self.kind).name}"
+            except ValueError:
+                name = f"{name}.{self.kind}"
+        params = list(self.params)
+        while params and not params[-1]:
+            params.pop()
+        extra = f", params=[{','.join(f'{p:#x}' for p in params)}]" if params else ""
+        return f"{name}({', '.join(str(t) for t in self.operands)}{extra})"
 
 
 #: Either kind of op :meth:`npu.Device.submit` accepts.
 AnyOp: TypeAlias = Op | TensorOp
 
-_OPERANDS = {_abi.Opcode.ELTWISE: 3, _abi.Opcode.UNARY: 2, _abi.Opcode.CONVERT: 2}
+_OPERANDS = {
+    _abi.Opcode.ELTWISE: 3,
+    _abi.Opcode.UNARY: 2,
+    _abi.Opcode.CONVERT: 2,
+    _abi.Opcode.REDUCE: 2,
+    _abi.Opcode.SOFTMAX: 2,
+    _abi.Opcode.LAYERNORM: 4,
+}
+# Params each opcode uses (npu_tensor_op_params); the others must be zero.
+_PARAMS = {_abi.Opcode.REDUCE: 1, _abi.Opcode.SOFTMAX: 1, _abi.Opcode.LAYERNORM: 2}
+
+
+def f32_bits(value: float) -> int:
+    """The IEEE fp32 bit pattern of ``value`` (rounded to fp32), as a u32."""
+    bits: int = struct.unpack("<I", struct.pack("<f", value))[0]
+    return bits
+
+
+def _positive_finite_f32(bits: int) -> bool:
+    """``npu_f32_bits_positive_finite``: a finite fp32 above zero."""
+    return not bits & 0x80000000 and bits != 0 and (bits & 0x7F800000) != 0x7F800000
 
 
 def check_tensor_op(op: TensorOp) -> None:
@@ -412,14 +467,19 @@ def check_tensor_op(op: TensorOp) -> None:
 
     Raises:
         ValueError: the driver would reject the op with ``EINVAL``: wrong
-            operand count, non-contiguous output, dtype or shape mismatch, a
-            kind out of range, or a float-only kind on an integer dtype.
+            operand count, nonzero unused params, non-contiguous output,
+            dtype or shape mismatch, a kind out of range, a float-only kind
+            on an integer dtype, or bad REDUCE/SOFTMAX/LAYERNORM params.
     """
     n = _OPERANDS.get(op.opcode)
     if n is None:
         raise ValueError(f"{op.opcode.name} is not a tensor op")
     if len(op.operands) != n:
         raise ValueError(f"{op.opcode.name} takes {n} operands, not {len(op.operands)}")
+    used = _PARAMS.get(op.opcode, 0)
+    params = op.params + (0,) * (_abi.TENSOR_OP_PARAMS - len(op.params))
+    if any(params[used:]):
+        raise ValueError(f"{op}: {op.opcode.name} uses {used} params, the others must be zero")
     *inputs, out = op.operands
     if not out.contiguous:
         raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
@@ -441,6 +501,47 @@ def check_tensor_op(op: TensorOp) -> None:
             raise ValueError(f"{op}: UNARY input and output must have the same dtype and shape")
         if _abi.UnaryKind.GELU <= ukind <= _abi.UnaryKind.SQRT and not out.dtype.is_float:
             raise ValueError(f"{op}: {ukind.name} takes float dtypes only")
+    elif op.opcode is _abi.Opcode.REDUCE:
+        rkind = _abi.ReduceKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype:
+            raise ValueError(f"{op}: REDUCE input and output must have the same dtype")
+        axes = params[0]
+        if not axes or axes >= 1 << t.ndim:
+            raise ValueError(f"{op}: axes mask {axes:#x} is not a nonempty subset of {t.ndim} axes")
+        want = tuple(1 if axes >> d & 1 else dim for d, dim in enumerate(t.shape))
+        if out.shape != want:
+            raise ValueError(f"{op}: the output shape must be {want} (keepdims), not {out.shape}")
+        if rkind is _abi.ReduceKind.MEAN and not out.dtype.is_float:
+            raise ValueError(f"{op}: MEAN takes float dtypes only")
+    elif op.opcode is _abi.Opcode.SOFTMAX:
+        _abi.SoftmaxKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype or t.shape != out.shape:
+            raise ValueError(f"{op}: SOFTMAX input and output must have the same dtype and shape")
+        if not out.dtype.is_float:
+            raise ValueError(f"{op}: SOFTMAX takes float dtypes only")
+        if params[0] >= out.ndim:
+            raise ValueError(f"{op}: axis {params[0]} is not below ndim={out.ndim}")
+    elif op.opcode is _abi.Opcode.LAYERNORM:
+        x, gamma, beta = inputs
+        if op.kind != 0:
+            raise ValueError(f"{op}: LAYERNORM kind must be 0")
+        if any(t.dtype is not out.dtype for t in inputs):
+            raise ValueError(f"{op}: LAYERNORM operands must have one dtype")
+        if not out.dtype.is_float:
+            raise ValueError(f"{op}: LAYERNORM takes float dtypes only")
+        if x.shape != out.shape:
+            raise ValueError(f"{op}: LAYERNORM input and output must have the same shape")
+        naxes = params[0]
+        if not 1 <= naxes <= out.ndim:
+            raise ValueError(f"{op}: {naxes} normalised axes is not in 1..{out.ndim}")
+        want = tuple(dim if d + naxes >= out.ndim else 1 for d, dim in enumerate(out.shape))
+        for name, p in (("gamma", gamma), ("beta", beta)):
+            if p.shape != want:
+                raise ValueError(f"{op}: {name} shape must be {want}, not {p.shape}")
+        if not _positive_finite_f32(params[1]):
+            raise ValueError(f"{op}: eps (fp32 bits {params[1]:#x}) must be finite and > 0")
     else:
         (t,) = inputs
         if op.kind != 0:
@@ -521,5 +622,79 @@ def convert(x: TensorRef, out: TensorRef, buffers: tuple[BufferLike, ...] = ()) 
         ValueError: the op breaks a rule of :func:`check_tensor_op`.
     """
     op = TensorOp(_abi.Opcode.CONVERT, 0, (x, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def reduce(
+    kind: _abi.ReduceKind,
+    x: TensorRef,
+    out: TensorRef,
+    axes: Sequence[SupportsIndex],
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a REDUCE op: ``out`` = ``kind`` of ``x`` over ``axes`` (keepdims form).
+
+    ``axes`` are non-negative axis numbers of ``x`` (packed as the bit mask
+    ``params[0]``); ``out`` has ``x``'s rank with 1 in the reduced dims.
+
+    Raises:
+        ValueError: an axis is out of range, ``axes`` is empty, or the op
+            breaks a rule of :func:`check_tensor_op`.
+    """
+    mask = 0
+    for a in axes:
+        axis = _check_range("REDUCE axis", a, 0, x.ndim - 1)
+        mask |= 1 << axis
+    op = TensorOp(_abi.Opcode.REDUCE, int(kind), (x, out), buffers, (mask,))
+    check_tensor_op(op)
+    return op
+
+
+def softmax(
+    kind: _abi.SoftmaxKind,
+    x: TensorRef,
+    out: TensorRef,
+    axis: SupportsIndex,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a SOFTMAX op: (log-)softmax of ``x`` along ``axis`` (non-negative).
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    ax = _check_range("SOFTMAX axis", axis, 0, _abi.U32_MAX)
+    op = TensorOp(_abi.Opcode.SOFTMAX, int(kind), (x, out), buffers, (ax,))
+    check_tensor_op(op)
+    return op
+
+
+def layernorm(
+    x: TensorRef,
+    gamma: TensorRef,
+    beta: TensorRef,
+    out: TensorRef,
+    naxes: SupportsIndex,
+    eps: float,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a LAYERNORM op over the last ``naxes`` axes of ``x``.
+
+    ``out = (x - mean) / sqrt(var + eps) * gamma + beta`` with the biased
+    variance; ``gamma`` and ``beta`` have ``x``'s rank, ``x``'s size in the
+    normalised axes and 1 elsewhere. ``eps`` is rounded to fp32.
+
+    Raises:
+        ValueError: ``eps`` is not finite and positive in fp32, or the op
+            breaks a rule of :func:`check_tensor_op`.
+    """
+    n = _check_range("LAYERNORM naxes", naxes, 0, _abi.U32_MAX)
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"LAYERNORM eps={eps} must be finite and > 0")
+    try:
+        bits = f32_bits(eps)
+    except OverflowError:
+        raise ValueError(f"LAYERNORM eps={eps} overflows fp32") from None
+    op = TensorOp(_abi.Opcode.LAYERNORM, 0, (x, gamma, beta, out), buffers, (n, bits))
     check_tensor_op(op)
     return op

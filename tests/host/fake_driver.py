@@ -7,11 +7,13 @@ numpy at submit time) and WAIT, including the -EIO path that fills in
 ``status`` and ``error_fence`` before failing, as the uapi header specifies.
 
 SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
-(ELTWISE, UNARY, CONVERT). Tensor ops are validated like the driver does
+(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM). Tensor ops are validated like the driver does
 (``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT, extent past the
 BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
 output dtype, integer math wrapping, float -> int truncating toward zero and
 saturating (NaN -> 0), float32 -> bfloat16 rounding to nearest even.
+REDUCE, SOFTMAX and LAYERNORM compute in float64 (integer sums in int64,
+wrapping at the output dtype) and round once to the output dtype.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import errno
 import math
 import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +108,7 @@ class FakeDriver:
             arg.hw_version = _abi.NPU_HW_VERSION
             arg.abi_version = _abi.NPU_ABI_VERSION
             arg.driver_version = 0x00010002
-            arg.caps = 0x1F | _abi.NPU_INFO_CAP_TENSOR
+            arg.caps = 0x1F | _abi.NPU_INFO_CAP_TENSOR | _abi.NPU_INFO_CAP_REDUCE
             arg.num_queues = 1
             arg.num_cores = 4
             arg.max_submit = _abi.NPU_SUBMIT_MAX_OPS
@@ -187,8 +190,8 @@ class FakeDriver:
         return 0
 
     def _check_tensor_op(self, op: _abi.NpuTensorOp) -> None:
-        n = {_abi.NPU_OP_ELTWISE: 3, _abi.NPU_OP_UNARY: 2, _abi.NPU_OP_CONVERT: 2}.get(op.opcode)
-        if n is None or op.flags or op.rsvd or any(op.params):
+        n = _N_OPERANDS.get(op.opcode)
+        if n is None or op.flags or op.rsvd or any(op.params[_N_PARAMS.get(op.opcode, 0) :]):
             raise _err(errno.EINVAL)
         for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
             t = op.t[i]
@@ -241,6 +244,40 @@ class FakeDriver:
                 and ins[0].dtype == out.dtype
                 and shape(ins[0]) == shape(out)
                 and (not _abi.NPU_UNARY_GELU <= op.kind <= _abi.NPU_UNARY_SQRT or is_float)
+            )
+        elif op.opcode == _abi.NPU_OP_REDUCE:
+            mask = op.params[0]
+            ok = (
+                op.kind < _abi.NPU_REDUCE_COUNT
+                and ins[0].dtype == out.dtype
+                and 0 < mask < 1 << ins[0].ndim
+                and ins[0].ndim == out.ndim
+                and shape(out)
+                == tuple(1 if mask >> d & 1 else n for d, n in enumerate(shape(ins[0])))
+                and (op.kind != _abi.NPU_REDUCE_MEAN or is_float)
+            )
+        elif op.opcode == _abi.NPU_OP_SOFTMAX:
+            ok = (
+                op.kind < _abi.NPU_SOFTMAX_COUNT
+                and ins[0].dtype == out.dtype
+                and is_float
+                and shape(ins[0]) == shape(out)
+                and op.params[0] < out.ndim
+            )
+        elif op.opcode == _abi.NPU_OP_LAYERNORM:
+            k = op.params[0]
+            want = tuple(d if i + k >= out.ndim else 1 for i, d in enumerate(shape(out)))
+            eps = _f32(op.params[1])
+            ok = (
+                op.kind == 0
+                and all(t.dtype == out.dtype for t in ins)
+                and is_float
+                and shape(ins[0]) == shape(out)
+                and 1 <= k <= out.ndim
+                and shape(ins[1]) == want
+                and shape(ins[2]) == want
+                and math.isfinite(eps)
+                and eps > 0
             )
         else:
             ok = op.kind == 0 and shape(ins[0]) == shape(out)
@@ -301,11 +338,56 @@ class FakeDriver:
             with np.errstate(all="ignore"):
                 self._store(op.t[2], fn(a, b))
             return
+        if op.opcode == _abi.NPU_OP_REDUCE:
+            x = self._load(op.t[0])
+            axes = tuple(d for d in range(op.t[0].ndim) if op.params[0] >> d & 1)
+            if x.dtype.kind == "f":
+                x = x.astype(np.float64)
+            self._store(op.t[1], _REDUCE[op.kind](x, axis=axes, keepdims=True))
+            return
+        if op.opcode == _abi.NPU_OP_SOFTMAX:
+            x = self._load(op.t[0]).astype(np.float64)
+            ax = op.params[0]
+            with np.errstate(all="ignore"):
+                shifted = x - np.max(x, axis=ax, keepdims=True)
+                lse = np.log(np.sum(np.exp(shifted), axis=ax, keepdims=True))
+                y = shifted - lse if op.kind == _abi.NPU_SOFTMAX_LOG else np.exp(shifted - lse)
+            self._store(op.t[1], y)
+            return
+        if op.opcode == _abi.NPU_OP_LAYERNORM:
+            x = self._load(op.t[0]).astype(np.float64)
+            g = self._load(op.t[1]).astype(np.float64)
+            b = self._load(op.t[2]).astype(np.float64)
+            axes = tuple(range(op.t[0].ndim - op.params[0], op.t[0].ndim))
+            mu = x.mean(axis=axes, keepdims=True)
+            var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+            self._store(op.t[3], (x - mu) / np.sqrt(var + _f32(op.params[1])) * g + b)
+            return
         x = self._load(op.t[0])
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
 
 
+def _f32(bits: int) -> float:
+    value: float = struct.unpack("<f", struct.pack("<I", bits))[0]
+    return value
+
+
+_N_OPERANDS = {
+    _abi.NPU_OP_ELTWISE: 3,
+    _abi.NPU_OP_UNARY: 2,
+    _abi.NPU_OP_CONVERT: 2,
+    _abi.NPU_OP_REDUCE: 2,
+    _abi.NPU_OP_SOFTMAX: 2,
+    _abi.NPU_OP_LAYERNORM: 4,
+}
+_N_PARAMS = {_abi.NPU_OP_REDUCE: 1, _abi.NPU_OP_SOFTMAX: 1, _abi.NPU_OP_LAYERNORM: 2}
+_REDUCE: dict[int, Any] = {
+    _abi.NPU_REDUCE_SUM: np.sum,
+    _abi.NPU_REDUCE_MEAN: np.mean,
+    _abi.NPU_REDUCE_MAX: np.max,
+    _abi.NPU_REDUCE_MIN: np.min,
+}
 _FLOATS = (_abi.NPU_DTYPE_FP32, _abi.NPU_DTYPE_FP16, _abi.NPU_DTYPE_BF16)
 _DTYPE_SIZE = {
     _abi.NPU_DTYPE_FP32: 4,

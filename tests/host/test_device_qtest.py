@@ -112,7 +112,8 @@ def test_pci_identity_and_bar_sizes_match_the_header(npu: Npu) -> None:
 
 def test_identity_registers_match_the_header(npu: Npu) -> None:
     all_caps = (hw.CAP_COPY | hw.CAP_FILL | hw.CAP_GEMM_FP32 | hw.CAP_MSIX
-                | hw.CAP_TIMESTAMPS | hw.CAP_MMU | hw.CAP_TENSOR)  # fmt: skip
+                | hw.CAP_TIMESTAMPS | hw.CAP_MMU | hw.CAP_TENSOR
+                | hw.CAP_REDUCE)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION
@@ -553,8 +554,8 @@ def gemm_abc(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, **kw: int) ->
 
 COPY16 = copy(DATA, DATA + 0x1000, 16)
 BAD_DESCRIPTORS: dict[str, tuple[bytes, str]] = {
-    "opcode-7": (cmd(7), "BAD_OPCODE"),
-    "opcode-8": (cmd(8, b"\1" * 112), "BAD_OPCODE"),
+    "opcode-count": (cmd(hw.OP_COUNT), "BAD_OPCODE"),
+    "opcode-count+1": (cmd(hw.OP_COUNT + 1, b"\1" * 112), "BAD_OPCODE"),
     "opcode-0xffff": (cmd(0xFFFF), "BAD_OPCODE"),
     "flags-bit1": (nop(flags=2), "BAD_FLAGS"),
     "copy-flags-bit15": (with_byte(COPY16, 3, 0x80), "BAD_FLAGS"),
@@ -1041,6 +1042,9 @@ PAYLOAD_USED = {
     hw.OP_ELTWISE: 16,
     hw.OP_UNARY: 16,
     hw.OP_CONVERT: 16,
+    hw.OP_REDUCE: 16,
+    hw.OP_SOFTMAX: 16,
+    hw.OP_LAYERNORM: 16,
 }
 
 

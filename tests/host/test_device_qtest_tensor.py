@@ -1,4 +1,4 @@
-"""Tensor ops (ELTWISE, UNARY, CONVERT) of the device model, through qtest.
+"""Tensor ops (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM) through qtest.
 
 Every result is checked against a numpy reference computed here with the
 semantics of docs/npu-spec.md: float dtypes compute in fp32 and round once
@@ -252,12 +252,13 @@ class Rig:
         return cpl.status
 
     def run(self, opcode: int, kind: int, operands: Sequence[Operand], *,
-            place: bool = True, timeout: float = 30.0) -> np.ndarray:  # fmt: skip
+            place: bool = True, timeout: float = 30.0,
+            params: Sequence[int] = ()) -> np.ndarray:  # fmt: skip
         """Place the operands, run the op (it must complete OK), return the output."""
         if place:
             self.place(operands)
-        status = self.submit(opcode, kind, tensor_params([op.desc() for op in operands]),
-                             timeout=timeout)  # fmt: skip
+        block = tensor_params([op.desc() for op in operands], params)
+        status = self.submit(opcode, kind, block, timeout=timeout)
         assert status == hw.ST_OK, f"status {status}"
         out = operands[-1]
         raw = self.read(out.va, out.nbytes + 64)
@@ -813,6 +814,80 @@ BAD_OPS: dict[str, tuple[int, int, bytes, str]] = {
 }
 
 
+C_VA = HEAP + 0x1800  # LAYERNORM beta (gamma at B_VA)
+EPS = 0x3727C5AC  # 1e-5 as fp32 bits
+
+
+def red(shape_in: Sequence[int] = (2, 3), shape_out: Sequence[int] = (2, 1), dtype: int = FP32,
+        params: Sequence[int] = (2,), **kw: int) -> bytes:  # fmt: skip
+    """A REDUCE block (the default reduces axis 1 of a (2, 3) tensor)."""
+    return tensor_params([t(A_VA, dtype, shape_in), t(OUT_VA, dtype, shape_out, **kw)], params)
+
+
+def ln(gamma: Sequence[int] = (1, 3), beta: Sequence[int] = (1, 3), dtype: int = FP32,
+       params: Sequence[int] = (1, EPS), *, gdtype: int | None = None) -> bytes:  # fmt: skip
+    """A LAYERNORM block over the last axis of a (2, 3) tensor."""
+    g = t(B_VA, dtype if gdtype is None else gdtype, gamma)
+    return tensor_params([t(A_VA, dtype), g, t(C_VA, dtype, beta), t(OUT_VA, dtype)], params)
+
+
+def sm(axis: int = 1, dtype: int = FP32, params: Sequence[int] = ()) -> bytes:
+    return tensor_params([t(A_VA, dtype), t(OUT_VA, dtype)], params or (axis,))
+
+
+_R, _S, _L = hw.OP_REDUCE, hw.OP_SOFTMAX, hw.OP_LAYERNORM
+BAD_OPS.update({
+    "reduce-mask-0": (_R, hw.REDUCE_SUM, red(params=(0,)), "BAD_ARGS"),
+    "reduce-mask-beyond-ndim": (_R, hw.REDUCE_SUM, red(params=(4,)), "BAD_ARGS"),
+    "reduce-mask-3-bits-rank-2": (_R, hw.REDUCE_MAX, red(shape_out=(1, 1), params=(7,)),
+                                  "BAD_ARGS"),
+    "reduce-mask-bit-31": (_R, hw.REDUCE_SUM, red(params=(2 | 1 << 31,)), "BAD_ARGS"),
+    "reduce-out-not-reduced": (_R, hw.REDUCE_SUM, red(shape_out=(2, 3)), "BAD_ARGS"),
+    "reduce-out-wrong-axis": (_R, hw.REDUCE_SUM, red(shape_out=(1, 3)), "BAD_ARGS"),
+    "reduce-out-not-keepdims": (_R, hw.REDUCE_SUM, red(shape_out=(2,)), "BAD_ARGS"),
+    "reduce-out-not-contiguous": (_R, hw.REDUCE_SUM, red(strides=(2, 1)), "BAD_ARGS"),
+    "reduce-mean-int8": (_R, hw.REDUCE_MEAN, red(dtype=INT8), "BAD_ARGS"),
+    "reduce-mean-int32": (_R, hw.REDUCE_MEAN, red(dtype=INT32), "BAD_ARGS"),
+    "reduce-kind-4": (_R, 4, red(), "BAD_ARGS"),
+    "reduce-dtype-mismatch": (
+        _R, hw.REDUCE_SUM,
+        tensor_params([t(A_VA, FP32), t(OUT_VA, FP16, (2, 1))], (2,)), "BAD_ARGS",
+    ),
+    "reduce-params-1": (_R, hw.REDUCE_SUM, red(params=(2, 1)), "BAD_RESERVED"),
+    "reduce-params-15": (_R, hw.REDUCE_SUM, red(params=(2,) + (0,) * 14 + (1,)), "BAD_RESERVED"),
+    "reduce-operand-2": (
+        _R, hw.REDUCE_SUM,
+        tensor_params([t(A_VA), t(OUT_VA, shape=(2, 1)), t(B_VA)], (2,)), "BAD_RESERVED",
+    ),
+    "softmax-int8": (_S, hw.SOFTMAX_SOFTMAX, sm(dtype=INT8), "BAD_ARGS"),
+    "softmax-int32": (_S, hw.SOFTMAX_LOG, sm(dtype=INT32), "BAD_ARGS"),
+    "softmax-axis-ndim": (_S, hw.SOFTMAX_SOFTMAX, sm(axis=2), "BAD_ARGS"),
+    "softmax-axis-2^31": (_S, hw.SOFTMAX_SOFTMAX, sm(axis=1 << 31), "BAD_ARGS"),
+    "softmax-kind-2": (_S, 2, sm(), "BAD_ARGS"),
+    "softmax-out-shape": (
+        _S, hw.SOFTMAX_SOFTMAX, tensor_params([t(A_VA), t(OUT_VA, shape=(3, 2))], (1,)),
+        "BAD_ARGS",
+    ),
+    "softmax-params-1": (_S, hw.SOFTMAX_SOFTMAX, sm(params=(1, 1)), "BAD_RESERVED"),
+    "layernorm-int8": (_L, 0, ln(dtype=INT8), "BAD_ARGS"),
+    "layernorm-int32": (_L, 0, ln(dtype=INT32), "BAD_ARGS"),
+    "layernorm-kind-1": (_L, 1, ln(), "BAD_ARGS"),
+    "layernorm-axes-0": (_L, 0, ln(params=(0, EPS)), "BAD_ARGS"),
+    "layernorm-axes-beyond-ndim": (_L, 0, ln((2, 3), (2, 3), params=(3, EPS)), "BAD_ARGS"),
+    "layernorm-eps-0": (_L, 0, ln(params=(1, 0)), "BAD_ARGS"),
+    "layernorm-eps-minus-0": (_L, 0, ln(params=(1, 0x8000_0000)), "BAD_ARGS"),
+    "layernorm-eps-negative": (_L, 0, ln(params=(1, EPS | 0x8000_0000)), "BAD_ARGS"),
+    "layernorm-eps-inf": (_L, 0, ln(params=(1, 0x7F80_0000)), "BAD_ARGS"),
+    "layernorm-eps-nan": (_L, 0, ln(params=(1, 0x7FC0_0000)), "BAD_ARGS"),
+    "layernorm-gamma-full-shape": (_L, 0, ln(gamma=(2, 3)), "BAD_ARGS"),
+    "layernorm-gamma-rank-1": (_L, 0, ln(gamma=(3,)), "BAD_ARGS"),
+    "layernorm-gamma-short": (_L, 0, ln(gamma=(1, 2)), "BAD_ARGS"),
+    "layernorm-beta-wrong-shape": (_L, 0, ln(beta=(1, 1)), "BAD_ARGS"),
+    "layernorm-gamma-dtype": (_L, 0, ln(gdtype=FP16), "BAD_ARGS"),
+    "layernorm-params-2": (_L, 0, ln(params=(1, EPS, 1)), "BAD_RESERVED"),
+})  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("opcode", "kind", "block", "status"), BAD_OPS.values(), ids=BAD_OPS.keys()
 )
@@ -841,6 +916,15 @@ BAD_DESCS: dict[str, tuple[Callable[[], bytes], str]] = {
     "params-va-misaligned-32": (lambda: tensor(hw.OP_ELTWISE, PARAMS + 32), "BAD_ARGS"),
     "params-va-wraps-2^64": (lambda: tensor(hw.OP_CONVERT, (1 << 64) - 64), "BAD_ADDR"),
     "params-in-bar0": (lambda: tensor(hw.OP_CONVERT, 0xE000_0000), "BAD_ADDR"),
+    "reduce-payload-byte-32": (
+        lambda: _desc_with_byte(tensor(hw.OP_REDUCE, PARAMS), 32),
+        "BAD_RESERVED",
+    ),
+    "softmax-payload-byte-127": (
+        lambda: _desc_with_byte(tensor(hw.OP_SOFTMAX, PARAMS), 127),
+        "BAD_RESERVED",
+    ),
+    "layernorm-rsvd": (lambda: tensor(hw.OP_LAYERNORM, PARAMS, rsvd=1), "BAD_RESERVED"),
 }
 
 
@@ -1012,3 +1096,253 @@ def test_large_ops_split_across_cores_are_exact(tmp_path: Path, cores: int) -> N
         dev.assert_alive()
     finally:
         dev.close()
+
+
+# --------------------------------------------------------------------------
+# REDUCE, SOFTMAX, LAYERNORM
+# --------------------------------------------------------------------------
+#
+# The device computes these in double and rounds once to the output dtype;
+# the references here compute in float64 too (another summation order, and
+# numpy's exp/log), so a float result may differ by one rounding step of the
+# output dtype: every comparison allows ULP[dtype] relative (2 units of the
+# last place) plus TINY[dtype] absolute (the dtype's smallest subnormal, for
+# results that round into the subnormal range). MAX/MIN and int results are
+# exact.
+
+REDUCE = {"sum": hw.REDUCE_SUM, "mean": hw.REDUCE_MEAN, "max": hw.REDUCE_MAX,
+          "min": hw.REDUCE_MIN}  # fmt: skip
+SOFTMAX = {"softmax": hw.SOFTMAX_SOFTMAX, "log": hw.SOFTMAX_LOG}
+ULP = {FP32: 2.0**-22, FP16: 2.0**-9, BF16: 2.0**-6}
+TINY = {FP32: 2.0**-149, FP16: 2.0**-24, BF16: 2.0**-133}
+SHAPE4 = (3, 4, 5, 6)
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, dtype: int, what: str = "") -> None:
+    assert_matches(got, round_to(want, dtype), dtype, rtol=ULP[dtype], atol=TINY[dtype],
+                   what=what)  # fmt: skip
+
+
+def axes_of(mask: int, ndim: int) -> tuple[int, ...]:
+    return tuple(d for d in range(ndim) if mask >> d & 1)
+
+
+def ref_reduce(kind: int, x: np.ndarray, mask: int, dtype: int) -> np.ndarray:
+    axes = axes_of(mask, x.ndim)
+    with np.errstate(all="ignore"):
+        if kind == hw.REDUCE_MAX:
+            return np.max(x, axis=axes, keepdims=True)
+        if kind == hw.REDUCE_MIN:
+            return np.min(x, axis=axes, keepdims=True)
+        if dtype not in FLOATS:  # SUM: int64 accumulation, numpy's wraparound
+            return wrap(np.sum(x.astype(np.int64), axis=axes, keepdims=True), dtype)
+        r = np.sum(x.astype(np.float64), axis=axes, keepdims=True)
+        if kind == hw.REDUCE_MEAN:
+            r = r / math.prod(x.shape[d] for d in axes)
+        return r
+
+
+def ref_softmax(kind: int, x: np.ndarray, axis: int) -> np.ndarray:
+    x = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        z = x - np.max(x, axis=axis, keepdims=True)
+        s = np.sum(np.exp(z), axis=axis, keepdims=True)
+        return z - np.log(s) if kind == hw.SOFTMAX_LOG else np.exp(z) / s
+
+
+def ref_layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, n: int, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    axes = tuple(range(x.ndim - n, x.ndim))
+    with np.errstate(all="ignore"):
+        mean = np.mean(x, axis=axes, keepdims=True)
+        var = np.mean((x - mean) ** 2, axis=axes, keepdims=True)
+        return (x - mean) / np.sqrt(var + np.float64(np.float32(eps))) * g + b
+
+
+def reduced_shape(shape: Sequence[int], mask: int) -> tuple[int, ...]:
+    return tuple(1 if mask >> d & 1 else n for d, n in enumerate(shape))
+
+
+def norm_shape(shape: Sequence[int], n: int) -> tuple[int, ...]:
+    return tuple(s if d >= len(shape) - n else 1 for d, s in enumerate(shape))
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("kname", REDUCE)
+def test_reduce_every_kind_dtype_and_axes_mask(rig: Rig, kname: str, dname: str) -> None:
+    """All 15 masks of a 4-D tensor; NaN/inf specials included (NaN propagates)."""
+    kind, dtype = REDUCE[kname], DTYPES[dname]
+    rng = np.random.default_rng(300 + kind * 10 + dtype)
+    x = operand_from(rng, dtype, SHAPE4)
+    if kind == hw.REDUCE_MEAN and dtype not in FLOATS:
+        out = Operand(dtype, reduced_shape(SHAPE4, 1))
+        rig.place([x, out])
+        block = tensor_params([x.desc(), out.desc()], [1])
+        assert rig.submit(hw.OP_REDUCE, kind, block) == hw.ST_BAD_ARGS
+        return
+    for mask in range(1, 16):
+        out = Operand(dtype, reduced_shape(SHAPE4, mask))
+        got = rig.run(hw.OP_REDUCE, kind, [x, out], params=[mask])
+        want = ref_reduce(kind, logical(x), mask, dtype)
+        if dtype in FLOATS and kind in (hw.REDUCE_SUM, hw.REDUCE_MEAN):
+            assert_close(got, want, dtype, what=f"mask {mask:#x}")
+        else:
+            assert_matches(got, round_to(want, dtype), dtype, what=f"mask {mask:#x}")
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16", "int32"])
+def test_reduce_strided_input_and_size_1_dims(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(31)
+    # A transposed (6, 1, 5, 7) view of a (7, 5, 6) buffer, with a stride-0 broadcast dim.
+    x = operand_from(rng, dtype, (6, 1, 5, 7), (1, 0, 6, 30), specials=False)
+    for mask in (1, 2, 4, 8, 5, 10, 15, 0b1011):
+        for kind in (hw.REDUCE_SUM, hw.REDUCE_MAX, hw.REDUCE_MIN):
+            out = Operand(dtype, reduced_shape(x.shape, mask))
+            got = rig.run(hw.OP_REDUCE, kind, [x, out], params=[mask])
+            want = ref_reduce(kind, logical(x), mask, dtype)
+            assert_matches(got, round_to(want, dtype), dtype, rtol=ULP.get(dtype, 0.0),
+                           what=f"kind {kind} mask {mask:#x}")  # fmt: skip
+
+
+def test_reduce_int_sum_wraps_like_numpy(rig: Rig) -> None:
+    x8 = Operand(INT8, (2, 300), buf=np.full(600, 127, np.int64))
+    got = rig.run(hw.OP_REDUCE, hw.REDUCE_SUM, [x8, Operand(INT8, (2, 1))], params=[2])
+    assert got.tolist() == [[np.sum(np.full(300, 127, np.int8), dtype=np.int8)]] * 2
+    big = np.array([(1 << 31) - 1] * 5 + [-(1 << 31)] * 2, np.int64)
+    x32 = Operand(INT32, (7,), buf=big)
+    got = rig.run(hw.OP_REDUCE, hw.REDUCE_SUM, [x32, Operand(INT32, (1,))], params=[1])
+    assert got.tolist() == [int(np.sum(big.astype(np.int32), dtype=np.int32))]
+
+
+def test_reduce_float_sum_is_accurate(rig: Rig) -> None:
+    """Double accumulation: 1 + 2^20 * 2^-24 is exact, where a naive fp32 sum stays at 1."""
+    n = 1 << 20
+    buf = np.full(n + 1, 2.0**-24, np.float32)
+    buf[0] = 1.0
+    x = Operand(FP32, (n + 1,), buf=buf)
+    got = rig.run(hw.OP_REDUCE, hw.REDUCE_SUM, [x, Operand(FP32, (1,))], params=[1])
+    assert got.tolist() == [1.0 + 2.0**-4]
+    got = rig.run(hw.OP_REDUCE, hw.REDUCE_MEAN, [x, Operand(FP32, (1,))], params=[1])
+    assert got.tolist() == [np.float32((1.0 + 2.0**-4) / (n + 1))]
+
+
+def test_reduce_max_min_nan_and_signed_zero(rig: Rig) -> None:
+    buf = np.array([1.0, np.nan, 3.0, -np.inf, 0.0, -0.0, 2.0, 5.0, -1.0], np.float32)
+    x = Operand(FP32, (3, 3), buf=buf)
+    for kind, fn in ((hw.REDUCE_MAX, np.max), (hw.REDUCE_MIN, np.min)):
+        got = rig.run(hw.OP_REDUCE, kind, [x, Operand(FP32, (3, 1))], params=[2])
+        assert_matches(got, fn(buf.reshape(3, 3), axis=1, keepdims=True), FP32)
+        got = rig.run(hw.OP_REDUCE, kind, [x, Operand(FP32, (1, 3))], params=[1])
+        assert_matches(got, fn(buf.reshape(3, 3), axis=0, keepdims=True), FP32)
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("kname", SOFTMAX)
+def test_softmax_every_kind_dtype_and_axis(rig: Rig, kname: str, dname: str) -> None:
+    kind, dtype = SOFTMAX[kname], DTYPES[dname]
+    rng = np.random.default_rng(400 + kind * 10 + dtype)
+    x = operand_from(rng, dtype, SHAPE4, scale=3.0)
+    for axis in range(4):
+        got = rig.run(hw.OP_SOFTMAX, kind, [x, Operand(dtype, SHAPE4)], params=[axis])
+        assert_close(got, ref_softmax(kind, logical(x), axis), dtype, what=f"axis {axis}")
+    # Rank 1, a long line, a large spread (underflowing exponentials); and a
+    # transposed input.
+    y = operand_from(rng, dtype, (3000,), scale=40.0, specials=False)
+    got = rig.run(hw.OP_SOFTMAX, kind, [y, Operand(dtype, (3000,))], params=[0])
+    assert_close(got, ref_softmax(kind, logical(y), 0), dtype, what="rank 1")
+    z = operand_from(rng, dtype, (7, 9), (1, 7), specials=False)
+    for axis in range(2):
+        got = rig.run(hw.OP_SOFTMAX, kind, [z, Operand(dtype, (7, 9))], params=[axis])
+        assert_close(got, ref_softmax(kind, logical(z), axis), dtype, what=f"T axis {axis}")
+
+
+def test_softmax_of_a_size_1_axis_and_special_rows(rig: Rig) -> None:
+    x = Operand(FP32, (4, 1), buf=np.array([3.0, -1e30, np.nan, -np.inf], np.float32))
+    got = rig.run(hw.OP_SOFTMAX, hw.SOFTMAX_SOFTMAX, [x, Operand(FP32, (4, 1))], params=[1])
+    assert_matches(got, ref_softmax(hw.SOFTMAX_SOFTMAX, logical(x), 1), FP32)
+    assert got[:2].tolist() == [[1.0], [1.0]]
+    rows = np.array([[0.0, 1.0, np.nan], [np.inf, 0.0, 1.0], [-np.inf, 0.0, 0.0],
+                     [1e4, 0.0, -1e4]], np.float32)  # fmt: skip
+    y = Operand(FP32, (4, 3), buf=rows.ravel())
+    for kind in SOFTMAX.values():
+        got = rig.run(hw.OP_SOFTMAX, kind, [y, Operand(FP32, (4, 3))], params=[1])
+        assert_close(got, ref_softmax(kind, rows, 1), FP32, what=f"kind {kind}")
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+def test_layernorm_every_dtype_and_trailing_axes(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(500 + dtype)
+    x = operand_from(rng, dtype, SHAPE4, scale=3.0)
+    for n in range(1, 5):
+        for eps in (1e-5, 0.5):
+            g = operand_from(rng, dtype, norm_shape(SHAPE4, n), specials=False, scale=1.0)
+            b = operand_from(rng, dtype, norm_shape(SHAPE4, n), specials=False, scale=1.0)
+            out = Operand(dtype, SHAPE4)
+            got = rig.run(hw.OP_LAYERNORM, 0, [x, g, b, out], params=[n, f32_bits(eps)])
+            want = ref_layernorm(logical(x), logical(g), logical(b), n, eps)
+            assert_close(got, want, dtype, what=f"n {n} eps {eps}")
+
+
+def test_layernorm_strided_operands_and_constant_rows(rig: Rig) -> None:
+    rng = np.random.default_rng(51)
+    # A transposed input; gamma with a stride-0 dim, beta with strides and
+    # junk in size-1 dims.
+    x = operand_from(rng, FP32, (2, 5, 8), (40, 1, 5), specials=False)
+    g = operand_from(rng, FP32, (1, 5, 8), (0, 0, 1), specials=False)
+    b = operand_from(rng, FP32, (1, 5, 8), (7, 16, 2), specials=False)
+    out = Operand(FP32, (2, 5, 8))
+    got = rig.run(hw.OP_LAYERNORM, 0, [x, g, b, out], params=[2, f32_bits(1e-3)])
+    assert_close(got, ref_layernorm(logical(x), logical(g), logical(b), 2, 1e-3), FP32)
+    # A constant row: variance 0, y = beta exactly; a NaN row stays NaN.
+    rows = np.array([[2.5] * 4, [1.0, np.nan, 0.0, 0.0]], np.float32)
+    c = Operand(FP32, (2, 4), buf=rows.ravel())
+    one = Operand(FP32, (1, 4), buf=np.ones(4, np.float32))
+    beta = Operand(FP32, (1, 4), buf=np.arange(4, dtype=np.float32))
+    got = rig.run(hw.OP_LAYERNORM, 0, [c, one, beta, Operand(FP32, (2, 4))],
+                  params=[1, f32_bits(1e-5)])  # fmt: skip
+    assert got[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert np.isnan(got[1]).all()
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_large_reductions_tiled_across_cores(tmp_path: Path, cores: int) -> None:
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(60 + cores)
+        a = operand_from(rng, FP32, (1031, 1033), specials=False)
+        for mask, kind in ((2, hw.REDUCE_SUM), (1, hw.REDUCE_MAX), (3, hw.REDUCE_MEAN)):
+            out = Operand(FP32, reduced_shape(a.shape, mask))
+            got = rig.run(hw.OP_REDUCE, kind, [a, out], params=[mask])
+            assert_close(got, ref_reduce(kind, logical(a), mask, FP32), FP32, what=f"{mask}")
+        i8 = operand_from(rng, INT8, (64, 17, 1031))
+        got = rig.run(hw.OP_REDUCE, hw.REDUCE_SUM, [i8, Operand(INT8, (64, 1, 1031))],
+                      params=[2])  # fmt: skip
+        assert np.array_equal(got, ref_reduce(hw.REDUCE_SUM, logical(i8), 2, INT8))
+        s = operand_from(rng, BF16, (1024, 1100), specials=False)
+        for axis in (0, 1):
+            got = rig.run(hw.OP_SOFTMAX, hw.SOFTMAX_LOG, [s, Operand(BF16, s.shape)],
+                          params=[axis])  # fmt: skip
+            assert_close(got, ref_softmax(hw.SOFTMAX_LOG, logical(s), axis), BF16)
+        x = operand_from(rng, FP16, (4, 300, 1000), specials=False)
+        g = operand_from(rng, FP16, (1, 1, 1000), specials=False, scale=1.0)
+        b = operand_from(rng, FP16, (1, 1, 1000), specials=False, scale=1.0)
+        got = rig.run(hw.OP_LAYERNORM, 0, [x, g, b, Operand(FP16, x.shape)],
+                      params=[1, f32_bits(1e-5)])  # fmt: skip
+        want = ref_layernorm(logical(x), logical(g), logical(b), 1, 1e-5)
+        assert_close(got, want, FP16)
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def test_caps_report_reduce(rig: Rig) -> None:
+    assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_REDUCE
+    assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_TENSOR

@@ -222,6 +222,8 @@ def _as_params(op: ops.TensorOp) -> bytes:
         for d in range(ref.ndim):
             p.t[i].shape[d] = ref.shape[d]
             p.t[i].strides[d] = ref.strides[d]
+    for i, value in enumerate(op.params):
+        p.params[i] = value
     return bytes(p)
 
 
