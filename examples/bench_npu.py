@@ -2,9 +2,10 @@
 """NPU micro-benchmarks, run inside the guest.
 
 Measures the submit/wait round trip, NOP throughput, DMA copy bandwidth,
-fp32 GEMM throughput and the tensor ops (element-wise, unary, convert,
-transpose on ``npu.Tensor``) of the NPU next to the guest CPU doing the same
-work with numpy. Every result is checked (copy equal, GEMM and tensor ops
+fp32 GEMM throughput, the MATMUL op (fp32, fp16, bf16), the fused LINEAR
+epilogue and the tensor ops (element-wise, unary, convert, transpose on
+``npu.Tensor``) of the NPU next to the guest CPU doing the same work with
+numpy. Every result is checked (copy equal, GEMM, MATMUL and tensor ops
 close to numpy); the script exits 1 if one is wrong. Progress goes to
 stderr; the last line of stdout is one JSON object (see docs/benchmarks.md
 for the keys)::
@@ -60,6 +61,14 @@ TENSOR_CHAIN = 4 if QUICK else 16
 TENSOR_RUNS = 2 if QUICK else 5
 TENSOR_NUMPY_RUNS = 1 if QUICK else 3
 GELU_EXACT_SAMPLES = 4096  # elements of the GELU result checked against the exact erf form
+# MATMUL op: 1024^3 on device-resident operands; fp16/bf16 results are
+# checked on their first MATMUL_REF_ROWS rows (numpy in the guest is slow).
+MATMUL_REF_ROWS = 64
+# |got - want| <= rtol * (|want| + sqrt(K)): output rounding of each dtype
+# plus the fp32 accumulation, for standard-normal inputs.
+MATMUL_RTOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
+# Fused epilogue: matmul + bias add + relu as three ops vs one LINEAR(relu).
+FUSED_N = 512
 
 
 class BenchError(RuntimeError):
@@ -470,6 +479,159 @@ def bench_tensor_ops(dev: npu.Device) -> dict[str, float]:
     return res
 
 
+def device_seconds(dev: npu.Device, batches: list[list[Any]], chain: int, runs: int) -> float:
+    """Median seconds per round of `batches` (one SUBMIT each), `chain` rounds, one WAIT.
+
+    Outputs are preallocated, so this is the device time plus the submits."""
+    fence = 0
+    for batch in batches:  # warm-up
+        fence = dev.submit(batch)
+    dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(chain):
+            for batch in batches:
+                fence = dev.submit(batch)
+        dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
+        times.append((time.perf_counter() - t0) / chain)
+    return statistics.median(times)
+
+
+def check_matmul(got: np.ndarray, ref: np.ndarray, k: int, rtol: float, what: str) -> None:
+    """Raise BenchError unless the first rows of got match ref within rtol * (|ref| + sqrt(k))."""
+    top = got[: ref.shape[0]].astype(np.float64)
+    err = np.abs(top - ref)
+    bound = rtol * (np.abs(ref) + math.sqrt(k))
+    if top.shape != ref.shape or not np.all(err <= bound):
+        worst = float(np.max(err / bound)) if top.shape == ref.shape else float("inf")
+        raise BenchError(f"{what}: result differs from numpy ({worst:.3g}x the tolerance)")
+
+
+def bench_matmul_op(
+    dev: npu.Device, a: np.ndarray, b: np.ndarray, ref: np.ndarray
+) -> dict[str, float]:
+    """GFLOP/s of the MATMUL op at 1024^3 in fp32, fp16 and bf16 (device time).
+
+    Operands are uploaded once as tensors of each dtype; the output buffer
+    is preallocated; submit + wait, median of GEMM_RUNS. fp32 is checked
+    against ref (the fp32 GEMM reference), fp16/bf16 against numpy of the
+    rounded inputs on the first MATMUL_REF_ROWS rows."""
+    n = a.shape[0]
+    res: dict[str, float] = {}
+    for name, dtype in (("fp32", np.float32), ("fp16", np.float16), ("bf16", npu.bfloat16)):
+        ta = npu.tensor(a, dtype=dtype, device=dev)
+        tb = npu.tensor(b, dtype=dtype, device=dev)
+        npu_dtype = ta.npu_dtype
+        with dev.alloc(n * n * npu_dtype.itemsize) as out:
+            assert ta.buffer is not None and tb.buffer is not None
+            op = npu.ops.matmul_op(
+                npu.ops.tensor_ref(ta.buffer, npu_dtype, (n, n)),
+                npu.ops.tensor_ref(tb.buffer, npu_dtype, (n, n)),
+                npu.ops.tensor_ref(out, npu_dtype, (n, n)),
+                npu.ActKind.NONE,
+                (ta.buffer, tb.buffer, out),
+            )
+            sec = device_seconds(dev, [[op]], 1, GEMM_RUNS)
+            if npu_dtype is npu.DType.BF16:
+                got = npu.bf16_to_float32(out.numpy(np.uint16, (n, n)))
+            else:
+                got = np.array(out.numpy(dtype, (n, n)))
+        if name == "fp32":
+            check_gemm(got, ref, n, "NPU MATMUL fp32")
+        else:
+            ha = ta.numpy()[:MATMUL_REF_ROWS].astype(np.float32)
+            hb = tb.numpy().astype(np.float32)
+            check_matmul(got, ha @ hb, n, MATMUL_RTOL[name], f"NPU MATMUL {name}")
+        key = f"gemm_{name}_1024_gflops_npu" if name != "fp32" else "matmul_fp32_1024_gflops_npu"
+        res[key] = gemm_flop(n) / sec / 1e9
+        log.info("npu MATMUL %s %d^3: %.2f GFLOP/s", name, n, res[key])
+        del ta, tb, got
+    return res
+
+
+def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
+    """relu(x @ w.T + b) at FUSED_N^3 fp32: three ops (MATMUL, ELTWISE add, UNARY relu)
+    against one LINEAR with relu; device time per round and the Tensor-API time."""
+    n = FUSED_N
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = rng.standard_normal((n, n), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    tx, tw, tb = (npu.tensor(v, device=dev) for v in (x, w, bias))
+    bx, bw, bb = (TensorInputs.buf(t) for t in (tx, tw, tb))
+    f32 = npu.DType.FP32
+    xr = npu.ops.tensor_ref(bx, f32, (n, n))
+    wt = npu.ops.tensor_ref(bw, f32, (n, n), strides=(1, n))  # w.T, a strided view
+    ref = np.maximum(x[:MATMUL_REF_ROWS] @ w.T + bias, 0)
+    nbytes = n * n * 4
+    with dev.alloc(nbytes) as o1, dev.alloc(nbytes) as o2, dev.alloc(nbytes) as o3:
+        r1, r2, r3 = (npu.ops.tensor_ref(o, f32, (n, n)) for o in (o1, o2, o3))
+        unfused = [
+            [npu.ops.matmul_op(xr, wt, r1, npu.ActKind.NONE, (bx, bw, o1))],
+            [
+                npu.ops.eltwise(
+                    npu.EltwiseKind.ADD,
+                    r1,
+                    npu.ops.tensor_ref(bb, f32, (1, n)),
+                    r2,
+                    (o1, bb, o2),
+                )
+            ],
+            [npu.ops.unary(npu.UnaryKind.RELU, r2, r3, (o2, o3))],
+        ]
+        sec_unfused = device_seconds(dev, unfused, TENSOR_CHAIN, TENSOR_RUNS)
+        check_matmul(np.array(o3.numpy(np.float32, (n, n))), ref, n, 1e-5, "unfused epilogue")
+        o3.numpy(np.float32)[:] = 0
+        fused = [
+            [
+                npu.ops.linear_op(
+                    xr,
+                    wt,
+                    npu.ops.tensor_ref(bb, f32, (1, n)),
+                    r3,
+                    npu.ActKind.RELU,
+                    (bx, bw, bb, o3),
+                )
+            ]
+        ]
+        sec_fused = device_seconds(dev, fused, TENSOR_CHAIN, TENSOR_RUNS)
+        check_matmul(np.array(o3.numpy(np.float32, (n, n))), ref, n, 1e-5, "fused LINEAR")
+
+    def api_unfused() -> npu.Tensor:
+        return npu.relu(npu.matmul(tx, tw.T) + tb)
+
+    def api_fused() -> npu.Tensor:
+        return npu.linear(tx, tw, tb, activation="relu")
+
+    def wait(t: npu.Tensor) -> None:
+        t.wait(timeout_s=WAIT_TIMEOUT_S)
+
+    us_api_unfused, last_u = npu_chain_us(api_unfused, wait)
+    us_api_fused, last_f = npu_chain_us(api_fused, wait)
+    for what, t in (("npu.relu(x @ w.T + b)", last_u), ("npu.linear", last_f)):
+        check_matmul(t.numpy(timeout_s=WAIT_TIMEOUT_S), ref, n, 1e-5, what)
+    del last_u, last_f
+    res = {
+        "fused_epilogue_n": float(n),
+        "fused_epilogue_us_unfused": sec_unfused * 1e6,
+        "fused_epilogue_us_fused": sec_fused * 1e6,
+        "fused_epilogue_speedup": sec_unfused / sec_fused,
+        "fused_epilogue_us_unfused_tensor_api": us_api_unfused,
+        "fused_epilogue_us_fused_tensor_api": us_api_fused,
+        "fused_epilogue_speedup_tensor_api": us_api_unfused / us_api_fused,
+    }
+    log.info(
+        "fused epilogue %d^3: 3 ops %.0f us, LINEAR %.0f us -> %.2fx (Tensor API %.2fx)",
+        n,
+        res["fused_epilogue_us_unfused"],
+        res["fused_epilogue_us_fused"],
+        res["fused_epilogue_speedup"],
+        res["fused_epilogue_speedup_tensor_api"],
+    )
+    return res
+
+
 def main() -> int:
     """Run every benchmark; print the JSON result; 0 on success, 1 on a wrong result."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench_npu: %(message)s")
@@ -512,7 +674,13 @@ def main() -> int:
             result["gemm_fp32_1024_gflops_npu"] = dev_gflops
             result["gemm_fp32_1024_gflops_npu_e2e"] = e2e_gflops
             log.info("npu gemm %.2f GFLOP/s (e2e %.2f)", dev_gflops, e2e_gflops)
+            if info.has(npu.Cap.MATMUL):
+                result.update(bench_matmul_op(dev, a, b, ref))
             del a, b, ref
+            if info.has(npu.Cap.MATMUL):
+                result.update(bench_fused_epilogue(dev))
+            else:
+                log.warning("the device has no MATMUL op: MATMUL and fused figures skipped")
 
             t_tensor = time.perf_counter()
             result.update(bench_tensor_ops(dev))

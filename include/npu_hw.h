@@ -68,6 +68,7 @@ enum npu_reg {
 #define NPU_CAP_MMU		(1u << 5)
 #define NPU_CAP_TENSOR		(1u << 6)	/* ELTWISE, UNARY, CONVERT */
 #define NPU_CAP_REDUCE		(1u << 7)	/* REDUCE, SOFTMAX, LAYERNORM */
+#define NPU_CAP_MATMUL		(1u << 8)	/* MATMUL, LINEAR */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -156,7 +157,24 @@ enum npu_opcode {
 	NPU_OP_REDUCE	= 7,	/* out = kind over params[0]'s axes of in */
 	NPU_OP_SOFTMAX	= 8,	/* out = (log-)softmax of in along params[0] */
 	NPU_OP_LAYERNORM = 9,	/* out = norm(in) * gamma + beta */
+	NPU_OP_MATMUL	= 10,	/* out = act(a @ b), batched */
+	NPU_OP_LINEAR	= 11,	/* out = act(a @ b + bias), batched */
 	NPU_OP_COUNT,
+};
+
+/*
+ * MATMUL: t[0] = a, t[1] = b, t[2] = out. LINEAR: t[0] = a, t[1] = b,
+ * t[2] = bias, t[3] = out. One float dtype for all (fp32 accumulation).
+ * a, b and out have one rank r >= 2: a is [..., M, K], b [..., K, N], out
+ * [..., M, N]; the r - 2 batch dims of a and b are out's or 1 (broadcast).
+ * Any strides (a transposed operand is a strided view). bias has rank r,
+ * N in the last dim and 1 elsewhere. kind = activation applied last.
+ */
+enum npu_act_kind {
+	NPU_ACT_NONE		= 0,
+	NPU_ACT_RELU		= 1,
+	NPU_ACT_GELU		= 2,	/* exact, erf form */
+	NPU_ACT_COUNT,
 };
 
 /*
@@ -236,7 +254,7 @@ enum npu_dtype {
 };
 
 /*
- * Tensor operand of ELTWISE/UNARY/CONVERT, as the device reads it from the
+ * Tensor operand of a tensor op (ELTWISE .. LINEAR), as the device reads it from the
  * op's parameter block. Dimensions at and above ndim are zero. Strides are
  * in elements; a stride of 0 repeats the element along that dimension.
  */
@@ -262,6 +280,8 @@ struct npu_hw_tensor {
  *   ELTWISE: t[0] = a, t[1] = b, t[2] = out
  *   UNARY, CONVERT, REDUCE, SOFTMAX: t[0] = in, t[1] = out
  *   LAYERNORM: t[0] = in, t[1] = gamma, t[2] = beta, t[3] = out
+ *   MATMUL: t[0] = a, t[1] = b, t[2] = out
+ *   LINEAR: t[0] = a, t[1] = b, t[2] = bias, t[3] = out
  */
 struct npu_tensor_params {
 	struct npu_hw_tensor t[NPU_TENSOR_OPERANDS];
@@ -307,7 +327,7 @@ struct npu_cmd {
 		} gemm;
 		struct {
 			__u64 params;	/* VA of struct npu_tensor_params */
-			__u32 kind;	/* enum npu_eltwise_kind / npu_unary_kind */
+			__u32 kind;	/* the opcode's enum npu_*_kind, or 0 */
 			__u32 rsvd;
 		} tensor;
 		__u64 raw[14];

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Validation of tensor ops (ELTWISE, UNARY, CONVERT), shared by the driver,
+ * Validation of tensor ops (opcodes ELTWISE .. LINEAR), shared by the driver,
  * which rejects a bad op at SUBMIT with -EINVAL, and the device model, which
  * checks again what it fetched and completes a bad op with the status these
  * functions return. One implementation, so the two can never disagree.
@@ -124,7 +124,10 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 	case NPU_OP_REDUCE:
 	case NPU_OP_SOFTMAX:
 		return 2;
+	case NPU_OP_MATMUL:
+		return 3;
 	case NPU_OP_LAYERNORM:
+	case NPU_OP_LINEAR:
 		return 4;
 	default:
 		return 0;
@@ -161,6 +164,25 @@ static inline int npu_tensor_reduces_to(const struct npu_hw_tensor *in,
 		return 0;
 	for (d = 0; d < in->ndim; d++)
 		if (out->shape[d] != ((axes & (1u << d)) ? 1 : in->shape[d]))
+			return 0;
+	return 1;
+}
+
+/* MATMUL/LINEAR: shapes of a [..., M, K] @ b [..., K, N] -> out [..., M, N]. */
+static inline int npu_tensor_matmul_shapes(const struct npu_hw_tensor *a,
+					   const struct npu_hw_tensor *b,
+					   const struct npu_hw_tensor *out)
+{
+	__u32 r = out->ndim, d;
+
+	if (r < 2 || a->ndim != r || b->ndim != r ||
+	    a->shape[r - 2] != out->shape[r - 2] ||
+	    b->shape[r - 1] != out->shape[r - 1] ||
+	    a->shape[r - 1] != b->shape[r - 2])
+		return 0;
+	for (d = 0; d + 2 < r; d++)
+		if ((a->shape[d] != out->shape[d] && a->shape[d] != 1) ||
+		    (b->shape[d] != out->shape[d] && b->shape[d] != 1))
 			return 0;
 	return 1;
 }
@@ -267,6 +289,17 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		    !npu_tensor_is_norm_param(&p->t[1], out, p->params[0]) ||
 		    !npu_tensor_is_norm_param(&p->t[2], out, p->params[0]) ||
 		    !npu_f32_bits_positive_finite(p->params[1]))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_MATMUL:
+	case NPU_OP_LINEAR:
+		for (i = 0; i + 1 < n; i++)
+			if (p->t[i].dtype != out->dtype)
+				return NPU_ST_BAD_ARGS;
+		if (kind >= NPU_ACT_COUNT || !npu_dtype_is_float(out->dtype) ||
+		    !npu_tensor_matmul_shapes(&p->t[0], &p->t[1], out) ||
+		    (opcode == NPU_OP_LINEAR &&
+		     !npu_tensor_is_norm_param(&p->t[2], out, 1)))
 			return NPU_ST_BAD_ARGS;
 		return NPU_ST_OK;
 	default: /* NPU_OP_CONVERT */

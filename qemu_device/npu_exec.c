@@ -309,6 +309,8 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_REDUCE] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_SOFTMAX] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_LAYERNORM] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_MATMUL] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_LINEAR] = sizeof(((struct npu_cmd *)0)->tensor),
 };
 
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
@@ -337,6 +339,8 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_REDUCE:
     case NPU_OP_SOFTMAX:
     case NPU_OP_LAYERNORM:
+    case NPU_OP_MATMUL:
+    case NPU_OP_LINEAR:
         return npu_exec_tensor(s, w, cmd);
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",

@@ -1,5 +1,6 @@
 /*
- * NPU tensor ops: ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX and LAYERNORM.
+ * NPU tensor ops: ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
+ * MATMUL and LINEAR.
  *
  * The command processor reads the op's 256-byte parameter block once,
  * validates it with npu_tensor_op_check() (include/npu_tensor.h, the same
@@ -15,7 +16,9 @@
  * REDUCE, SOFTMAX and LAYERNORM share the validation, the gather of the
  * inputs and the element conversions, but compute per slice in double
  * (tiles of slices) and write the whole output once at the end; see the
- * section of their own below.
+ * section of their own below. MATMUL and LINEAR run cblas_sgemm per
+ * (batch, block of rows) tile with fp32 accumulation and write each tile's
+ * output back as it finishes; see their section.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -25,6 +28,7 @@
 #include "qemu/log.h"
 #include "qemu/bswap.h"
 #include <math.h>
+#include <cblas.h>
 #include "npu_dev.h"
 #include "npu_tensor.h"
 
@@ -1188,6 +1192,269 @@ static uint32_t npu_exec_red(NpuState *s, NpuWalk *w,
     return st;
 }
 
+/* ---------------------------------------------------------------------- */
+/* MATMUL and LINEAR */
+
+/*
+ * out[b] = act(a[b] @ b[b] (+ bias)) for every batch index b of out's
+ * leading r - 2 dims. The units of the tiles are (batch, block of rows of
+ * M) in output order, so a tile's output is one contiguous run. Per unit,
+ * op(a) and b are handed to cblas_sgemm as they are when they already are
+ * fp32 matrices BLAS can address (unit stride on one side, a leading
+ * dimension on the other: row-major, or a plain transpose), otherwise
+ * packed into contiguous fp32 (widened from fp16/bf16). BLAS accumulates
+ * in fp32 into an fp32 [rows, N] block (the output buffer itself for an
+ * fp32 output on a little-endian host); bias and activation are applied
+ * in fp32, and the block is rounded once to the output dtype.
+ */
+
+/* Ops of fewer multiply-adds run as one tile on the command processor. */
+#define NPU_MM_TILE_MIN_FLOP (1ull << 22)
+/* Bound of a row block's A and C scratch, in fp32 elements (8 MiB). */
+#define NPU_MM_BLOCK_ELEMS ((8 * MiB) / sizeof(float))
+
+/* One matrix operand: rows x cols per batch index. */
+typedef struct NpuMmOp {
+    const uint8_t *data;    /* host copy of the operand's extent */
+    uint32_t dtype, size;
+    uint64_t rs, cs;        /* row and column strides; 0 for a size-1 dim */
+    uint64_t bstride[NPU_MAX_RANK - 2];     /* batch strides; 0: broadcast */
+} NpuMmOp;
+
+typedef struct NpuMmJob {
+    NpuWalk walk;           /* snapshot; each tile walks with its own copy */
+    NpuMmOp a, b;
+    const float *bias;      /* N values (LINEAR), else NULL */
+    uint32_t kind;          /* enum npu_act_kind */
+    uint32_t nb;            /* batch dims */
+    uint64_t bshape[NPU_MAX_RANK - 2];
+    uint64_t m, n, k;
+    uint64_t mb, nblk;      /* rows per unit, units per batch index */
+    uint8_t *out;           /* host output buffer, contiguous */
+    uint64_t out_va;
+    uint32_t odtype, osize;
+    bool direct_out;        /* BLAS writes fp32 results into @out */
+} NpuMmJob;
+
+/* First output element of unit @u. */
+static uint64_t npu_mm_unit_start(const NpuMmJob *job, uint64_t u)
+{
+    uint64_t row = MIN((u % job->nblk) * job->mb, job->m);
+
+    return ((u / job->nblk) * job->m + row) * job->n;
+}
+
+/*
+ * The rows x cols matrix of @op at element offset @off as BLAS takes it:
+ * in place when it is fp32 with a usable layout, else packed into
+ * *@scratch (allocated on first use, @cap elements). Packing follows the
+ * operand's smaller stride, so that its reads are sequential, and gives a
+ * transposed matrix when the columns are the far apart ones. NULL when
+ * the scratch cannot be allocated.
+ */
+static const float *npu_mm_view(const NpuMmOp *op, uint64_t off,
+                                uint64_t rows, uint64_t cols, float **scratch,
+                                size_t cap, int *ld, bool *trans)
+{
+    const uint8_t *src = op->data + off * op->size;
+    uint64_t rs = rows > 1 ? op->rs : 0, cs = cols > 1 ? op->cs : 0;
+    uint64_t r, c;
+
+    if (!HOST_BIG_ENDIAN && op->dtype == NPU_DTYPE_FP32) {
+        if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) {
+            *ld = rows == 1 ? cols : rs;
+            *trans = false;
+            return (const float *)src;
+        }
+        if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) {
+            *ld = cols == 1 ? rows : cs;
+            *trans = true;
+            return (const float *)src;
+        }
+    }
+    if (!*scratch) {
+        *scratch = g_try_malloc(cap * sizeof(float));
+        if (!*scratch) {
+            return NULL;
+        }
+    }
+    *trans = cs > rs;
+    if (*trans) {                   /* column c at scratch[c * rows] */
+        for (c = 0; c < cols; c++) {
+            float *dst = *scratch + c * rows;
+            const float *v = npu_load_f32(src + c * cs * op->size, rs,
+                                          op->dtype, dst, rows);
+
+            if (v != dst) {
+                memcpy(dst, v, rows * sizeof(float));
+            }
+        }
+        *ld = rows;
+    } else {                        /* row r at scratch[r * cols] */
+        for (r = 0; r < rows; r++) {
+            float *dst = *scratch + r * cols;
+            const float *v = npu_load_f32(src + r * rs * op->size, cs,
+                                          op->dtype, dst, cols);
+
+            if (v != dst) {
+                memcpy(dst, v, cols * sizeof(float));
+            }
+        }
+        *ld = cols;
+    }
+    return *scratch;
+}
+
+/* Units [begin, end) of the output, then their write-back. */
+static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
+                            uint64_t end)
+{
+    const NpuMmJob *job = opaque;
+    NpuWalk w = job->walk;
+    float *apack = NULL, *bpack = NULL, *ctile = NULL;
+    const float *bp = NULL;
+    uint64_t first = npu_mm_unit_start(job, begin);
+    uint64_t last = npu_mm_unit_start(job, end);
+    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u;
+    uint32_t st = NPU_ST_OK, d;
+    int ldb = 0;
+    bool tb = false;
+
+    for (u = begin; u < end; u++) {
+        uint64_t bi = u / job->nblk, m0 = (u % job->nblk) * job->mb;
+        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi, r, j;
+        uint64_t aoff = 0, boff = 0, o = (bi * job->m + m0) * n;
+        const float *ap;
+        float *c;
+        int lda;
+        bool ta;
+
+        for (d = job->nb; d-- > 0;) {
+            uint64_t i = rest % job->bshape[d];
+
+            rest /= job->bshape[d];
+            aoff += i * job->a.bstride[d];
+            boff += i * job->b.bstride[d];
+        }
+        if (boff != bcur) {         /* b changes only with the batch */
+            bp = npu_mm_view(&job->b, boff, k, n, &bpack, k * n, &ldb, &tb);
+            bcur = boff;
+        }
+        ap = npu_mm_view(&job->a, aoff + m0 * job->a.rs, rows, k, &apack,
+                         job->mb * k, &lda, &ta);
+        if (job->direct_out) {
+            c = (float *)job->out + o;
+        } else {
+            if (!ctile) {
+                ctile = g_try_malloc(job->mb * n * sizeof(float));
+            }
+            c = ctile;
+        }
+        if (!ap || !bp || !c) {
+            st = NPU_ST_NO_MEMORY;
+            break;
+        }
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                    tb ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, ap, lda,
+                    bp, ldb, 0.0f, c, n);
+        if (job->bias) {
+            for (r = 0; r < rows; r++) {
+                for (j = 0; j < n; j++) {
+                    c[r * n + j] += job->bias[j];
+                }
+            }
+        }
+        if (job->kind != NPU_ACT_NONE) {
+            npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                          NPU_UNARY_GELU, c, c, rows * n);
+        }
+        npu_store_f32(job->out + o * job->osize, job->odtype, c, rows * n);
+    }
+    g_free(apack);
+    g_free(bpack);
+    g_free(ctile);
+    if (st != NPU_ST_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: matmul %" PRIu64 "x%" PRIu64
+                      "x%" PRIu64 ": out of device memory\n", job->m, k, n);
+        return st;
+    }
+    return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
+                         job->out + first * job->osize,
+                         (last - first) * job->osize);
+}
+
+static void npu_mm_op_init(NpuMmOp *op, const struct npu_hw_tensor *t,
+                           const uint8_t *data)
+{
+    uint32_t r = t->ndim, d;
+
+    op->data = data;
+    op->dtype = t->dtype;
+    op->size = npu_dtype_size(t->dtype);
+    op->rs = t->shape[r - 2] > 1 ? t->strides[r - 2] : 0;
+    op->cs = t->shape[r - 1] > 1 ? t->strides[r - 1] : 0;
+    for (d = 0; d + 2 < r; d++) {
+        op->bstride[d] = t->shape[d] > 1 ? t->strides[d] : 0;
+    }
+}
+
+/* A checked MATMUL/LINEAR whose inputs are in @bufs. */
+static uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
+                                const struct npu_tensor_params *p,
+                                uint32_t opcode, uint32_t kind,
+                                uint8_t *const *bufs, uint8_t *out)
+{
+    const struct npu_hw_tensor *o = &p->t[npu_tensor_op_operands(opcode) - 1];
+    uint32_t r = o->ndim, cores = MAX(s->cores.n, 1), d, st;
+    NpuMmJob job = {
+        .walk = *w, .kind = kind, .nb = r - 2,
+        .m = o->shape[r - 2], .n = o->shape[r - 1],
+        .k = p->t[0].shape[r - 1],
+        .out = out, .out_va = o->va, .odtype = o->dtype,
+        .osize = npu_dtype_size(o->dtype),
+        .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+    };
+    uint64_t batch = 1, flop, units, grain;
+    float *bias = NULL;
+
+    npu_mm_op_init(&job.a, &p->t[0], bufs[0]);
+    npu_mm_op_init(&job.b, &p->t[1], bufs[1]);
+    for (d = 0; d < job.nb; d++) {
+        job.bshape[d] = o->shape[d];
+        batch *= o->shape[d];
+    }
+    if (opcode == NPU_OP_LINEAR) {
+        const struct npu_hw_tensor *bt = &p->t[2];
+        const float *v;
+
+        bias = g_try_malloc(job.n * sizeof(float));
+        if (!bias) {
+            return NPU_ST_NO_MEMORY;
+        }
+        v = npu_load_f32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
+                         bt->dtype, bias, job.n);
+        if (v != bias) {
+            memcpy(bias, v, job.n * sizeof(float));
+        }
+        job.bias = bias;
+    }
+
+    /* Row blocks bounded in size; large ops: at least two per core. */
+    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS / (job.k + job.n), 1));
+    flop = batch * job.m * job.n * job.k;
+    if (flop >= NPU_MM_TILE_MIN_FLOP && cores > 1 &&
+        batch * DIV_ROUND_UP(job.m, job.mb) < cores * 2) {
+        job.mb = DIV_ROUND_UP(job.m, DIV_ROUND_UP(cores * 2, batch));
+    }
+    job.nblk = DIV_ROUND_UP(job.m, job.mb);
+    units = batch * job.nblk;
+    grain = flop < NPU_MM_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
+    g_free(bias);
+    return st;
+}
+
 static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
     [NPU_OP_ELTWISE] = { "eltwise a", "eltwise b", "eltwise out" },
     [NPU_OP_UNARY] = { "unary in", "unary out" },
@@ -1196,6 +1463,8 @@ static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
     [NPU_OP_SOFTMAX] = { "softmax in", "softmax out" },
     [NPU_OP_LAYERNORM] = { "layernorm in", "layernorm gamma",
                            "layernorm beta", "layernorm out" },
+    [NPU_OP_MATMUL] = { "matmul a", "matmul b", "matmul out" },
+    [NPU_OP_LINEAR] = { "linear a", "linear b", "linear bias", "linear out" },
 };
 
 /* The parameter block in host byte order. */
@@ -1288,6 +1557,10 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
                           npu_tensor_extent(&p.t[i]));
     }
     if (st != NPU_ST_OK) {
+        goto out;
+    }
+    if (opcode == NPU_OP_MATMUL || opcode == NPU_OP_LINEAR) {
+        st = npu_exec_matmul(s, w, &p, opcode, kind, bufs, job.out);
         goto out;
     }
     if (opcode >= NPU_OP_REDUCE) {

@@ -227,6 +227,8 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
     res["gemm_npu_e2e_vs_guest_numpy"] = (
         res["gemm_fp32_1024_gflops_npu_e2e"] / res["gemm_fp32_1024_gflops_guest_numpy"]
     )
+    if "matmul_fp32_1024_gflops_npu" in res:  # MATMUL op against the v1 GEMM of this run
+        res["matmul_vs_gemm_fp32"] = res["matmul_fp32_1024_gflops_npu"] / npu_gflops
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.guest
 
 SYSFS = "/sys/class/npu/npu0"
+HW_HEADER = Path(__file__).resolve().parent.parent / "include" / "npu_hw.h"
+
+
+def _all_caps() -> int:
+    """Every NPU_CAP_* bit of the header: the device implements all of them."""
+    bits = re.findall(r"^#define\s+NPU_CAP_\w+\s+\(1u << (\d+)\)", HW_HEADER.read_text(), re.M)
+    return sum(1 << int(b) for b in bits)
+
+
 # What the device model reports (include/npu_hw.h) and the driver shows.
 SYSFS_VALUES = {
     "hw_version": "1.0",
     "abi_version": "1",
     "driver_version": "1.0",
-    "caps": "0x000000ff",
+    "caps": f"0x{_all_caps():08x}",
     "num_queues": "1",
     "num_cores": "2",
     "ring_entries": "4096",

@@ -26,6 +26,7 @@ import logging
 
 from . import ops
 from ._abi import (
+    ActKind,
     Cap,
     DType,
     EltwiseKind,
@@ -62,6 +63,7 @@ from .tensor import (
     float32_to_bf16,
     gelu,
     layer_norm,
+    linear,
     log,
     log_softmax,
     max,
@@ -87,6 +89,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "ActKind",
     "BFloat16Type",
     "BufRef",
     "Buffer",
@@ -123,6 +126,7 @@ __all__ = [
     "float32_to_bf16",
     "gelu",
     "layer_norm",
+    "linear",
     "log",
     "log_softmax",
     "matmul",

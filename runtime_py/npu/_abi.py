@@ -47,6 +47,7 @@ NPU_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_CAP_MMU: Final = 1 << 5
 NPU_CAP_TENSOR: Final = 1 << 6
 NPU_CAP_REDUCE: Final = 1 << 7
+NPU_CAP_MATMUL: Final = 1 << 8
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -62,7 +63,14 @@ NPU_OP_CONVERT: Final = 6
 NPU_OP_REDUCE: Final = 7
 NPU_OP_SOFTMAX: Final = 8
 NPU_OP_LAYERNORM: Final = 9
-NPU_OP_COUNT: Final = 10
+NPU_OP_MATMUL: Final = 10
+NPU_OP_LINEAR: Final = 11
+NPU_OP_COUNT: Final = 12
+
+NPU_ACT_NONE: Final = 0
+NPU_ACT_RELU: Final = 1
+NPU_ACT_GELU: Final = 2
+NPU_ACT_COUNT: Final = 3
 
 NPU_REDUCE_SUM: Final = 0
 NPU_REDUCE_MEAN: Final = 1
@@ -149,6 +157,7 @@ NPU_INFO_CAP_TIMESTAMPS: Final = 1 << 4
 NPU_INFO_CAP_MMU: Final = 1 << 5
 NPU_INFO_CAP_TENSOR: Final = 1 << 6
 NPU_INFO_CAP_REDUCE: Final = 1 << 7
+NPU_INFO_CAP_MATMUL: Final = 1 << 8
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -174,6 +183,8 @@ class Opcode(enum.IntEnum):
     REDUCE = NPU_OP_REDUCE
     SOFTMAX = NPU_OP_SOFTMAX
     LAYERNORM = NPU_OP_LAYERNORM
+    MATMUL = NPU_OP_MATMUL
+    LINEAR = NPU_OP_LINEAR
 
 
 class EltwiseKind(enum.IntEnum):
@@ -217,6 +228,17 @@ class SoftmaxKind(enum.IntEnum):
     LOG = NPU_SOFTMAX_LOG
 
 
+class ActKind(enum.IntEnum):
+    """Activations of MATMUL and LINEAR, applied last (``enum npu_act_kind``).
+
+    GELU is the exact (erf) form.
+    """
+
+    NONE = NPU_ACT_NONE
+    RELU = NPU_ACT_RELU
+    GELU = NPU_ACT_GELU
+
+
 class Status(enum.IntEnum):
     """Device completion status codes (``enum npu_status``, ``NPU_ST_*``)."""
 
@@ -253,6 +275,7 @@ class Cap(enum.IntFlag):
     MMU = NPU_INFO_CAP_MMU
     TENSOR = NPU_INFO_CAP_TENSOR
     REDUCE = NPU_INFO_CAP_REDUCE
+    MATMUL = NPU_INFO_CAP_MATMUL
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -261,7 +284,10 @@ class Cap(enum.IntFlag):
 
 
 class DType(enum.IntEnum):
-    """Element types (``enum npu_dtype``): GEMM takes FP32, tensor ops all of them."""
+    """Element types (``enum npu_dtype``): GEMM takes FP32, tensor ops all of them.
+
+    MATMUL and LINEAR take the float ones (FP32, FP16, BF16).
+    """
 
     FP32 = NPU_DTYPE_FP32
     FP16 = NPU_DTYPE_FP16
@@ -339,7 +365,7 @@ class NpuCmdGemm(ctypes.LittleEndianStructure):
 
 
 class NpuCmdTensor(ctypes.LittleEndianStructure):
-    """``npu_cmd.tensor``: the tensor ops (ELTWISE .. LAYERNORM)."""
+    """``npu_cmd.tensor``: the tensor ops (ELTWISE .. LINEAR)."""
 
     _fields_ = [
         ("params", ctypes.c_uint64),

@@ -62,11 +62,12 @@ def matmul(
     device: Device | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> npt.NDArray[np.float32] | Tensor:
-    """Return ``a @ b`` computed by a device GEMM, as a new float32 array.
+    """Return ``a @ b`` computed by a device GEMM, as a new float32 array (or a Tensor).
 
-    If ``a`` or ``b`` is a :class:`npu.Tensor` the GEMM runs on the
-    device-resident data and the result is a float32 :class:`npu.Tensor`
-    (not waited for; see :func:`npu.tensor.matmul`). ``device`` must then be
+    If ``a`` or ``b`` is a :class:`npu.Tensor` one MATMUL op runs on the
+    device-resident data with ``np.matmul`` semantics (ranks 1..4, batch
+    broadcasting) and the result is a :class:`npu.Tensor` of the operands'
+    common float dtype (not waited for; see :func:`npu.tensor.matmul`). ``device`` must then be
     ``None`` or the tensors' device, and ``timeout_s`` is not used.
 
     ``a`` (``m x k``) and ``b`` (``k x n``) are converted with

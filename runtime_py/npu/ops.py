@@ -2,7 +2,8 @@
 
 Each builder validates its arguments in Python (raising :class:`ValueError`)
 and returns an immutable :class:`Op` (NOP, COPY, FILL, GEMM) or
-:class:`TensorOp` (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM);
+:class:`TensorOp` (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
+MATMUL, LINEAR);
 :meth:`npu.Device.submit` packs
 a sequence of them into arrays of ``struct npu_op`` / ``struct npu_tensor_op``.
 
@@ -44,6 +45,8 @@ __all__ = [
     "gemm",
     "gemm_extent",
     "layernorm",
+    "linear_op",
+    "matmul_op",
     "nop",
     "reduce",
     "softmax",
@@ -374,17 +377,19 @@ class TensorRef:
 
 @dataclass(frozen=True, slots=True)
 class TensorOp:
-    """One tensor op (``struct npu_tensor_op``): ELTWISE .. LAYERNORM.
+    """One tensor op (``struct npu_tensor_op``): ELTWISE .. LINEAR.
 
     ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
     (ELTWISE: a, b, out; UNARY, CONVERT, REDUCE, SOFTMAX: in, out;
-    LAYERNORM: in, gamma, beta, out). ``kind`` is an :class:`npu.EltwiseKind`,
-    :class:`npu.UnaryKind`, :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`
-    or 0 (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
+    LAYERNORM: in, gamma, beta, out; MATMUL: a, b, out; LINEAR: a, b, bias,
+    out). ``kind`` is an :class:`npu.EltwiseKind`, :class:`npu.UnaryKind`,
+    :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`, :class:`npu.ActKind`
+    (MATMUL, LINEAR) or 0 (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
     (REDUCE: axes bit mask; SOFTMAX: axis; LAYERNORM: number of normalised
     trailing axes, eps as fp32 bits); the rest of the 12 are packed as zero.
     Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
-    :func:`reduce`, :func:`softmax` and :func:`layernorm`, which check the op
+    :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op` and
+    :func:`linear_op`, which check the op
     with :func:`check_tensor_op`. ``buffers`` holds the buffer objects for
     :meth:`npu.Device.submit`'s checks; it is not part of equality.
     """
@@ -421,6 +426,8 @@ class TensorOp:
             _abi.Opcode.UNARY: _abi.UnaryKind,
             _abi.Opcode.REDUCE: _abi.ReduceKind,
             _abi.Opcode.SOFTMAX: _abi.SoftmaxKind,
+            _abi.Opcode.MATMUL: _abi.ActKind,
+            _abi.Opcode.LINEAR: _abi.ActKind,
         }
         name = self.opcode.name
         kind_enum = kinds.get(self.opcode)
@@ -446,6 +453,8 @@ _OPERANDS = {
     _abi.Opcode.REDUCE: 2,
     _abi.Opcode.SOFTMAX: 2,
     _abi.Opcode.LAYERNORM: 4,
+    _abi.Opcode.MATMUL: 3,
+    _abi.Opcode.LINEAR: 4,
 }
 # Params each opcode uses (npu_tensor_op_params); the others must be zero.
 _PARAMS = {_abi.Opcode.REDUCE: 1, _abi.Opcode.SOFTMAX: 1, _abi.Opcode.LAYERNORM: 2}
@@ -469,7 +478,8 @@ def check_tensor_op(op: TensorOp) -> None:
         ValueError: the driver would reject the op with ``EINVAL``: wrong
             operand count, nonzero unused params, non-contiguous output,
             dtype or shape mismatch, a kind out of range, a float-only kind
-            on an integer dtype, or bad REDUCE/SOFTMAX/LAYERNORM params.
+            on an integer dtype, bad REDUCE/SOFTMAX/LAYERNORM params, or
+            MATMUL/LINEAR shapes that do not chain (see :func:`matmul_op`).
     """
     n = _OPERANDS.get(op.opcode)
     if n is None:
@@ -542,12 +552,42 @@ def check_tensor_op(op: TensorOp) -> None:
                 raise ValueError(f"{op}: {name} shape must be {want}, not {p.shape}")
         if not _positive_finite_f32(params[1]):
             raise ValueError(f"{op}: eps (fp32 bits {params[1]:#x}) must be finite and > 0")
+    elif op.opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR):
+        _check_matmul(op, inputs, out)
     else:
         (t,) = inputs
         if op.kind != 0:
             raise ValueError(f"{op}: CONVERT kind must be 0")
         if t.shape != out.shape:
             raise ValueError(f"{op}: CONVERT input and output must have the same shape")
+
+
+def _check_matmul(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None:
+    """The MATMUL/LINEAR rules of ``npu_tensor_op_check`` (``npu_tensor_matmul_shapes``)."""
+    name = op.opcode.name
+    if any(t.dtype is not out.dtype for t in inputs):
+        raise ValueError(f"{op}: {name} operands must have one dtype")
+    _abi.ActKind(op.kind)  # ValueError if out of range
+    if not out.dtype.is_float:
+        raise ValueError(f"{op}: {name} takes float dtypes only")
+    a, b = inputs[0], inputs[1]
+    r = out.ndim
+    if r < 2 or a.ndim != r or b.ndim != r:
+        raise ValueError(f"{op}: a, b and out must have one rank >= 2")
+    if a.shape[-2] != out.shape[-2] or b.shape[-1] != out.shape[-1]:
+        raise ValueError(f"{op}: out {out.shape} is not [..., M, N] of a {a.shape} @ b {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{op}: K differs: a {a.shape} and b {b.shape}")
+    for d in range(r - 2):
+        for t in (a, b):
+            if t.shape[d] not in (out.shape[d], 1):
+                raise ValueError(
+                    f"{op}: batch dim {d} of {t.shape} is neither {out.shape[d]} nor 1"
+                )
+    if op.opcode is _abi.Opcode.LINEAR:
+        want = (1,) * (r - 1) + (out.shape[-1],)
+        if inputs[2].shape != want:
+            raise ValueError(f"{op}: bias shape must be {want}, not {inputs[2].shape}")
 
 
 def tensor_ref(
@@ -696,5 +736,49 @@ def layernorm(
     except OverflowError:
         raise ValueError(f"LAYERNORM eps={eps} overflows fp32") from None
     op = TensorOp(_abi.Opcode.LAYERNORM, 0, (x, gamma, beta, out), buffers, (n, bits))
+    check_tensor_op(op)
+    return op
+
+
+def matmul_op(
+    a: TensorRef,
+    b: TensorRef,
+    out: TensorRef,
+    act: _abi.ActKind = _abi.ActKind.NONE,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a MATMUL op: ``out = act(a @ b)``, batched, fp32 accumulation.
+
+    ``a`` is ``[..., M, K]``, ``b`` ``[..., K, N]`` and ``out`` ``[..., M, N]``,
+    all of one rank ``r`` (2..4) and one float dtype; each of the ``r - 2``
+    batch dims of ``a`` and ``b`` is ``out``'s or 1 (broadcast). ``a`` and
+    ``b`` may have any strides (a transposed operand is a strided view);
+    ``out`` must be contiguous.
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.MATMUL, int(act), (a, b, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def linear_op(
+    a: TensorRef,
+    b: TensorRef,
+    bias: TensorRef,
+    out: TensorRef,
+    act: _abi.ActKind = _abi.ActKind.NONE,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a LINEAR op: ``out = act(a @ b + bias)`` (see :func:`matmul_op`).
+
+    ``bias`` has ``out``'s rank and dtype, ``N`` in the last dim and 1
+    elsewhere (``[1, ..., 1, N]``); any strides.
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.LINEAR, int(act), (a, b, bias, out), buffers)
     check_tensor_op(op)
     return op

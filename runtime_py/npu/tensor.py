@@ -1,4 +1,4 @@
-"""Device-resident tensors and the tensor ops (ELTWISE, UNARY, CONVERT, GEMM, REDUCE, ...).
+"""Device-resident tensors and the tensor ops (ELTWISE, UNARY, CONVERT, REDUCE, MATMUL, ...).
 
 A :class:`Tensor` is an n-D array (rank 0..4) that lives in a device buffer
 object. It has a dtype (float32, float16, bfloat16, int8 or int32), a shape,
@@ -28,6 +28,10 @@ exceptions):
 - :func:`softmax`, :func:`log_softmax` and :func:`layer_norm` (like
   ``torch.nn.functional.layer_norm``) compute in the input's float dtype;
   integer inputs become float32 first;
+- :func:`matmul` (and ``@``) follows ``np.matmul`` for ranks 1..4 (batch
+  broadcasting, 1-D promotion) in the operands' common float dtype;
+  :func:`linear` is ``torch.nn.functional.linear`` plus an activation, fused
+  into one LINEAR op;
 - empty tensors (a dimension of 0) are handled in Python without the device.
 
 bfloat16 has no numpy dtype: :data:`bfloat16` is a sentinel dtype object;
@@ -75,8 +79,10 @@ __all__ = [
     "float32_to_bf16",
     "gelu",
     "layer_norm",
+    "linear",
     "log",
     "log_softmax",
+    "matmul",
     "max",
     "maximum",
     "mean",
@@ -1154,7 +1160,7 @@ def layer_norm(
 
 
 # ---------------------------------------------------------------------------
-# GEMM on tensors
+# matmul and linear (MATMUL, LINEAR; the v1 GEMM on older devices)
 # ---------------------------------------------------------------------------
 
 
@@ -1183,40 +1189,13 @@ def _gemm_operand(t: Tensor, batch: list[ops.AnyOp]) -> tuple[Tensor, bool, int]
     return t, layout[0], layout[1]
 
 
-def matmul(x: Any, y: Any) -> Tensor:
-    """``x @ y`` for 2-D operands, as a device GEMM producing a float32 Tensor.
-
-    Non-tensor operands are uploaded as float32; tensors of other dtypes are
-    converted to float32 first (CONVERT). Transposed views are passed to the
-    GEMM with its transpose flags, other strided views are made contiguous.
-
-    Raises:
-        ValueError: an operand is not 2-D, the inner dimensions differ, or a
-            dimension exceeds ``NPU_MAX_DIM``.
-    """
-    tx = x if isinstance(x, Tensor) else None
-    ty = y if isinstance(y, Tensor) else None
-    anchor = tx if tx is not None else ty
-    dev = anchor._device if anchor is not None else default_device()
-    a = tx if tx is not None else tensor(np.asarray(x, dtype=np.float32), device=dev)
-    b = ty if ty is not None else tensor(np.asarray(y, dtype=np.float32), device=dev)
-    if a._device is not b._device:
-        raise ValueError("matmul: operands live on different devices")
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"matmul: operands must be 2-D, got shapes {a.shape} and {b.shape}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ValueError(
-            f"matmul: shapes {a.shape} and {b.shape} are not aligned "
-            f"({k} columns in a, {k2} rows in b)"
-        )
+def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of 2-D tensors as a v1 fp32 GEMM (devices without ``Cap.MATMUL``)."""
+    dev = a._device
+    (m, k), (_, n) = a.shape, b.shape
     for name, dim in (("m", m), ("n", n), ("k", k)):
         if dim > _abi.NPU_MAX_DIM:
             raise ValueError(f"matmul: {name}={dim} exceeds NPU_MAX_DIM={_abi.NPU_MAX_DIM}")
-    if m == 0 or n == 0:
-        return _empty(dev, DType.FP32, (m, n))
-    if k == 0:
-        return tensor(np.zeros((m, n), dtype=np.float32), device=dev)
     batch: list[ops.AnyOp] = []
     ga, trans_a, lda = _gemm_operand(a, batch)
     gb, trans_b, ldb = _gemm_operand(b, batch)
@@ -1240,3 +1219,191 @@ def matmul(x: Any, y: Any) -> Tensor:
         )
     )
     return _launch(batch, out, a, b)
+
+
+_ACTIVATIONS: Final[dict[str, _abi.ActKind]] = {
+    "none": _abi.ActKind.NONE,
+    "relu": _abi.ActKind.RELU,
+    "gelu": _abi.ActKind.GELU,
+}
+
+
+def _activation(activation: str | _abi.ActKind | None, what: str) -> _abi.ActKind:
+    if activation is None:
+        return _abi.ActKind.NONE
+    if isinstance(activation, _abi.ActKind):
+        return activation
+    if isinstance(activation, str) and activation.lower() in _ACTIVATIONS:
+        return _ACTIVATIONS[activation.lower()]
+    raise ValueError(f"{what}: activation must be None, 'relu' or 'gelu', not {activation!r}")
+
+
+def _matmul_operand(value: Any, dev: Device, what: str) -> Tensor:
+    """``value`` as a tensor on ``dev`` of rank >= 1 (non-tensors uploaded)."""
+    if isinstance(value, Tensor):
+        if value._device is not dev:
+            raise ValueError(f"{what}: operands live on different devices")
+        t = value
+    else:
+        try:
+            t = tensor(value, device=dev)
+        except TypeError as exc:
+            raise TypeError(f"{what}: unsupported operand {value!r}: {exc}") from exc
+    if t.ndim == 0:
+        raise ValueError(f"{what}: operands must not be scalars (rank 0)")
+    return t
+
+
+def _fused(
+    what: str,
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None,
+    act: _abi.ActKind,
+    dtype: DType,
+    squeeze: tuple[bool, bool],
+    inputs: tuple[Tensor, ...],
+) -> Tensor:
+    """``act(a @ b [+ bias])`` as one MATMUL or LINEAR op; a and b have rank >= 2.
+
+    ``squeeze`` drops the M (first) and N (second) axis of the result, for
+    1-D operands promoted the numpy way. ``bias`` has shape ``(N,)``.
+    """
+    (m, k), (k2, n) = a._shape[-2:], b._shape[-2:]
+    if k != k2:
+        raise ValueError(
+            f"{what}: shapes {a._shape} and {b._shape} are not aligned: K={k} in a, {k2} in b"
+        )
+    batch_shape = _broadcast(a._shape[:-2], b._shape[:-2], what)
+    shape = (*batch_shape, m, n)
+    _check_shape(shape, what)
+    final = tuple(
+        d
+        for i, d in enumerate(shape)
+        if not (squeeze[0] and i == len(shape) - 2) and not (squeeze[1] and i == len(shape) - 1)
+    )
+    dev = a._device
+    if math.prod(shape) == 0:
+        return _empty(dev, dtype, final)
+    batch: list[ops.AnyOp] = []
+    if k == 0:  # no products: act(0 + bias), without the device op
+        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        if bias is not None:
+            out = add(out, bias.astype(dtype, copy=False))
+        if act is _abi.ActKind.RELU:
+            out = relu(out)
+        elif act is _abi.ActKind.GELU:
+            out = gelu(out)
+        return out if final == shape else out._view_as(final)
+    ca, cb = _cast(a, dtype, batch), _cast(b, dtype, batch)
+    out = _alloc(dev, dtype, shape)
+    rank = len(shape)
+    if bias is None:
+        op = ops.matmul_op(ca._ref(rank), cb._ref(rank), out._ref(), act, _bufs(ca, cb, out))
+    else:
+        cbias = _cast(bias, dtype, batch)
+        op = ops.linear_op(
+            ca._ref(rank),
+            cb._ref(rank),
+            cbias._ref(rank),
+            out._ref(),
+            act,
+            _bufs(ca, cb, cbias, out),
+        )
+    batch.append(op)
+    _launch(batch, out, *inputs)
+    return out if final == shape else out._view_as(final)
+
+
+def matmul(x: Any, y: Any) -> Tensor:
+    """``x @ y`` with numpy ``matmul`` semantics, as one device MATMUL op (no wait).
+
+    Operands of rank 1..4 (non-tensors are uploaded with :func:`tensor`): a
+    1-D ``x`` is treated as ``(1, K)`` and a 1-D ``y`` as ``(K, 1)``, the
+    added axis being dropped from the result; the batch dims (all but the
+    last two) broadcast like numpy's. The result dtype is the operands'
+    common float dtype (:func:`result_type`; integer results become
+    float32). Transposed and other strided views are read in place.
+
+    On a device without ``Cap.MATMUL``, 2-D operands fall back to the v1
+    fp32 GEMM (the result is then float32).
+
+    Raises:
+        ValueError: a scalar operand, K differs, batch dims do not
+            broadcast, or the result has rank > 4.
+    """
+    what = "matmul"
+    tx = x if isinstance(x, Tensor) else None
+    ty = y if isinstance(y, Tensor) else None
+    anchor = tx if tx is not None else ty
+    dev = anchor._device if anchor is not None else default_device()
+    a = _matmul_operand(x, dev, what)
+    b = _matmul_operand(y, dev, what)
+    dtype = _promote(a._dtype, b._dtype)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    if not dev.info.has(_abi.Cap.MATMUL):
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(
+                f"{what}: the device has no MATMUL op, and the v1 GEMM takes 2-D operands only"
+            )
+        if a._shape[1] != b._shape[0]:
+            raise ValueError(f"{what}: shapes {a.shape} and {b.shape} are not aligned")
+        if 0 in a._shape or 0 in b._shape:
+            return _fused(what, a, b, None, _abi.ActKind.NONE, DType.FP32, (False, False), ())
+        return _gemm_2d(a, b)
+    squeeze = (a.ndim == 1, b.ndim == 1)
+    a2 = a._view((1, *a._shape), (0, *a._strides)) if squeeze[0] else a
+    b2 = b._view((*b._shape, 1), (*b._strides, 0)) if squeeze[1] else b
+    return _fused(what, a2, b2, None, _abi.ActKind.NONE, dtype, squeeze, (a, b))
+
+
+def linear(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    activation: str | _abi.ActKind | None = None,
+) -> Tensor:
+    """``activation(x @ weight.T + bias)`` like ``torch.nn.functional.linear``, fused.
+
+    One device op (LINEAR, or MATMUL without ``bias``) with the activation
+    (``None``, ``"relu"`` or exact ``"gelu"``) applied last; submitted
+    without waiting. ``x`` is ``[..., in_features]`` (rank 1..4), ``weight``
+    ``[out_features, in_features]`` (its transpose is passed to the device
+    as a strided view, not copied) and ``bias`` ``[out_features]``. The
+    result is ``[..., out_features]`` in the common float dtype of the
+    operands (float32 for integers). Non-tensors are uploaded.
+
+    Raises:
+        ValueError: bad ranks or shapes, an unknown activation, or a device
+            without ``Cap.MATMUL``.
+    """
+    what = "linear"
+    act = _activation(activation, what)
+    anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
+    dev = anchor._device if anchor is not None else default_device()
+    if not dev.info.has(_abi.Cap.MATMUL):
+        raise ValueError(f"{what}: the device has no MATMUL/LINEAR ops (Cap.MATMUL)")
+    t = _matmul_operand(x, dev, what)
+    w = _matmul_operand(weight, dev, what)
+    if w.ndim != 2:
+        raise ValueError(f"{what}: weight must be 2-D [out_features, in_features], not {w.shape}")
+    n, k = w._shape
+    if t._shape[-1] != k:
+        raise ValueError(
+            f"{what}: x {t.shape} has {t._shape[-1]} features, weight {w.shape} takes {k}"
+        )
+    dtype = _promote(t._dtype, w._dtype)
+    inputs = [t, w]
+    b: Tensor | None = None
+    if bias is not None:
+        b = _matmul_operand(bias, dev, what)
+        if b._shape != (n,):
+            raise ValueError(f"{what}: bias shape must be ({n},), not {b.shape}")
+        dtype = _promote(dtype, b._dtype)
+        inputs.append(b)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    squeeze = t.ndim == 1
+    a2 = t._view((1, *t._shape), (0, *t._strides)) if squeeze else t
+    return _fused(what, a2, w.T, b, act, dtype, (squeeze, False), tuple(inputs))

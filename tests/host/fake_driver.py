@@ -7,13 +7,16 @@ numpy at submit time) and WAIT, including the -EIO path that fills in
 ``status`` and ``error_fence`` before failing, as the uapi header specifies.
 
 SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
-(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM). Tensor ops are validated like the driver does
+(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM, MATMUL, LINEAR). Tensor ops are
+validated like the driver does
 (``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT, extent past the
 BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
 output dtype, integer math wrapping, float -> int truncating toward zero and
 saturating (NaN -> 0), float32 -> bfloat16 rounding to nearest even.
 REDUCE, SOFTMAX and LAYERNORM compute in float64 (integer sums in int64,
 wrapping at the output dtype) and round once to the output dtype.
+MATMUL and LINEAR compute ``act(a @ b [+ bias])`` in float64 with numpy's
+batched matmul and round once to the output dtype.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class FakeDriver:
     failed: tuple[int, int] | None = None  # (fence, status)
     fail_opcode: dict[int, int] = field(default_factory=dict)  # opcode -> status
     hang: bool = False
+    caps: int = (
+        0x1F | _abi.NPU_INFO_CAP_TENSOR | _abi.NPU_INFO_CAP_REDUCE | _abi.NPU_INFO_CAP_MATMUL
+    )
     calls: list[tuple[int, bytes]] = field(default_factory=list)
     submitted: list[_abi.NpuOp] = field(default_factory=list)
     submitted_tensor: list[_abi.NpuTensorOp] = field(default_factory=list)
@@ -108,7 +114,7 @@ class FakeDriver:
             arg.hw_version = _abi.NPU_HW_VERSION
             arg.abi_version = _abi.NPU_ABI_VERSION
             arg.driver_version = 0x00010002
-            arg.caps = 0x1F | _abi.NPU_INFO_CAP_TENSOR | _abi.NPU_INFO_CAP_REDUCE
+            arg.caps = self.caps
             arg.num_queues = 1
             arg.num_cores = 4
             arg.max_submit = _abi.NPU_SUBMIT_MAX_OPS
@@ -279,6 +285,22 @@ class FakeDriver:
                 and math.isfinite(eps)
                 and eps > 0
             )
+        elif op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR):
+            a, b, r = shape(ins[0]), shape(ins[1]), out.ndim
+            o = shape(out)
+            ok = (
+                op.kind < _abi.NPU_ACT_COUNT
+                and all(t.dtype == out.dtype for t in ins)
+                and is_float
+                and r >= 2
+                and len(a) == r
+                and len(b) == r
+                and a[-2] == o[-2]
+                and b[-1] == o[-1]
+                and a[-1] == b[-2]
+                and all(x in (o[d], 1) for t in (a, b) for d, x in enumerate(t[:-2]))
+                and (op.opcode == _abi.NPU_OP_MATMUL or shape(ins[2]) == (1,) * (r - 1) + (o[-1],))
+            )
         else:
             ok = op.kind == 0 and shape(ins[0]) == shape(out)
         if not ok:
@@ -363,6 +385,18 @@ class FakeDriver:
             var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
             self._store(op.t[3], (x - mu) / np.sqrt(var + _f32(op.params[1])) * g + b)
             return
+        if op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR):
+            a = self._load(op.t[0]).astype(np.float64)
+            b = self._load(op.t[1]).astype(np.float64)
+            y = np.matmul(a, b)
+            if op.opcode == _abi.NPU_OP_LINEAR:
+                y = y + self._load(op.t[2]).astype(np.float64)
+            if op.kind == _abi.NPU_ACT_RELU:
+                y = np.maximum(y, 0)
+            elif op.kind == _abi.NPU_ACT_GELU:
+                y = _UNARY[_abi.NPU_UNARY_GELU](y)
+            self._store(op.t[3 if op.opcode == _abi.NPU_OP_LINEAR else 2], y)
+            return
         x = self._load(op.t[0])
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
@@ -380,6 +414,8 @@ _N_OPERANDS = {
     _abi.NPU_OP_REDUCE: 2,
     _abi.NPU_OP_SOFTMAX: 2,
     _abi.NPU_OP_LAYERNORM: 4,
+    _abi.NPU_OP_MATMUL: 3,
+    _abi.NPU_OP_LINEAR: 4,
 }
 _N_PARAMS = {_abi.NPU_OP_REDUCE: 1, _abi.NPU_OP_SOFTMAX: 1, _abi.NPU_OP_LAYERNORM: 2}
 _REDUCE: dict[int, Any] = {

@@ -1,4 +1,4 @@
-"""Tensor ops (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM) through qtest.
+"""Tensor ops (ELTWISE .. LINEAR) through qtest.
 
 Every result is checked against a numpy reference computed here with the
 semantics of docs/npu-spec.md: float dtypes compute in fp32 and round once
@@ -1346,3 +1346,266 @@ def test_large_reductions_tiled_across_cores(tmp_path: Path, cores: int) -> None
 def test_caps_report_reduce(rig: Rig) -> None:
     assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_REDUCE
     assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_TENSOR
+
+
+# --------------------------------------------------------------------------
+# MATMUL and LINEAR
+# --------------------------------------------------------------------------
+#
+# The device widens the operands to fp32, multiplies with fp32 accumulation
+# (BLAS, in an order of its own), adds the bias and applies the activation
+# in fp32, and rounds once to the output dtype. The reference computes in
+# float64 from the same (already rounded) inputs, so the tolerances are:
+#   * fp32 accumulation: |error| <= 1e-5 * S, where S = |a| @ |b| (+ |bias|)
+#     is the sum of the magnitudes of the terms (a K-term fp32 dot product
+#     is off by at most about K * 2^-24 * S; K <= 1500 here, and BLAS sums
+#     in blocks, so 1e-5 is ample). GELU has |d/dx| <= 1.13 and is computed
+#     with erff, so it gets 2e-5 * S plus a few fp32 ulps of the result.
+#   * the final rounding to the output dtype: half an ulp of the result,
+#     allowed here as one ulp (2^-10 relative for fp16, 2^-7 for bf16), so
+#     that an fp32 result a hair from a rounding boundary may round either
+#     way; plus the dtype's smallest subnormal for results near zero.
+
+ACT = {"none": hw.ACT_NONE, "relu": hw.ACT_RELU, "gelu": hw.ACT_GELU}
+MM_OPS = {"matmul": hw.OP_MATMUL, "linear": hw.OP_LINEAR}
+MM_REL = {FP32: 2.0**-22, FP16: 2.0**-10, BF16: 2.0**-7}
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def ref_act(kind: int, x: np.ndarray) -> np.ndarray:
+    if kind == hw.ACT_RELU:
+        return np.where(x < 0, 0.0, x)
+    if kind == hw.ACT_GELU:
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    return x
+
+
+def check_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
+                 kind: int, dtype: int, what: str = "") -> None:  # fmt: skip
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc, mag = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
+    if bias is not None:
+        acc, mag = acc + bias.astype(np.float64), mag + np.abs(bias.astype(np.float64))
+    want = ref_act(kind, acc)
+    tol = (2e-5 if kind == hw.ACT_GELU else 1e-5) * mag + MM_REL[dtype] * np.abs(want)
+    tol += TINY[dtype] + (2.0**-21 * np.abs(want) if kind == hw.ACT_GELU else 0.0)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = np.abs(got.astype(np.float64) - want)
+    bad = ~(err <= tol)
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} off, first at {np.argwhere(bad)[0]}: "
+        f"got {got[bad][0]!r} want {want[bad][0]!r} tol {tol[bad][0]!r}"
+    )
+
+
+def run_mm(rig: Rig, opcode: int, kind: int, a: Operand, b: Operand, bias: Operand | None,
+           out_shape: Sequence[int] | None = None, what: str = "") -> np.ndarray:  # fmt: skip
+    """Run MATMUL/LINEAR on the operands, check it against the reference."""
+    if out_shape is None:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        out_shape = (*batch, a.shape[-2], b.shape[-1])
+    out = Operand(a.dtype, tuple(out_shape))
+    ops = [a, b] + ([bias] if bias is not None else []) + [out]
+    got = rig.run(opcode, kind, ops)
+    check_matmul(got, logical(a), logical(b), None if bias is None else logical(bias), kind,
+                 a.dtype, what)  # fmt: skip
+    return got
+
+
+def bias_for(rng: np.random.Generator, dtype: int, rank: int, n: int,
+             stride: int = 1) -> Operand:  # fmt: skip
+    shape = (*[1] * (rank - 1), n)
+    strides = (*[0] * (rank - 1), stride)
+    return operand_from(rng, dtype, shape, strides, specials=False)
+
+
+ODD_SIZES = [(1, 1, 1), (3, 5, 7), (65, 33, 17)]
+
+
+@pytest.mark.parametrize("aname", ACT)
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("oname", MM_OPS)
+def test_matmul_every_op_dtype_and_activation(rig: Rig, oname: str, dname: str,
+                                              aname: str) -> None:  # fmt: skip
+    opcode, dtype, kind = MM_OPS[oname], DTYPES[dname], ACT[aname]
+    rng = np.random.default_rng([opcode, dtype, kind])
+    for m, k, n in ODD_SIZES:
+        a = operand_from(rng, dtype, (m, k), specials=False, scale=1.0)
+        b = operand_from(rng, dtype, (k, n), specials=False, scale=1.0)
+        bias = bias_for(rng, dtype, 2, n) if opcode == hw.OP_LINEAR else None
+        run_mm(rig, opcode, kind, a, b, bias, what=f"{m}x{k}x{n}")
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+def test_matmul_batches_broadcast(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(70 + dtype)
+    cases = [
+        ((4, 3, 5), (4, 5, 6)),  # rank 3, same batch
+        ((1, 3, 5), (4, 5, 6)),  # a broadcast over b's batch
+        ((4, 3, 5), (1, 5, 6)),  # b broadcast over a's batch (shared weights)
+        ((2, 3, 7, 5), (2, 3, 5, 4)),  # rank 4
+        ((2, 1, 7, 5), (1, 3, 5, 4)),  # rank 4, each broadcast in another dim
+        ((1, 1, 7, 5), (2, 3, 5, 4)),
+    ]
+    for sa, sb in cases:
+        a = operand_from(rng, dtype, sa, specials=False, scale=1.0)
+        b = operand_from(rng, dtype, sb, specials=False, scale=1.0)
+        run_mm(rig, hw.OP_MATMUL, hw.ACT_NONE, a, b, None, what=f"{sa}@{sb}")
+        bias = bias_for(rng, dtype, len(sa), sb[-1])
+        run_mm(rig, hw.OP_LINEAR, hw.ACT_RELU, a, b, bias, what=f"linear {sa}@{sb}")
+    # Broadcast batch dims with junk strides (ignored for size-1 dims) and
+    # a stride-0 batch dim of size > 1 (the same matrix repeated).
+    a = operand_from(rng, dtype, (3, 4, 6), (0, 6, 1), specials=False, scale=1.0)
+    b = operand_from(rng, dtype, (1, 6, 2), (999, 2, 1), specials=False, scale=1.0)
+    run_mm(rig, hw.OP_MATMUL, hw.ACT_GELU, a, b, None, what="stride-0 batch")
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+def test_matmul_transposed_and_strided_operands(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(80 + dtype)
+    m, k, n = 13, 9, 11
+    views_a = {
+        "row-major": ((m, k), None),
+        "transposed": ((m, k), (1, m)),
+        "row-gap": ((m, k), (k + 3, 1)),
+        "inner-stride-2": ((m, k), (2 * k + 1, 2)),
+        "transposed-gap": ((m, k), (1, m + 5)),
+        "broadcast-row": ((m, k), (0, 1)),
+    }
+    views_b = {
+        "row-major": ((k, n), None),
+        "transposed": ((k, n), (1, k)),
+        "row-gap": ((k, n), (n + 2, 1)),
+        "both-strided": ((k, n), (3 * n, 3)),
+        "broadcast-col": ((k, n), (1, 0)),
+    }
+    for an, (sa, ta) in views_a.items():
+        for bn, (sb, tb) in views_b.items():
+            a = operand_from(rng, dtype, sa, ta, specials=False, scale=1.0)
+            b = operand_from(rng, dtype, sb, tb, specials=False, scale=1.0)
+            bias = bias_for(rng, dtype, 2, n, stride=3)
+            run_mm(rig, hw.OP_LINEAR, hw.ACT_NONE, a, b, bias, what=f"a {an}, b {bn}")
+    # Batched transposed views (rank 3, as x.transpose(-1, -2) gives them).
+    a = operand_from(rng, dtype, (3, m, k), (m * k, 1, m), specials=False, scale=1.0)
+    b = operand_from(rng, dtype, (3, k, n), (k * n, 1, k), specials=False, scale=1.0)
+    run_mm(rig, hw.OP_MATMUL, hw.ACT_RELU, a, b, None, what="batched transposes")
+    # A batch dim that is not the outermost in memory.
+    a = operand_from(rng, dtype, (2, m, k), (k, 2 * k, 1), specials=False, scale=1.0)
+    b = operand_from(rng, dtype, (2, k, n), specials=False, scale=1.0)
+    run_mm(rig, hw.OP_MATMUL, hw.ACT_NONE, a, b, None, what="interleaved batch")
+    # N == 1 and K == 1 (vectors), bias of one element.
+    a = operand_from(rng, dtype, (m, 1), (5, 7), specials=False)
+    b = operand_from(rng, dtype, (1, 1), (3, 3), specials=False)
+    run_mm(rig, hw.OP_LINEAR, hw.ACT_GELU, a, b, bias_for(rng, dtype, 2, 1, stride=9))
+
+
+def test_matmul_nan_and_inf_propagate_like_numpy(rig: Rig) -> None:
+    a = Operand(FP32, (3, 2), buf=np.array([np.nan, 1, 1, 1, np.inf, 0], np.float32))
+    b = Operand(FP32, (2, 2), buf=np.array([1, -1, 2, 2], np.float32))
+    got = rig.run(hw.OP_MATMUL, hw.ACT_RELU, [a, b, Operand(FP32, (3, 2))])
+    assert np.isnan(got[0]).all()  # RELU keeps NaN
+    assert got[1].tolist() == [3.0, 1.0]
+    assert got[2].tolist() == [np.inf, 0.0]  # relu(-inf) = 0
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_large_matmul_tiled_across_cores(tmp_path: Path, cores: int) -> None:
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(90 + cores)
+        # 2^27 multiply-adds in fp32, rank 2: tiles of rows of M.
+        a = operand_from(rng, FP32, (512, 512), specials=False, scale=1.0)
+        b = operand_from(rng, FP32, (512, 512), specials=False, scale=1.0)
+        run_mm(rig, hw.OP_MATMUL, hw.ACT_NONE, a, b, None, what="fp32 512^3")
+        # bf16 LINEAR+GELU, a transposed, b shared across a batch of 3.
+        a = operand_from(rng, BF16, (3, 200, 160), (160 * 200, 1, 200), specials=False,
+                         scale=1.0)  # fmt: skip
+        b = operand_from(rng, BF16, (1, 160, 96), specials=False, scale=1.0)
+        bias = bias_for(rng, BF16, 3, 96)
+        run_mm(rig, hw.OP_LINEAR, hw.ACT_GELU, a, b, bias, what="bf16 batched")
+        # fp16 with K + N large enough that the 8 MiB bound splits M into
+        # row blocks even on one core.
+        a = operand_from(rng, FP16, (600, 1100), specials=False, scale=0.5)
+        b = operand_from(rng, FP16, (1100, 1000), (1, 1100), specials=False, scale=0.5)
+        run_mm(rig, hw.OP_MATMUL, hw.ACT_RELU, a, b, None, what="fp16 row blocks")
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+BIAS_VA = HEAP + 0x1800
+
+
+def mm_block(sa: Sequence[int] = (2, 3), sb: Sequence[int] = (3, 4),
+             so: Sequence[int] = (2, 4), bias: Sequence[int] | None = None,
+             dtypes: Sequence[int] = (FP32, FP32, FP32, FP32),
+             params: Sequence[int] = ()) -> bytes:  # fmt: skip
+    ops = [t(A_VA, dtypes[0], sa), t(B_VA, dtypes[1], sb)]
+    if bias is not None:
+        ops.append(t(BIAS_VA, dtypes[2], bias))
+    ops.append(t(OUT_VA, dtypes[3], so))
+    return tensor_params(ops, params)
+
+
+_M, _LIN = hw.OP_MATMUL, hw.OP_LINEAR
+_I8, _I32 = (INT8,) * 4, (INT32,) * 4
+BAD_MM: dict[str, tuple[int, int, bytes, str]] = {
+    "int8": (_M, 0, mm_block(dtypes=_I8), "BAD_ARGS"),
+    "int32": (_M, 0, mm_block(dtypes=_I32), "BAD_ARGS"),
+    "linear-int32": (_LIN, 0, mm_block(bias=(1, 4), dtypes=_I32), "BAD_ARGS"),
+    "mixed-a-fp16": (_M, 0, mm_block(dtypes=(FP16, FP32, FP32, FP32)), "BAD_ARGS"),
+    "mixed-out-bf16": (_M, 0, mm_block(dtypes=(FP32, FP32, FP32, BF16)), "BAD_ARGS"),
+    "mixed-bias-fp16": (_LIN, 0, mm_block(bias=(1, 4), dtypes=(FP32, FP32, FP16, FP32)),
+                        "BAD_ARGS"),
+    "k-mismatch": (_M, 0, mm_block(sb=(2, 4)), "BAD_ARGS"),
+    "m-mismatch": (_M, 0, mm_block(so=(3, 4)), "BAD_ARGS"),
+    "n-mismatch": (_M, 0, mm_block(so=(2, 5)), "BAD_ARGS"),
+    "out-transposed": (_M, 0, mm_block(so=(4, 2)), "BAD_ARGS"),
+    "batch-mismatch-a": (_M, 0, mm_block((2, 2, 3), (3, 3, 4), (3, 2, 4)), "BAD_ARGS"),
+    "batch-mismatch-b": (_M, 0, mm_block((3, 2, 3), (2, 3, 4), (3, 2, 4)), "BAD_ARGS"),
+    "batch-out-1-a-2": (_M, 0, mm_block((2, 2, 3), (1, 3, 4), (1, 2, 4)), "BAD_ARGS"),
+    "rank-mismatch": (_M, 0, mm_block((1, 2, 3), (3, 4), (1, 2, 4)), "BAD_ARGS"),
+    "rank-1": (_M, 0, mm_block((3,), (3,), (1,)), "BAD_ARGS"),
+    "bias-full": (_LIN, 0, mm_block(bias=(2, 4)), "BAD_ARGS"),
+    "bias-rank-1": (_LIN, 0, mm_block(bias=(4,)), "BAD_ARGS"),
+    "bias-short": (_LIN, 0, mm_block(bias=(1, 3)), "BAD_ARGS"),
+    "bias-column": (_LIN, 0, mm_block(bias=(2, 1)), "BAD_ARGS"),
+    "bias-rank-3-batch": (_LIN, 0, mm_block((2, 2, 3), (2, 3, 4), (2, 2, 4), bias=(2, 1, 4)),
+                          "BAD_ARGS"),
+    "linear-without-bias": (_LIN, 0, mm_block(), "BAD_ARGS"),
+    "matmul-with-4th-operand": (_M, 0, mm_block()[: 3 * TENSOR_SIZE]
+                                + t(OUT_VA) + mm_block()[4 * TENSOR_SIZE :], "BAD_RESERVED"),
+    "kind-3": (_M, 3, mm_block(), "BAD_ARGS"),
+    "linear-kind-3": (_LIN, 3, mm_block(bias=(1, 4)), "BAD_ARGS"),
+    "params-0": (_M, 0, mm_block(params=(1,)), "BAD_RESERVED"),
+    "out-strided": (_M, 0, tensor_params([t(A_VA), t(B_VA, shape=(3, 4)),
+                                          t(OUT_VA, shape=(2, 4), strides=(8, 1))]),
+                    "BAD_ARGS"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("opcode", "kind", "block", "status"), BAD_MM.values(),
+                         ids=BAD_MM.keys())  # fmt: skip
+def test_bad_matmul_is_rejected_and_writes_nothing(rig: Rig, opcode: int, kind: int,
+                                                  block: bytes, status: str) -> None:  # fmt: skip
+    rig.npu.qt.memset(HEAP, 0x3000, GUARD)
+    assert rig.submit(opcode, kind, block) == getattr(hw, "ST_" + status)
+    assert rig.npu.qt.memread(HEAP, 0x3000) == bytes([GUARD]) * 0x3000
+
+
+def test_matmul_descriptor_payload_must_be_zero(rig: Rig) -> None:
+    rig.write(PARAMS, mm_block())
+    rig.npu.qt.memset(OUT_VA, 0x1000, GUARD)
+    for opcode in (hw.OP_MATMUL, hw.OP_LINEAR):
+        desc = _desc_with_byte(tensor(opcode, PARAMS), 32)
+        assert rig.submit(opcode, 0, b"", desc=desc) == hw.ST_BAD_RESERVED
+        assert rig.submit(opcode, 0, b"", desc=tensor(opcode, PARAMS, rsvd=1)) == hw.ST_BAD_RESERVED
+    assert rig.npu.qt.memread(OUT_VA, 0x1000) == bytes([GUARD]) * 0x1000
+
+
+def test_caps_report_matmul(rig: Rig) -> None:
+    assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_MATMUL

@@ -558,7 +558,17 @@ def test_empty_tensors_never_reach_the_device(driver: FakeDriver) -> None:
     assert bo_creates == 1  # only the ones(3) operand
 
 
-def test_matmul_on_tensors_uses_gemm_transpose_flags(driver: FakeDriver) -> None:
+def test_matmul_on_tensors_without_cap_matmul_uses_gemm_transpose_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    node = tmp_path / "npu1"
+    node.write_bytes(b"")
+    driver = FakeDriver(str(node), caps=0x1F | _abi.NPU_INFO_CAP_TENSOR)
+    monkeypatch.setattr(fcntl, "ioctl", driver.ioctl)
+    dev = npu.Device(driver.path)
+    npu.set_default_device(dev)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((5, 3)).astype(np.float32)
     b = rng.standard_normal((4, 3)).astype(np.float32)
@@ -573,6 +583,10 @@ def test_matmul_on_tensors_uses_gemm_transpose_flags(driver: FakeDriver) -> None
     i8 = npu.tensor(np.ones((2, 3), np.int8))
     np.testing.assert_allclose((i8 @ ta.T).numpy(), np.ones((2, 3)) @ a.T, rtol=1e-5)
     assert isinstance(npu.matmul(a, b.T), np.ndarray)
+    with pytest.raises(ValueError, match="no MATMUL"):
+        npu.matmul(npu.tensor(np.ones((2, 2, 2), np.float32)), ta.T)
+    npu.set_default_device(None)
+    dev.close()
 
 
 def test_matmul_on_tensors_handles_empty_dims() -> None:
