@@ -3,10 +3,11 @@
 
 Measures the submit/wait round trip, NOP throughput, DMA copy bandwidth,
 fp32 GEMM throughput, the MATMUL op (fp32, fp16, bf16), the fused LINEAR
-epilogue and the tensor ops (element-wise, unary, convert, transpose on
-``npu.Tensor``) of the NPU next to the guest CPU doing the same work with
-numpy. Every result is checked (copy equal, GEMM, MATMUL and tensor ops
-close to numpy); the script exits 1 if one is wrong. Progress goes to
+epilogue, the tensor ops (element-wise, unary, convert, transpose on
+``npu.Tensor``) and 2-D convolution and pooling (CONV2D, POOL2D) of the NPU
+next to the guest CPU doing the same work with numpy. Every result is
+checked (copy equal, GEMM, MATMUL, tensor ops and conv2d close to numpy); the
+script exits 1 if one is wrong. Progress goes to
 stderr; the last line of stdout is one JSON object (see docs/benchmarks.md
 for the keys)::
 
@@ -69,6 +70,16 @@ MATMUL_REF_ROWS = 64
 MATMUL_RTOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
 # Fused epilogue: matmul + bias add + relu as three ops vs one LINEAR(relu).
 FUSED_N = 512
+# CONV2D: a ResNet-like 64 -> 64 channel 3x3 conv (padding 1) on 56x56, batch
+# 8, fp32. Guest numpy (im2col + matmul) runs on the whole batch unless a
+# batch-1 probe predicts more than CONV_GUEST_BUDGET_S; then on batch 1 (a
+# rate, so comparable), and conv2d_guest_numpy_batch says so.
+CONV_N, CONV_C, CONV_O, CONV_HW, CONV_K = 8, 64, 64, 56, 3
+CONV_GUEST_BUDGET_S = 60.0
+CONV_RUNS = 2 if QUICK else 5
+# |got - want| <= rtol * (|want| + sqrt(K)), K = C * KH * KW: fp32 output
+# rounding plus the accumulation order, for standard-normal inputs.
+CONV_RTOL = 1e-4
 
 
 class BenchError(RuntimeError):
@@ -632,6 +643,140 @@ def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
     return res
 
 
+def conv_flop(n: int, c: int, o: int, k: int, oh: int, ow: int) -> float:
+    """Floating-point operations of a conv2d: 2 * N * O * C * KH * KW * OH * OW."""
+    return 2.0 * n * o * c * k * k * oh * ow
+
+
+def numpy_conv2d_im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray:
+    """conv2d (stride 1) of x [N, C, H, W] by im2col + one matmul, in x's dtype; NCHW result.
+
+    The timed work: padding, the im2col copy ([N*OH*OW, C*KH*KW]), the
+    matmul, the bias add and the transpose back to NCHW."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    oh, ow = win.shape[2], win.shape[3]
+    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+    y = cols @ w.reshape(o, c * kh * kw).T + b
+    return np.ascontiguousarray(y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+
+
+def check_conv(got: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:
+    """Raise BenchError unless got matches ref within CONV_RTOL * (|ref| + sqrt(k))."""
+    err = np.abs(got.astype(np.float64) - ref)
+    bound = CONV_RTOL * (np.abs(ref) + math.sqrt(k))
+    if got.shape != ref.shape or not np.all(err <= bound):
+        worst = float(np.max(err / bound)) if got.shape == ref.shape else float("inf")
+        raise BenchError(f"{what}: result differs from numpy ({worst:.3g}x the tolerance)")
+
+
+def bench_conv2d(dev: npu.Device) -> dict[str, float]:
+    """CONV2D fp32 GFLOP/s on device-resident tensors (device time), the Tensor API
+    time, guest numpy im2col + matmul on the same problem, and a 2x2 max pool."""
+    n, c, o, hw, k = CONV_N, CONV_C, CONV_O, CONV_HW, CONV_K
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c, hw, hw), dtype=np.float32)
+    w = rng.standard_normal((o, c, k, k), dtype=np.float32)
+    bias = rng.standard_normal(o, dtype=np.float32)
+    res: dict[str, float] = {}
+
+    # Guest numpy: probe batch 1; the whole batch if it fits the budget.
+    t0 = time.perf_counter()
+    ref1 = numpy_conv2d_im2col(x[:1], w, bias, 1)
+    t1 = time.perf_counter() - t0
+    guest_n = n if t1 * n <= CONV_GUEST_BUDGET_S else 1
+    log.info("guest numpy conv2d batch 1: %.2f s; measuring batch %d", t1, guest_n)
+    if guest_n == 1:
+        ref, sec = ref1, t1
+    else:
+        t0 = time.perf_counter()
+        ref = numpy_conv2d_im2col(x, w, bias, 1)
+        sec = time.perf_counter() - t0
+    res["conv2d_fp32_gflops_guest_numpy"] = conv_flop(guest_n, c, o, k, hw, hw) / sec / 1e9
+    res["conv2d_guest_numpy_batch"] = guest_n
+    ref64 = ref.astype(np.float64)
+
+    tx = npu.tensor(x, device=dev)
+    tw = npu.tensor(w, device=dev)
+    tb = npu.tensor(bias.reshape(1, o, 1, 1), device=dev)
+    tref = npu.ops.tensor_ref
+    fp32 = npu.DType.FP32
+    with dev.alloc(n * o * hw * hw * 4) as obuf:
+        bufs = tuple(TensorInputs.buf(t) for t in (tx, tw, tb))
+        op = npu.ops.conv2d_op(
+            tref(bufs[0], fp32, tx.shape),
+            tref(bufs[1], fp32, tw.shape),
+            tref(bufs[2], fp32, tb.shape),
+            tref(obuf, fp32, (n, o, hw, hw)),
+            1,
+            1,
+            1,
+            1,
+            npu.ActKind.NONE,
+            (*bufs, obuf),
+        )
+        sec = device_seconds(dev, [[op]], 1, CONV_RUNS)
+        got = np.array(obuf.numpy(np.float32, (n, o, hw, hw)))
+    check_conv(got[:guest_n], ref64, c * k * k, "NPU CONV2D fp32")
+    res["conv2d_fp32_gflops_npu"] = conv_flop(n, c, o, k, hw, hw) / sec / 1e9
+    log.info(
+        "conv2d %dx%d->%d 3x3 on %dx%d: npu %.2f GFLOP/s, guest numpy %.3f GFLOP/s (batch %d)",
+        n,
+        c,
+        o,
+        hw,
+        hw,
+        res["conv2d_fp32_gflops_npu"],
+        res["conv2d_fp32_gflops_guest_numpy"],
+        guest_n,
+    )
+
+    # The Tensor API: npu.conv2d (fresh output each call) + wait.
+    def api() -> npu.Tensor:
+        y = npu.conv2d(tx, tw, tb.reshape(o), padding=1)
+        y.wait(timeout_s=WAIT_TIMEOUT_S)
+        return y
+
+    y = api()
+    check_conv(y.numpy()[:guest_n], ref64, c * k * k, "npu.conv2d")
+    del y
+    api_s = statistics.median(timed_runs(api, CONV_RUNS))
+    res["conv2d_fp32_gflops_npu_tensor_api"] = conv_flop(n, c, o, k, hw, hw) / api_s / 1e9
+
+    # 2x2 max pool of the conv output (8 x 64 x 56 x 56 -> 28 x 28).
+    ty = npu.tensor(got, device=dev)
+    pooled = npu.max_pool2d(ty, 2)
+    t0 = time.perf_counter()
+    want = got.reshape(n, o, hw // 2, 2, hw // 2, 2).max(axis=(3, 5))
+    res["maxpool2d_fp32_us_guest_numpy"] = (time.perf_counter() - t0) * 1e6
+    if not np.array_equal(pooled.numpy(), want):
+        raise BenchError("NPU max_pool2d differs from numpy")
+    with dev.alloc(want.nbytes) as pbuf:
+        pop = npu.ops.pool2d_op(
+            npu.PoolKind.MAX,
+            tref(TensorInputs.buf(ty), fp32, ty.shape),
+            tref(pbuf, fp32, want.shape),
+            2,
+            buffers=(TensorInputs.buf(ty), pbuf),
+        )
+        res["maxpool2d_fp32_us_npu"] = device_seconds(dev, [[pop]], 4, CONV_RUNS) * 1e6
+    res["maxpool2d_npu_vs_guest_numpy"] = (
+        res["maxpool2d_fp32_us_guest_numpy"] / res["maxpool2d_fp32_us_npu"]
+    )
+    res["conv2d_npu_vs_guest_numpy"] = (
+        res["conv2d_fp32_gflops_npu"] / res["conv2d_fp32_gflops_guest_numpy"]
+    )
+    log.info(
+        "max_pool2d 2x2 of %s: npu %.0f us, guest numpy %.0f us",
+        got.shape,
+        res["maxpool2d_fp32_us_npu"],
+        res["maxpool2d_fp32_us_guest_numpy"],
+    )
+    return res
+
+
 def main() -> int:
     """Run every benchmark; print the JSON result; 0 on success, 1 on a wrong result."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench_npu: %(message)s")
@@ -681,6 +826,13 @@ def main() -> int:
                 result.update(bench_fused_epilogue(dev))
             else:
                 log.warning("the device has no MATMUL op: MATMUL and fused figures skipped")
+
+            if info.has(npu.Cap.CONV):
+                t_conv = time.perf_counter()
+                result.update(bench_conv2d(dev))
+                result["conv_bench_s"] = time.perf_counter() - t_conv
+            else:
+                log.warning("the device has no CONV2D op: conv2d figures skipped")
 
             t_tensor = time.perf_counter()
             result.update(bench_tensor_ops(dev))

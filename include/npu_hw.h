@@ -69,6 +69,7 @@ enum npu_reg {
 #define NPU_CAP_TENSOR		(1u << 6)	/* ELTWISE, UNARY, CONVERT */
 #define NPU_CAP_REDUCE		(1u << 7)	/* REDUCE, SOFTMAX, LAYERNORM */
 #define NPU_CAP_MATMUL		(1u << 8)	/* MATMUL, LINEAR */
+#define NPU_CAP_CONV		(1u << 9)	/* CONV2D, POOL2D */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -159,8 +160,50 @@ enum npu_opcode {
 	NPU_OP_LAYERNORM = 9,	/* out = norm(in) * gamma + beta */
 	NPU_OP_MATMUL	= 10,	/* out = act(a @ b), batched */
 	NPU_OP_LINEAR	= 11,	/* out = act(a @ b + bias), batched */
+	NPU_OP_CONV2D	= 12,	/* out = act(conv2d(in, weight) + bias), NCHW */
+	NPU_OP_POOL2D	= 13,	/* out = max/avg pool of in, NCHW */
 	NPU_OP_COUNT,
 };
+
+/*
+ * CONV2D: t[0] = in [N, C, H, W], t[1] = weight [O, C / groups, KH, KW],
+ * t[2] = bias [1, O, 1, 1], t[3] = out [N, O, OH, OW]; one float dtype,
+ * fp32 accumulation; kind = enum npu_act_kind. params: stride_h, stride_w,
+ * pad_h, pad_w, dilation_h, dilation_w, groups (strides, dilations and
+ * groups >= 1, pads <= NPU_MAX_PAD; groups divide C and O), with
+ * OH = (H + 2 * pad_h - dilation_h * (KH - 1) - 1) / stride_h + 1 >= 1,
+ * and OW likewise. Padding reads zeros.
+ */
+#define NPU_CONV_P_STRIDE_H	0
+#define NPU_CONV_P_STRIDE_W	1
+#define NPU_CONV_P_PAD_H	2
+#define NPU_CONV_P_PAD_W	3
+#define NPU_CONV_P_DIL_H	4
+#define NPU_CONV_P_DIL_W	5
+#define NPU_CONV_P_GROUPS	6
+#define NPU_MAX_PAD		65535
+
+/*
+ * POOL2D: t[0] = in [N, C, H, W], t[1] = out [N, C, OH, OW]; one float
+ * dtype. params: kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
+ * flags (all >= 1 but pads and flags; pads < kernel). OH and OW as for
+ * CONV2D with dilation 1. MAX ignores padding; AVG divides by the kernel
+ * area with NPU_POOL_F_COUNT_PAD, else by the number of in-bounds elements.
+ */
+enum npu_pool_kind {
+	NPU_POOL_MAX		= 0,
+	NPU_POOL_AVG		= 1,
+	NPU_POOL_COUNT,
+};
+
+#define NPU_POOL_P_KH		0
+#define NPU_POOL_P_KW		1
+#define NPU_POOL_P_STRIDE_H	2
+#define NPU_POOL_P_STRIDE_W	3
+#define NPU_POOL_P_PAD_H	4
+#define NPU_POOL_P_PAD_W	5
+#define NPU_POOL_P_FLAGS	6
+#define NPU_POOL_F_COUNT_PAD	(1u << 0)
 
 /*
  * MATMUL: t[0] = a, t[1] = b, t[2] = out. LINEAR: t[0] = a, t[1] = b,
@@ -254,7 +297,7 @@ enum npu_dtype {
 };
 
 /*
- * Tensor operand of a tensor op (ELTWISE .. LINEAR), as the device reads it from the
+ * Tensor operand of a tensor op (ELTWISE and up), as the device reads it from the
  * op's parameter block. Dimensions at and above ndim are zero. Strides are
  * in elements; a stride of 0 repeats the element along that dimension.
  */
@@ -282,6 +325,8 @@ struct npu_hw_tensor {
  *   LAYERNORM: t[0] = in, t[1] = gamma, t[2] = beta, t[3] = out
  *   MATMUL: t[0] = a, t[1] = b, t[2] = out
  *   LINEAR: t[0] = a, t[1] = b, t[2] = bias, t[3] = out
+ *   CONV2D: t[0] = in, t[1] = weight, t[2] = bias, t[3] = out
+ *   POOL2D: t[0] = in, t[1] = out
  */
 struct npu_tensor_params {
 	struct npu_hw_tensor t[NPU_TENSOR_OPERANDS];

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Validation of tensor ops (opcodes ELTWISE .. LINEAR), shared by the driver,
+ * Validation of tensor ops (opcodes from ELTWISE on), shared by the driver,
  * which rejects a bad op at SUBMIT with -EINVAL, and the device model, which
  * checks again what it fetched and completes a bad op with the status these
  * functions return. One implementation, so the two can never disagree.
@@ -128,7 +128,33 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 		return 3;
 	case NPU_OP_LAYERNORM:
 	case NPU_OP_LINEAR:
+	case NPU_OP_CONV2D:
 		return 4;
+	case NPU_OP_POOL2D:
+		return 2;
+	default:
+		return 0;
+	}
+}
+
+/* Does a device with capability bits @caps implement tensor op @opcode? */
+static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
+{
+	switch (opcode) {
+	case NPU_OP_ELTWISE:
+	case NPU_OP_UNARY:
+	case NPU_OP_CONVERT:
+		return !!(caps & NPU_CAP_TENSOR);
+	case NPU_OP_REDUCE:
+	case NPU_OP_SOFTMAX:
+	case NPU_OP_LAYERNORM:
+		return !!(caps & NPU_CAP_REDUCE);
+	case NPU_OP_MATMUL:
+	case NPU_OP_LINEAR:
+		return !!(caps & NPU_CAP_MATMUL);
+	case NPU_OP_CONV2D:
+	case NPU_OP_POOL2D:
+		return !!(caps & NPU_CAP_CONV);
 	default:
 		return 0;
 	}
@@ -143,9 +169,66 @@ static inline __u32 npu_tensor_op_params(__u32 opcode)
 		return 1;
 	case NPU_OP_LAYERNORM:
 		return 2;
+	case NPU_OP_CONV2D:
+	case NPU_OP_POOL2D:
+		return 7;
 	default:
 		return 0;
 	}
+}
+
+/*
+ * Output size of a window of @k taps spaced @dil apart, moved by @stride
+ * over @in elements padded by @pad on both sides; 0 if none fits.
+ */
+static inline __u64 npu_window_out(__u32 in, __u32 k, __u32 stride, __u32 pad,
+				   __u32 dil)
+{
+	__u64 span = (__u64)dil * (k - 1) + 1, padded = (__u64)in + 2ull * pad;
+
+	if (!k || !stride || !dil || span > padded)
+		return 0;
+	return (padded - span) / stride + 1;
+}
+
+/* CONV2D shapes and geometry (ranks already checked to be valid). */
+static inline int npu_tensor_conv_ok(const struct npu_tensor_params *p)
+{
+	const struct npu_hw_tensor *in = &p->t[0], *w = &p->t[1];
+	const struct npu_hw_tensor *b = &p->t[2], *out = &p->t[3];
+	const __u32 *q = p->params;
+	__u32 g = q[NPU_CONV_P_GROUPS];
+
+	if (in->ndim != 4 || w->ndim != 4 || b->ndim != 4 || out->ndim != 4 || !g ||
+	    q[NPU_CONV_P_PAD_H] > NPU_MAX_PAD || q[NPU_CONV_P_PAD_W] > NPU_MAX_PAD ||
+	    in->shape[1] % g || w->shape[0] % g || w->shape[1] != in->shape[1] / g)
+		return 0;
+	if (out->shape[0] != in->shape[0] || out->shape[1] != w->shape[0] ||
+	    b->shape[0] != 1 || b->shape[1] != w->shape[0] || b->shape[2] != 1 ||
+	    b->shape[3] != 1)
+		return 0;
+	return out->shape[2] == npu_window_out(in->shape[2], w->shape[2],
+					       q[NPU_CONV_P_STRIDE_H], q[NPU_CONV_P_PAD_H],
+					       q[NPU_CONV_P_DIL_H]) &&
+	       out->shape[3] == npu_window_out(in->shape[3], w->shape[3],
+					       q[NPU_CONV_P_STRIDE_W], q[NPU_CONV_P_PAD_W],
+					       q[NPU_CONV_P_DIL_W]);
+}
+
+/* POOL2D shapes and geometry. */
+static inline int npu_tensor_pool_ok(const struct npu_tensor_params *p)
+{
+	const struct npu_hw_tensor *in = &p->t[0], *out = &p->t[1];
+	const __u32 *q = p->params;
+
+	if (in->ndim != 4 || out->ndim != 4 || q[NPU_POOL_P_FLAGS] & ~NPU_POOL_F_COUNT_PAD ||
+	    q[NPU_POOL_P_PAD_H] >= q[NPU_POOL_P_KH] || q[NPU_POOL_P_PAD_W] >= q[NPU_POOL_P_KW] ||
+	    out->shape[0] != in->shape[0] || out->shape[1] != in->shape[1])
+		return 0;
+	return out->shape[2] == npu_window_out(in->shape[2], q[NPU_POOL_P_KH],
+					       q[NPU_POOL_P_STRIDE_H], q[NPU_POOL_P_PAD_H], 1) &&
+	       out->shape[3] == npu_window_out(in->shape[3], q[NPU_POOL_P_KW],
+					       q[NPU_POOL_P_STRIDE_W], q[NPU_POOL_P_PAD_W], 1);
 }
 
 /* Is the fp32 bit pattern @bits a finite number above zero? */
@@ -300,6 +383,19 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		    !npu_tensor_matmul_shapes(&p->t[0], &p->t[1], out) ||
 		    (opcode == NPU_OP_LINEAR &&
 		     !npu_tensor_is_norm_param(&p->t[2], out, 1)))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_CONV2D:
+		for (i = 0; i < 3; i++)
+			if (p->t[i].dtype != out->dtype)
+				return NPU_ST_BAD_ARGS;
+		if (kind >= NPU_ACT_COUNT || !npu_dtype_is_float(out->dtype) ||
+		    !npu_tensor_conv_ok(p))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_POOL2D:
+		if (kind >= NPU_POOL_COUNT || p->t[0].dtype != out->dtype ||
+		    !npu_dtype_is_float(out->dtype) || !npu_tensor_pool_ok(p))
 			return NPU_ST_BAD_ARGS;
 		return NPU_ST_OK;
 	default: /* NPU_OP_CONVERT */

@@ -25,6 +25,7 @@
 #define NPU_INFO_CAP_TENSOR	(1u << 6)
 #define NPU_INFO_CAP_REDUCE	(1u << 7)
 #define NPU_INFO_CAP_MATMUL	(1u << 8)
+#define NPU_INFO_CAP_CONV	(1u << 9)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -102,13 +103,13 @@ struct npu_tensor_ref {
 };
 
 /*
- * A tensor op (ELTWISE .. LINEAR, the opcodes from 4 on): SUBMIT
+ * A tensor op (the opcodes from NPU_OP_ELTWISE on): SUBMIT
  * takes an array of these when op_size == sizeof(struct npu_tensor_op).
  * Operands in the order of npu_hw.h (inputs, then the output); params as
  * npu_hw.h gives them per opcode; unused operands and params zero.
  */
 struct npu_tensor_op {
-	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_LINEAR */
+	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_POOL2D */
 	__u16 flags;		/* must be zero */
 	__u32 kind;		/* enum npu_*_kind of the opcode; 0 if it has none */
 	struct npu_tensor_ref t[4];

@@ -222,8 +222,7 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 
 	if (!n || op->flags || op->rsvd)
 		return -EINVAL;
-	if ((op->opcode >= NPU_OP_MATMUL && !(ctx->ndev->caps & NPU_CAP_MATMUL)) ||
-	    (op->opcode >= NPU_OP_REDUCE && !(ctx->ndev->caps & NPU_CAP_REDUCE)))
+	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps))
 		return -EOPNOTSUPP;
 	memset(hw, 0, sizeof(*hw));
 	/* The validator below rejects params the opcode does not use. */

@@ -122,7 +122,7 @@ uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len);
 uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
                        uint64_t grain);
 
-/* npu_tensor.c: the tensor ops, ELTWISE .. LINEAR (opcodes 4 to 11). */
+/* npu_tensor.c: the tensor ops, ELTWISE .. POOL2D (opcodes 4 to 13). */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
 /* npu_cores.c */

@@ -1,6 +1,6 @@
 /*
  * NPU tensor ops: ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
- * MATMUL and LINEAR.
+ * MATMUL, LINEAR, CONV2D and POOL2D.
  *
  * The command processor reads the op's 256-byte parameter block once,
  * validates it with npu_tensor_op_check() (include/npu_tensor.h, the same
@@ -18,7 +18,8 @@
  * (tiles of slices) and write the whole output once at the end; see the
  * section of their own below. MATMUL and LINEAR run cblas_sgemm per
  * (batch, block of rows) tile with fp32 accumulation and write each tile's
- * output back as it finishes; see their section.
+ * output back as it finishes; see their section. CONV2D (im2col +
+ * cblas_sgemm) and POOL2D (direct loops) have a section of their own too.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -1455,6 +1456,348 @@ static uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
     return st;
 }
 
+/* ---------------------------------------------------------------------- */
+/* CONV2D and POOL2D */
+
+/*
+ * CONV2D is im2col + cblas_sgemm. The units of the tiles are (image,
+ * group, block of output positions) in that order; the positions are the
+ * flattened OH x OW plane, so a block is a run of whole or partial output
+ * rows. Per unit, the columns matrix [C/g * KH * KW, positions] is filled
+ * from the input (widened to fp32, zeros for the padding), multiplied by
+ * the group's packed fp32 weights [O/g, C/g * KH * KW] with fp32
+ * accumulation, the bias is added, the activation applied, and the result
+ * rounded once to the output dtype. A block's columns and result together
+ * hold at most NPU_MM_BLOCK_ELEMS fp32 values (at least one position).
+ * Each unit writes back its O/g runs of the output (one per channel).
+ */
+typedef struct NpuConvJob {
+    NpuWalk walk;           /* snapshot; each tile walks with its own copy */
+    const uint8_t *in;      /* host copy of the input's extent */
+    uint32_t dtype, size, kind;
+    uint64_t is[4];         /* input strides, elements; 0 for size-1 dims */
+    uint64_t c, h, w, o, kh, kw, oh, ow, ohw;
+    uint64_t sh, sw, ph, pw, dh, dw;
+    uint64_t g, cg, og, kk; /* groups, C / g, O / g, C / g * KH * KW */
+    const float *wt;        /* weights as fp32 [O, kk] */
+    const float *bias;      /* O values */
+    uint64_t pb, nblk;      /* positions per unit, units per (image, group) */
+    uint8_t *out;           /* host output buffer, contiguous */
+    uint64_t out_va;
+    uint32_t osize;
+    bool direct_out;        /* BLAS writes fp32 results into @out */
+} NpuConvJob;
+
+/* Ops of fewer multiply-adds (or pooled taps) run as one tile. */
+#define NPU_CONV_TILE_MIN_FLOP (1ull << 22)
+
+/* Row @k of the columns matrix for positions [p0, p0 + n) of image @img. */
+static void npu_conv_im2col_row(const NpuConvJob *job, uint64_t img,
+                                uint64_t grp, uint64_t k, uint64_t p0,
+                                uint64_t n, float *dst)
+{
+    uint64_t kj = k % job->kw, ki = k / job->kw % job->kh;
+    uint64_t ci = grp * job->cg + k / (job->kw * job->kh);
+    int64_t offw = (int64_t)(kj * job->dw) - (int64_t)job->pw;
+    const uint8_t *plane = job->in +
+        (img * job->is[0] + ci * job->is[1]) * job->size;
+    uint64_t p = p0, lo, hi;
+
+    while (p < p0 + n) {
+        uint64_t oh = p / job->ow, ow0 = p % job->ow;
+        uint64_t ow1 = MIN(job->ow, ow0 + (p0 + n - p));
+        int64_t ih = (int64_t)(oh * job->sh + ki * job->dh) - (int64_t)job->ph;
+        float *d = dst + (p - p0);  /* d[ow - ow0] for ow in [ow0, ow1) */
+
+        /* Output columns whose input column iw = ow * sw + offw is in W. */
+        lo = offw >= 0 ? 0 : DIV_ROUND_UP((uint64_t)-offw, job->sw);
+        hi = offw > (int64_t)job->w - 1 ? 0 :
+             ((uint64_t)((int64_t)job->w - 1 - offw)) / job->sw + 1;
+        if (ih < 0 || ih >= (int64_t)job->h) {
+            lo = hi = ow1;
+        }
+        lo = MIN(MAX(lo, ow0), ow1);
+        hi = MIN(MAX(hi, lo), ow1);
+        memset(d, 0, (lo - ow0) * sizeof(float));
+        if (hi > lo) {
+            uint64_t iw = lo * job->sw + offw;
+            const float *v = npu_load_f32(plane + (ih * job->is[2] +
+                                                   iw * job->is[3]) * job->size,
+                                          job->sw * job->is[3], job->dtype,
+                                          d + lo - ow0, hi - lo);
+
+            if (v != d + lo - ow0) {
+                memcpy(d + lo - ow0, v, (hi - lo) * sizeof(float));
+            }
+        }
+        memset(d + hi - ow0, 0, (ow1 - hi) * sizeof(float));
+        p += ow1 - ow0;
+    }
+}
+
+static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    const NpuConvJob *job = opaque;
+    NpuWalk w = job->walk;
+    float *col = g_try_malloc(job->kk * job->pb * sizeof(float));
+    float *cbuf = job->direct_out ? NULL :
+                  g_try_malloc(job->og * job->pb * sizeof(float));
+    uint32_t st = NPU_ST_OK;
+    uint64_t u, k, oc;
+
+    if (!col || (!job->direct_out && !cbuf)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
+        uint64_t img = u / (job->g * job->nblk), grp = u / job->nblk % job->g;
+        uint64_t p0 = u % job->nblk * job->pb;
+        uint64_t n = MIN(job->pb, job->ohw - p0);
+        uint64_t first = (img * job->o + grp * job->og) * job->ohw + p0;
+        float *c;
+        uint64_t ldc;
+
+        for (k = 0; k < job->kk; k++) {
+            npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
+        }
+        if (job->direct_out) {
+            c = (float *)job->out + first;
+            ldc = job->ohw;
+        } else {
+            c = cbuf;
+            ldc = n;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, job->og, n,
+                    job->kk, 1.0f, job->wt + grp * job->og * job->kk,
+                    job->kk, col, n, 0.0f, c, ldc);
+        for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
+            float *row = c + oc * ldc, b = job->bias[grp * job->og + oc];
+            uint64_t off = first + oc * job->ohw, i;
+
+            for (i = 0; i < n; i++) {
+                row[i] += b;
+            }
+            if (job->kind != NPU_ACT_NONE) {
+                npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                              NPU_UNARY_GELU, row, row, n);
+            }
+            npu_store_f32(job->out + off * job->osize, job->dtype, row, n);
+            st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
+                               job->out + off * job->osize, n * job->osize);
+        }
+    }
+out:
+    g_free(col);
+    g_free(cbuf);
+    return st;
+}
+
+/* @n fp32 values of a strided run, into @dst. */
+static void npu_load_f32_to(float *dst, const uint8_t *src, uint64_t stride,
+                            uint32_t dtype, uint64_t n)
+{
+    const float *v = npu_load_f32(src, stride, dtype, dst, n);
+
+    if (v != dst) {
+        memcpy(dst, v, n * sizeof(float));
+    }
+}
+
+/* A checked CONV2D whose inputs are in @bufs. */
+static uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
+                              const struct npu_tensor_params *p,
+                              uint32_t kind, uint8_t *const *bufs,
+                              uint8_t *out)
+{
+    const struct npu_hw_tensor *in = &p->t[0], *wt = &p->t[1];
+    const struct npu_hw_tensor *bt = &p->t[2], *o = &p->t[3];
+    const uint32_t *q = p->params;
+    uint32_t cores = MAX(s->cores.n, 1), d, st;
+    NpuConvJob job = {
+        .walk = *w, .in = bufs[0], .dtype = o->dtype,
+        .size = npu_dtype_size(o->dtype), .kind = kind,
+        .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
+        .o = o->shape[1], .kh = wt->shape[2], .kw = wt->shape[3],
+        .oh = o->shape[2], .ow = o->shape[3],
+        .sh = q[NPU_CONV_P_STRIDE_H], .sw = q[NPU_CONV_P_STRIDE_W],
+        .ph = q[NPU_CONV_P_PAD_H], .pw = q[NPU_CONV_P_PAD_W],
+        .dh = q[NPU_CONV_P_DIL_H], .dw = q[NPU_CONV_P_DIL_W],
+        .g = q[NPU_CONV_P_GROUPS],
+        .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
+        .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+    };
+    uint64_t batch = in->shape[0], flop, units, grain, r, i, j;
+    float *wpack = NULL, *bias;
+
+    for (d = 0; d < 4; d++) {
+        job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
+    }
+    job.ohw = job.oh * job.ow;
+    job.cg = job.c / job.g;
+    job.og = job.o / job.g;
+    job.kk = job.cg * job.kh * job.kw;
+
+    bias = g_try_malloc(job.o * sizeof(float));
+    if (!HOST_BIG_ENDIAN && wt->dtype == NPU_DTYPE_FP32 &&
+        npu_tensor_is_contiguous(wt)) {
+        job.wt = (const float *)bufs[1];
+    } else {
+        /* Rows of KW taps: [O, C / g, KH] rows into [O, kk]. */
+        wpack = g_try_malloc(job.o * job.kk * sizeof(float));
+        job.wt = wpack;
+    }
+    if (!bias || !job.wt) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    if (wpack) {
+        for (r = 0; r < job.o * job.cg * job.kh; r++) {
+            uint64_t oc = r / (job.cg * job.kh), ci = r / job.kh % job.cg;
+            uint64_t ki = r % job.kh;
+
+            i = (job.o > 1 ? oc * wt->strides[0] : 0) +
+                (job.cg > 1 ? ci * wt->strides[1] : 0) +
+                (job.kh > 1 ? ki * wt->strides[2] : 0);
+            npu_load_f32_to(wpack + r * job.kw, bufs[1] + i * job.size,
+                            job.kw > 1 ? wt->strides[3] : 0, wt->dtype,
+                            job.kw);
+        }
+    }
+    npu_load_f32_to(bias, bufs[2], job.o > 1 ? bt->strides[1] : 0,
+                    bt->dtype, job.o);
+    job.bias = bias;
+
+    /* Position blocks bounded in size; large ops: two units per core. */
+    job.pb = MIN(job.ohw, MAX(NPU_MM_BLOCK_ELEMS / (job.kk + job.og), 1));
+    flop = batch * job.o * job.ohw * job.kk;
+    j = batch * job.g;
+    if (flop >= NPU_CONV_TILE_MIN_FLOP && cores > 1 &&
+        j * DIV_ROUND_UP(job.ohw, job.pb) < cores * 2) {
+        job.pb = DIV_ROUND_UP(job.ohw, DIV_ROUND_UP(cores * 2, j));
+    }
+    job.nblk = DIV_ROUND_UP(job.ohw, job.pb);
+    units = j * job.nblk;
+    grain = flop < NPU_CONV_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    st = npu_run_tiles(s, npu_conv_tile, &job, units, grain);
+out:
+    g_free(wpack);
+    g_free(bias);
+    return st;
+}
+
+/*
+ * POOL2D: direct loops over the in-bounds taps of each window (every
+ * window has at least one, as pads are below the kernel size), in tiles
+ * of whole (image, channel) planes, whose output is one contiguous run.
+ * MAX propagates NaN like np.max; AVG sums in double and divides by the
+ * kernel area (NPU_POOL_F_COUNT_PAD) or the in-bounds count. Either is
+ * rounded once to the output dtype.
+ */
+typedef struct NpuPoolJob {
+    NpuWalk walk;
+    const uint8_t *in;
+    uint32_t dtype, kind;
+    uint64_t is[4];
+    uint64_t c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+    bool count_pad;
+    uint8_t *out;
+    uint64_t out_va;
+    uint32_t osize;
+} NpuPoolJob;
+
+/* In-bounds taps [*lo, *hi) of the window at output index @o. */
+static void npu_pool_range(uint64_t o, uint64_t stride, uint64_t pad,
+                           uint64_t k, uint64_t n, uint64_t *lo, uint64_t *hi)
+{
+    uint64_t start = o * stride;    /* in padded coordinates */
+
+    *lo = MAX(start, pad) - pad;
+    *hi = MIN(start + k, n + pad) - pad;
+}
+
+static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    const NpuPoolJob *job = opaque;
+    NpuWalk w = job->walk;
+    uint64_t ohw = job->oh * job->ow, u, oh, ow, h, x, h0, h1, w0, w1;
+
+    for (u = begin; u < end; u++) {
+        const uint8_t *plane = job->in;
+        uint64_t base = (u / job->c) * job->is[0] + (u % job->c) * job->is[1];
+        uint64_t o = u * ohw;
+
+        for (oh = 0; oh < job->oh; oh++) {
+            npu_pool_range(oh, job->sh, job->ph, job->kh, job->h, &h0, &h1);
+            for (ow = 0; ow < job->ow; ow++, o++) {
+                double sum = 0.0, div;
+                float m;
+
+                npu_pool_range(ow, job->sw, job->pw, job->kw, job->w, &w0, &w1);
+                if (job->kind == NPU_POOL_MAX) {
+                    m = npu_ld_f(plane, job->dtype, base + h0 * job->is[2] +
+                                 w0 * job->is[3]);
+                    for (h = h0; h < h1; h++) {
+                        for (x = w0; x < w1; x++) {
+                            m = npu_maxf(m, npu_ld_f(plane, job->dtype,
+                                                     base + h * job->is[2] +
+                                                     x * job->is[3]));
+                        }
+                    }
+                    npu_store_d(job->out, job->dtype, o, m);
+                    continue;
+                }
+                for (h = h0; h < h1; h++) {
+                    for (x = w0; x < w1; x++) {
+                        sum += npu_ld_f(plane, job->dtype,
+                                        base + h * job->is[2] + x * job->is[3]);
+                    }
+                }
+                div = job->count_pad ? (double)job->kh * job->kw :
+                      (double)(h1 - h0) * (w1 - w0);
+                npu_store_d(job->out, job->dtype, o, sum / div);
+            }
+        }
+    }
+    return npu_mem_write(core->s, &w, job->out_va + begin * ohw * job->osize,
+                         job->out + begin * ohw * job->osize,
+                         (end - begin) * ohw * job->osize);
+}
+
+/* A checked POOL2D whose input is in @bufs[0]. */
+static uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
+                              const struct npu_tensor_params *p,
+                              uint32_t kind, uint8_t *const *bufs,
+                              uint8_t *out)
+{
+    const struct npu_hw_tensor *in = &p->t[0], *o = &p->t[1];
+    const uint32_t *q = p->params;
+    uint32_t cores = MAX(s->cores.n, 1), d;
+    NpuPoolJob job = {
+        .walk = *w, .in = bufs[0], .dtype = o->dtype, .kind = kind,
+        .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
+        .oh = o->shape[2], .ow = o->shape[3],
+        .kh = q[NPU_POOL_P_KH], .kw = q[NPU_POOL_P_KW],
+        .sh = q[NPU_POOL_P_STRIDE_H], .sw = q[NPU_POOL_P_STRIDE_W],
+        .ph = q[NPU_POOL_P_PAD_H], .pw = q[NPU_POOL_P_PAD_W],
+        .count_pad = q[NPU_POOL_P_FLAGS] & NPU_POOL_F_COUNT_PAD,
+        .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
+    };
+    uint64_t units = in->shape[0] * job.c, taps, grain;
+
+    for (d = 0; d < 4; d++) {
+        job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
+    }
+    taps = units * job.oh * job.ow * MIN(job.kh, job.h) * MIN(job.kw, job.w);
+    grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    return npu_run_tiles(s, npu_pool_tile, &job, units, grain);
+}
+
 static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
     [NPU_OP_ELTWISE] = { "eltwise a", "eltwise b", "eltwise out" },
     [NPU_OP_UNARY] = { "unary in", "unary out" },
@@ -1465,6 +1808,9 @@ static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
                            "layernorm beta", "layernorm out" },
     [NPU_OP_MATMUL] = { "matmul a", "matmul b", "matmul out" },
     [NPU_OP_LINEAR] = { "linear a", "linear b", "linear bias", "linear out" },
+    [NPU_OP_CONV2D] = { "conv2d in", "conv2d weight", "conv2d bias",
+                        "conv2d out" },
+    [NPU_OP_POOL2D] = { "pool2d in", "pool2d out" },
 };
 
 /* The parameter block in host byte order. */
@@ -1561,6 +1907,14 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     }
     if (opcode == NPU_OP_MATMUL || opcode == NPU_OP_LINEAR) {
         st = npu_exec_matmul(s, w, &p, opcode, kind, bufs, job.out);
+        goto out;
+    }
+    if (opcode == NPU_OP_CONV2D) {
+        st = npu_exec_conv(s, w, &p, kind, bufs, job.out);
+        goto out;
+    }
+    if (opcode == NPU_OP_POOL2D) {
+        st = npu_exec_pool(s, w, &p, kind, bufs, job.out);
         goto out;
     }
     if (opcode >= NPU_OP_REDUCE) {

@@ -68,7 +68,15 @@ TARGETS: list[tuple[str, str, float, str]] = [
         20.0,
         "every tensor op >= 20x numpy in the guest at 1M elements",
     ),
+    (
+        "conv2d_npu_vs_host_numpy",
+        ">=",
+        0.5,
+        "NPU conv2d >= 0.5x numpy im2col + matmul on the host",
+    ),
 ]
+# CONV2D problem of examples/bench_npu.py: N, C, O, H = W, K (padding 1).
+CONV_SHAPE = (8, 64, 64, 56, 3)
 
 
 class BenchFailed(RuntimeError):
@@ -94,6 +102,37 @@ def host_numpy_gemm_gflops(n: int = GEMM_N) -> float:
     c = np.empty((n, n), dtype=np.float32)
     dt = median_seconds(lambda: np.matmul(a, b, out=c), HOST_RUNS)
     return 2.0 * n**3 / dt / 1e9
+
+
+def numpy_conv2d_im2col(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray:
+    """conv2d (stride 1) of NCHW x by im2col + one matmul (as examples/bench_npu.py)."""
+    n, c, _, _ = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    oh, ow = win.shape[2], win.shape[3]
+    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+    y = cols @ w.reshape(o, c * kh * kw).T + b
+    return np.ascontiguousarray(y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+
+
+def host_numpy_conv2d_gflops() -> float:
+    """GFLOP/s of the fp32 CONV_SHAPE conv2d as numpy im2col + matmul on the host.
+
+    Median of HOST_RUNS; checked on one output pixel per channel against a
+    direct float64 sum."""
+    n, c, o, hw, k = CONV_SHAPE
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c, hw, hw), dtype=np.float32)
+    w = rng.standard_normal((o, c, k, k), dtype=np.float32)
+    b = rng.standard_normal(o, dtype=np.float32)
+    out: list[np.ndarray] = []
+    dt = median_seconds(lambda: out.append(numpy_conv2d_im2col(x, w, b, 1)), HOST_RUNS)
+    y = out[-1]
+    want = (x[3, :, 9 : 9 + k, 19 : 19 + k].astype(np.float64) * w).sum(axis=(1, 2, 3)) + b
+    if y.shape != (n, o, hw, hw) or not np.allclose(y[3, :, 10, 20], want, rtol=1e-4, atol=1e-3):
+        raise BenchFailed("host numpy conv2d: result differs from a direct sum")
+    return 2.0 * n * o * c * k * k * hw * hw / dt / 1e9
 
 
 def host_memcpy_gbps(nbytes: int = COPY_BYTES) -> float:
@@ -229,6 +268,10 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
     )
     if "matmul_fp32_1024_gflops_npu" in res:  # MATMUL op against the v1 GEMM of this run
         res["matmul_vs_gemm_fp32"] = res["matmul_fp32_1024_gflops_npu"] / npu_gflops
+    if "conv2d_fp32_gflops_npu" in res:
+        conv = res["conv2d_fp32_gflops_npu"]
+        res["conv2d_npu_vs_guest_numpy"] = conv / res["conv2d_fp32_gflops_guest_numpy"]
+        res["conv2d_npu_vs_host_numpy"] = conv / res["conv2d_fp32_gflops_host_numpy"]
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])
@@ -273,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             res["meta"]["host_blas_pools"] = threads["pools"]
         res["gemm_fp32_1024_gflops_host_numpy"] = host_numpy_gemm_gflops()
         res["host_memcpy_gbps"] = host_memcpy_gbps()
+        log.info("host numpy: conv2d %s as im2col + matmul", CONV_SHAPE)
+        res["conv2d_fp32_gflops_host_numpy"] = host_numpy_conv2d_gflops()
         add_ratios_and_targets(res)
     except (BenchFailed, GuestError, KeyError, ValueError) as e:
         log.error("benchmark failed: %s", e)

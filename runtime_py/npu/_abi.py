@@ -48,6 +48,7 @@ NPU_CAP_MMU: Final = 1 << 5
 NPU_CAP_TENSOR: Final = 1 << 6
 NPU_CAP_REDUCE: Final = 1 << 7
 NPU_CAP_MATMUL: Final = 1 << 8
+NPU_CAP_CONV: Final = 1 << 9
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -65,7 +66,31 @@ NPU_OP_SOFTMAX: Final = 8
 NPU_OP_LAYERNORM: Final = 9
 NPU_OP_MATMUL: Final = 10
 NPU_OP_LINEAR: Final = 11
-NPU_OP_COUNT: Final = 12
+NPU_OP_CONV2D: Final = 12
+NPU_OP_POOL2D: Final = 13
+NPU_OP_COUNT: Final = 14
+
+NPU_CONV_P_STRIDE_H: Final = 0
+NPU_CONV_P_STRIDE_W: Final = 1
+NPU_CONV_P_PAD_H: Final = 2
+NPU_CONV_P_PAD_W: Final = 3
+NPU_CONV_P_DIL_H: Final = 4
+NPU_CONV_P_DIL_W: Final = 5
+NPU_CONV_P_GROUPS: Final = 6
+NPU_MAX_PAD: Final = 65535
+
+NPU_POOL_MAX: Final = 0
+NPU_POOL_AVG: Final = 1
+NPU_POOL_COUNT: Final = 2
+
+NPU_POOL_P_KH: Final = 0
+NPU_POOL_P_KW: Final = 1
+NPU_POOL_P_STRIDE_H: Final = 2
+NPU_POOL_P_STRIDE_W: Final = 3
+NPU_POOL_P_PAD_H: Final = 4
+NPU_POOL_P_PAD_W: Final = 5
+NPU_POOL_P_FLAGS: Final = 6
+NPU_POOL_F_COUNT_PAD: Final = 1 << 0
 
 NPU_ACT_NONE: Final = 0
 NPU_ACT_RELU: Final = 1
@@ -158,6 +183,7 @@ NPU_INFO_CAP_MMU: Final = 1 << 5
 NPU_INFO_CAP_TENSOR: Final = 1 << 6
 NPU_INFO_CAP_REDUCE: Final = 1 << 7
 NPU_INFO_CAP_MATMUL: Final = 1 << 8
+NPU_INFO_CAP_CONV: Final = 1 << 9
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -185,6 +211,8 @@ class Opcode(enum.IntEnum):
     LAYERNORM = NPU_OP_LAYERNORM
     MATMUL = NPU_OP_MATMUL
     LINEAR = NPU_OP_LINEAR
+    CONV2D = NPU_OP_CONV2D
+    POOL2D = NPU_OP_POOL2D
 
 
 class EltwiseKind(enum.IntEnum):
@@ -228,8 +256,15 @@ class SoftmaxKind(enum.IntEnum):
     LOG = NPU_SOFTMAX_LOG
 
 
+class PoolKind(enum.IntEnum):
+    """Kinds of the POOL2D op (``enum npu_pool_kind``)."""
+
+    MAX = NPU_POOL_MAX
+    AVG = NPU_POOL_AVG
+
+
 class ActKind(enum.IntEnum):
-    """Activations of MATMUL and LINEAR, applied last (``enum npu_act_kind``).
+    """Activations of MATMUL, LINEAR and CONV2D, applied last (``enum npu_act_kind``).
 
     GELU is the exact (erf) form.
     """
@@ -276,6 +311,7 @@ class Cap(enum.IntFlag):
     TENSOR = NPU_INFO_CAP_TENSOR
     REDUCE = NPU_INFO_CAP_REDUCE
     MATMUL = NPU_INFO_CAP_MATMUL
+    CONV = NPU_INFO_CAP_CONV
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -286,7 +322,7 @@ class Cap(enum.IntFlag):
 class DType(enum.IntEnum):
     """Element types (``enum npu_dtype``): GEMM takes FP32, tensor ops all of them.
 
-    MATMUL and LINEAR take the float ones (FP32, FP16, BF16).
+    MATMUL, LINEAR, CONV2D and POOL2D take the float ones (FP32, FP16, BF16).
     """
 
     FP32 = NPU_DTYPE_FP32
@@ -365,7 +401,7 @@ class NpuCmdGemm(ctypes.LittleEndianStructure):
 
 
 class NpuCmdTensor(ctypes.LittleEndianStructure):
-    """``npu_cmd.tensor``: the tensor ops (ELTWISE .. LINEAR)."""
+    """``npu_cmd.tensor``: the tensor ops (ELTWISE .. POOL2D)."""
 
     _fields_ = [
         ("params", ctypes.c_uint64),

@@ -3,13 +3,15 @@
 Each builder validates its arguments in Python (raising :class:`ValueError`)
 and returns an immutable :class:`Op` (NOP, COPY, FILL, GEMM) or
 :class:`TensorOp` (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
-MATMUL, LINEAR);
+MATMUL, LINEAR, CONV2D, POOL2D);
 :meth:`npu.Device.submit` packs
 a sequence of them into arrays of ``struct npu_op`` / ``struct npu_tensor_op``.
 
 Tensor operands are :class:`TensorRef` (handle, dtype, byte offset, shape and
 strides in elements), built with :func:`tensor_ref`;
-:func:`check_tensor_op` applies the rules of ``include/npu_tensor.h``.
+:func:`check_tensor_op` applies the rules of ``include/npu_tensor.h``
+(:func:`window_out` is ``npu_window_out``, :func:`tensor_op_supported` is
+``npu_tensor_op_supported``).
 
 Buffers are passed as anything with integer ``handle`` and ``size``
 attributes (:class:`BufferLike`), normally :class:`npu.Buffer`. Each op refers
@@ -37,6 +39,7 @@ __all__ = [
     "TensorOp",
     "TensorRef",
     "check_tensor_op",
+    "conv2d_op",
     "convert",
     "copy",
     "eltwise",
@@ -48,10 +51,13 @@ __all__ = [
     "linear_op",
     "matmul_op",
     "nop",
+    "pool2d_op",
     "reduce",
     "softmax",
+    "tensor_op_supported",
     "tensor_ref",
     "unary",
+    "window_out",
 ]
 
 _FP32_BYTES = 4
@@ -377,19 +383,22 @@ class TensorRef:
 
 @dataclass(frozen=True, slots=True)
 class TensorOp:
-    """One tensor op (``struct npu_tensor_op``): ELTWISE .. LINEAR.
+    """One tensor op (``struct npu_tensor_op``): ELTWISE .. POOL2D.
 
     ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
     (ELTWISE: a, b, out; UNARY, CONVERT, REDUCE, SOFTMAX: in, out;
     LAYERNORM: in, gamma, beta, out; MATMUL: a, b, out; LINEAR: a, b, bias,
-    out). ``kind`` is an :class:`npu.EltwiseKind`, :class:`npu.UnaryKind`,
+    out; CONV2D: in, weight, bias, out; POOL2D: in, out). ``kind`` is an
+    :class:`npu.EltwiseKind`, :class:`npu.UnaryKind`,
     :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`, :class:`npu.ActKind`
-    (MATMUL, LINEAR) or 0 (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
+    (MATMUL, LINEAR, CONV2D), :class:`npu.PoolKind` (POOL2D) or 0 (CONVERT,
+    LAYERNORM). ``params`` are the op's 32-bit params
     (REDUCE: axes bit mask; SOFTMAX: axis; LAYERNORM: number of normalised
-    trailing axes, eps as fp32 bits); the rest of the 12 are packed as zero.
-    Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
-    :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op` and
-    :func:`linear_op`, which check the op
+    trailing axes, eps as fp32 bits; CONV2D and POOL2D: the seven
+    ``NPU_CONV_P_*`` / ``NPU_POOL_P_*`` values); the rest of the 12 are
+    packed as zero. Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
+    :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op`,
+    :func:`linear_op`, :func:`conv2d_op` and :func:`pool2d_op`, which check the op
     with :func:`check_tensor_op`. ``buffers`` holds the buffer objects for
     :meth:`npu.Device.submit`'s checks; it is not part of equality.
     """
@@ -428,6 +437,8 @@ class TensorOp:
             _abi.Opcode.SOFTMAX: _abi.SoftmaxKind,
             _abi.Opcode.MATMUL: _abi.ActKind,
             _abi.Opcode.LINEAR: _abi.ActKind,
+            _abi.Opcode.CONV2D: _abi.ActKind,
+            _abi.Opcode.POOL2D: _abi.PoolKind,
         }
         name = self.opcode.name
         kind_enum = kinds.get(self.opcode)
@@ -455,9 +466,55 @@ _OPERANDS = {
     _abi.Opcode.LAYERNORM: 4,
     _abi.Opcode.MATMUL: 3,
     _abi.Opcode.LINEAR: 4,
+    _abi.Opcode.CONV2D: 4,
+    _abi.Opcode.POOL2D: 2,
 }
 # Params each opcode uses (npu_tensor_op_params); the others must be zero.
-_PARAMS = {_abi.Opcode.REDUCE: 1, _abi.Opcode.SOFTMAX: 1, _abi.Opcode.LAYERNORM: 2}
+_PARAMS = {
+    _abi.Opcode.REDUCE: 1,
+    _abi.Opcode.SOFTMAX: 1,
+    _abi.Opcode.LAYERNORM: 2,
+    _abi.Opcode.CONV2D: 7,
+    _abi.Opcode.POOL2D: 7,
+}
+# Capability bit each tensor opcode needs (npu_tensor_op_supported).
+_CAPS = {
+    _abi.Opcode.ELTWISE: _abi.Cap.TENSOR,
+    _abi.Opcode.UNARY: _abi.Cap.TENSOR,
+    _abi.Opcode.CONVERT: _abi.Cap.TENSOR,
+    _abi.Opcode.REDUCE: _abi.Cap.REDUCE,
+    _abi.Opcode.SOFTMAX: _abi.Cap.REDUCE,
+    _abi.Opcode.LAYERNORM: _abi.Cap.REDUCE,
+    _abi.Opcode.MATMUL: _abi.Cap.MATMUL,
+    _abi.Opcode.LINEAR: _abi.Cap.MATMUL,
+    _abi.Opcode.CONV2D: _abi.Cap.CONV,
+    _abi.Opcode.POOL2D: _abi.Cap.CONV,
+}
+
+
+def tensor_op_supported(opcode: int, caps: int) -> bool:
+    """``npu_tensor_op_supported``: does a device with ``caps`` implement tensor op ``opcode``?
+
+    The driver fails a SUBMIT with ``EOPNOTSUPP`` for an op the device lacks.
+    """
+    try:
+        cap = _CAPS[_abi.Opcode(opcode)]
+    except (ValueError, KeyError):
+        return False
+    return bool(caps & cap)
+
+
+def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """``npu_window_out``: positions of a ``k``-tap window (taps ``dilation`` apart).
+
+    The window moves by ``stride`` over ``size`` elements padded by ``pad`` on
+    both sides; 0 if it does not fit (or ``k``, ``stride`` or ``dilation`` is 0).
+    """
+    span = dilation * (k - 1) + 1
+    padded = size + 2 * pad
+    if not k or not stride or not dilation or span > padded:
+        return 0
+    return (padded - span) // stride + 1
 
 
 def f32_bits(value: float) -> int:
@@ -554,6 +611,10 @@ def check_tensor_op(op: TensorOp) -> None:
             raise ValueError(f"{op}: eps (fp32 bits {params[1]:#x}) must be finite and > 0")
     elif op.opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR):
         _check_matmul(op, inputs, out)
+    elif op.opcode is _abi.Opcode.CONV2D:
+        _check_conv(op, inputs, out, params)
+    elif op.opcode is _abi.Opcode.POOL2D:
+        _check_pool(op, inputs[0], out, params)
     else:
         (t,) = inputs
         if op.kind != 0:
@@ -588,6 +649,65 @@ def _check_matmul(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None
         want = (1,) * (r - 1) + (out.shape[-1],)
         if inputs[2].shape != want:
             raise ValueError(f"{op}: bias shape must be {want}, not {inputs[2].shape}")
+
+
+def _check_conv(
+    op: TensorOp, inputs: list[TensorRef], out: TensorRef, params: tuple[int, ...]
+) -> None:
+    """The CONV2D rules of ``npu_tensor_op_check`` (``npu_tensor_conv_ok``)."""
+    x, w, bias = inputs
+    if any(t.dtype is not out.dtype for t in inputs):
+        raise ValueError(f"{op}: CONV2D operands must have one dtype")
+    _abi.ActKind(op.kind)  # ValueError if out of range
+    if not out.dtype.is_float:
+        raise ValueError(f"{op}: CONV2D takes float dtypes only")
+    if any(t.ndim != 4 for t in op.operands):
+        raise ValueError(f"{op}: CONV2D operands must all be 4-D (NCHW)")
+    sh, sw, ph, pw, dh, dw, g = params[:7]
+    if not g or x.shape[1] % g or w.shape[0] % g or w.shape[1] != x.shape[1] // g:
+        raise ValueError(
+            f"{op}: groups={g} must divide C={x.shape[1]} and O={w.shape[0]}, "
+            f"and weight must be [O, C / groups, KH, KW]"
+        )
+    if ph > _abi.NPU_MAX_PAD or pw > _abi.NPU_MAX_PAD:
+        raise ValueError(f"{op}: padding ({ph}, {pw}) exceeds NPU_MAX_PAD={_abi.NPU_MAX_PAD}")
+    o = w.shape[0]
+    if bias.shape != (1, o, 1, 1):
+        raise ValueError(f"{op}: bias shape must be (1, {o}, 1, 1), not {bias.shape}")
+    want = (
+        x.shape[0],
+        o,
+        window_out(x.shape[2], w.shape[2], sh, ph, dh),
+        window_out(x.shape[3], w.shape[3], sw, pw, dw),
+    )
+    if out.shape != want:
+        raise ValueError(
+            f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
+        )
+
+
+def _check_pool(op: TensorOp, x: TensorRef, out: TensorRef, params: tuple[int, ...]) -> None:
+    """The POOL2D rules of ``npu_tensor_op_check`` (``npu_tensor_pool_ok``)."""
+    _abi.PoolKind(op.kind)  # ValueError if out of range
+    if x.dtype is not out.dtype or not out.dtype.is_float:
+        raise ValueError(f"{op}: POOL2D input and output must have one float dtype")
+    if x.ndim != 4 or out.ndim != 4:
+        raise ValueError(f"{op}: POOL2D operands must be 4-D (NCHW)")
+    kh, kw, sh, sw, ph, pw, flags = params[:7]
+    if flags & ~_abi.NPU_POOL_F_COUNT_PAD:
+        raise ValueError(f"{op}: unknown POOL2D flags {flags:#x}")
+    if ph >= kh or pw >= kw:
+        raise ValueError(f"{op}: padding ({ph}, {pw}) must be below the kernel ({kh}, {kw})")
+    want = (
+        x.shape[0],
+        x.shape[1],
+        window_out(x.shape[2], kh, sh, ph),
+        window_out(x.shape[3], kw, sw, pw),
+    )
+    if out.shape != want:
+        raise ValueError(
+            f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
+        )
 
 
 def tensor_ref(
@@ -780,5 +900,86 @@ def linear_op(
         ValueError: the op breaks a rule of :func:`check_tensor_op`.
     """
     op = TensorOp(_abi.Opcode.LINEAR, int(act), (a, b, bias, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def _pair(what: str, value: SupportsIndex | Sequence[SupportsIndex], lo: int) -> tuple[int, int]:
+    """An int or a pair of ints, as ``(h, w)``, each at least ``lo`` and a u32."""
+    if isinstance(value, Sequence):
+        if len(value) != 2:
+            raise ValueError(f"{what} must be an int or a pair, not {tuple(value)}")
+        h, w = value
+    else:
+        h = w = value
+    return (
+        _check_range(f"{what}[0]", h, lo, _abi.U32_MAX),
+        _check_range(f"{what}[1]", w, lo, _abi.U32_MAX),
+    )
+
+
+def conv2d_op(
+    x: TensorRef,
+    weight: TensorRef,
+    bias: TensorRef,
+    out: TensorRef,
+    stride: SupportsIndex | Sequence[SupportsIndex] = 1,
+    padding: SupportsIndex | Sequence[SupportsIndex] = 0,
+    dilation: SupportsIndex | Sequence[SupportsIndex] = 1,
+    groups: SupportsIndex = 1,
+    act: _abi.ActKind = _abi.ActKind.NONE,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a CONV2D op: ``out = act(conv2d(x, weight) + bias)``, NCHW, fp32 accumulation.
+
+    ``x`` is ``[N, C, H, W]``, ``weight`` ``[O, C / groups, KH, KW]``,
+    ``bias`` ``[1, O, 1, 1]`` (always present) and ``out`` ``[N, O, OH, OW]``
+    with ``OH = (H + 2 * pad_h - dilation_h * (KH - 1) - 1) // stride_h + 1``
+    (:func:`window_out`), ``OW`` likewise; one float dtype. ``stride``,
+    ``padding`` and ``dilation`` are ints or ``(h, w)`` pairs; padding reads
+    zeros. Inputs may have any strides; ``out`` must be contiguous.
+
+    Raises:
+        ValueError: a stride, dilation or ``groups`` below 1, or the op breaks
+            a rule of :func:`check_tensor_op`.
+    """
+    sh, sw = _pair("CONV2D stride", stride, 1)
+    ph, pw = _pair("CONV2D padding", padding, 0)
+    dh, dw = _pair("CONV2D dilation", dilation, 1)
+    g = _check_range("CONV2D groups", groups, 1, _abi.U32_MAX)
+    params = (sh, sw, ph, pw, dh, dw, g)
+    op = TensorOp(_abi.Opcode.CONV2D, int(act), (x, weight, bias, out), buffers, params)
+    check_tensor_op(op)
+    return op
+
+
+def pool2d_op(
+    kind: _abi.PoolKind,
+    x: TensorRef,
+    out: TensorRef,
+    kernel_size: SupportsIndex | Sequence[SupportsIndex],
+    stride: SupportsIndex | Sequence[SupportsIndex] | None = None,
+    padding: SupportsIndex | Sequence[SupportsIndex] = 0,
+    count_include_pad: bool = True,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a POOL2D op: max or average pooling of ``x`` ``[N, C, H, W]``.
+
+    ``out`` is ``[N, C, OH, OW]`` with the output size of :func:`window_out`
+    (dilation 1). ``stride`` defaults to ``kernel_size``; ``padding`` must be
+    below the kernel size. MAX ignores the padding; AVG divides by the kernel
+    area with ``count_include_pad`` (``NPU_POOL_F_COUNT_PAD``), else by the
+    number of in-bounds elements. One float dtype.
+
+    Raises:
+        ValueError: a kernel size or stride below 1, or the op breaks a rule
+            of :func:`check_tensor_op`.
+    """
+    kh, kw = _pair("POOL2D kernel_size", kernel_size, 1)
+    sh, sw = (kh, kw) if stride is None else _pair("POOL2D stride", stride, 1)
+    ph, pw = _pair("POOL2D padding", padding, 0)
+    flags = _abi.NPU_POOL_F_COUNT_PAD if count_include_pad else 0
+    params = (kh, kw, sh, sw, ph, pw, flags)
+    op = TensorOp(_abi.Opcode.POOL2D, int(kind), (x, out), buffers, params)
     check_tensor_op(op)
     return op

@@ -1,4 +1,4 @@
-"""Device-resident tensors and the tensor ops (ELTWISE, UNARY, CONVERT, REDUCE, MATMUL, ...).
+"""Device-resident tensors and the tensor ops (ELTWISE, UNARY, ..., MATMUL, CONV2D, POOL2D).
 
 A :class:`Tensor` is an n-D array (rank 0..4) that lives in a device buffer
 object. It has a dtype (float32, float16, bfloat16, int8 or int32), a shape,
@@ -32,6 +32,9 @@ exceptions):
   broadcasting, 1-D promotion) in the operands' common float dtype;
   :func:`linear` is ``torch.nn.functional.linear`` plus an activation, fused
   into one LINEAR op;
+- :func:`conv2d` (``torch.nn.functional.conv2d`` plus a fused activation),
+  :func:`max_pool2d`, :func:`avg_pool2d` and :func:`global_avg_pool2d` work
+  on NCHW tensors in the common float dtype, one CONV2D/POOL2D op each;
 - empty tensors (a dimension of 0) are handled in Python without the device.
 
 bfloat16 has no numpy dtype: :data:`bfloat16` is a sentinel dtype object;
@@ -68,22 +71,27 @@ __all__ = [
     "AxisArg",
     "BFloat16Type",
     "DTypeArg",
+    "PairArg",
     "Tensor",
     "TensorDType",
     "abs",
     "add",
+    "avg_pool2d",
     "bf16_to_float32",
     "bfloat16",
+    "conv2d",
     "divide",
     "exp",
     "float32_to_bf16",
     "gelu",
+    "global_avg_pool2d",
     "layer_norm",
     "linear",
     "log",
     "log_softmax",
     "matmul",
     "max",
+    "max_pool2d",
     "maximum",
     "mean",
     "min",
@@ -1407,3 +1415,286 @@ def linear(
     squeeze = t.ndim == 1
     a2 = t._view((1, *t._shape), (0, *t._strides)) if squeeze else t
     return _fused(what, a2, w.T, b, act, dtype, (squeeze, False), tuple(inputs))
+
+
+# ---------------------------------------------------------------------------
+# conv2d and pooling (CONV2D, POOL2D)
+# ---------------------------------------------------------------------------
+
+#: What the ``stride``/``padding``/``dilation``/``kernel_size`` arguments accept.
+PairArg: TypeAlias = "SupportsIndex | Sequence[SupportsIndex]"
+
+# Zero bias tensors of conv2d(bias=None), per device and (out_channels, dtype).
+_ZERO_BIAS: weakref.WeakKeyDictionary[Device, dict[tuple[int, DType], Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _pair(value: PairArg, what: str, lo: int) -> tuple[int, int]:
+    """An int or a pair of ints as ``(h, w)``, each ``>= lo`` (ValueError/TypeError)."""
+    if isinstance(value, Sequence):
+        if len(value) != 2:
+            raise ValueError(f"{what} must be an int or a pair of ints, not {tuple(value)}")
+        h, w = value
+    else:
+        h = w = value
+    out = []
+    for v in (h, w):
+        if isinstance(v, bool):
+            raise TypeError(f"{what} must be an int, not bool")
+        try:
+            n = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{what} must be an int or a pair of ints, not {v!r}") from None
+        if not lo <= n <= _abi.U32_MAX:
+            raise ValueError(f"{what}={n} must be at least {lo}")
+        out.append(n)
+    return out[0], out[1]
+
+
+def _nchw(value: Any, dev: Device, what: str, name: str) -> Tensor:
+    """``value`` as a tensor on ``dev`` (non-tensors uploaded)."""
+    if isinstance(value, Tensor):
+        if value._device is not dev:
+            raise ValueError(f"{what}: operands live on different devices")
+        return value
+    try:
+        return tensor(value, device=dev)
+    except TypeError as exc:
+        raise TypeError(f"{what}: unsupported {name} {value!r}: {exc}") from exc
+
+
+def _need_conv(dev: Device, what: str) -> None:
+    if not dev.info.has(_abi.Cap.CONV):
+        raise ValueError(f"{what}: the device has no CONV2D/POOL2D ops (Cap.CONV)")
+
+
+def _zero_bias(dev: Device, out_channels: int, dtype: DType) -> Tensor:
+    """The cached ``[1, O, 1, 1]`` zero bias of :func:`conv2d` without ``bias``."""
+    cache = _ZERO_BIAS.setdefault(dev, {})
+    key = (out_channels, dtype)
+    bias = cache.get(key)
+    if bias is None:
+        bias = _upload(np.zeros((1, out_channels, 1, 1), np.float32), dtype, dev)
+        cache[key] = bias
+        _logger.debug("conv2d: cached a zero bias of %d %s channels", out_channels, dtype.name)
+    return bias
+
+
+def conv2d(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: PairArg = 1,
+    padding: PairArg = 0,
+    dilation: PairArg = 1,
+    groups: SupportsIndex = 1,
+    activation: str | _abi.ActKind | None = None,
+) -> Tensor:
+    """2-D convolution like ``torch.nn.functional.conv2d``, plus a fused activation.
+
+    One device CONV2D op, submitted without waiting: ``activation(conv2d(x,
+    weight) + bias)`` with ``activation`` ``None``, ``"relu"`` or exact
+    ``"gelu"``. ``x`` is ``[N, C, H, W]`` (or ``[C, H, W]``, giving a 3-D
+    result), ``weight`` ``[O, C / groups, KH, KW]`` and ``bias`` ``[O]``;
+    without ``bias`` a zero bias tensor cached per device, ``O`` and dtype is
+    used. ``stride``, ``padding`` (zeros) and ``dilation`` are ints or
+    ``(h, w)`` pairs. The result is ``[N, O, OH, OW]`` with ``OH = (H + 2 *
+    pad_h - dilation_h * (KH - 1) - 1) // stride_h + 1`` (``OW`` likewise),
+    in the operands' common float dtype (float32 for integers), accumulated
+    in fp32. Non-tensors are uploaded; strided inputs are read in place.
+
+    Raises:
+        ValueError: bad ranks or shapes, ``groups`` not dividing ``C`` and
+            ``O``, a stride/dilation/groups below 1, a negative padding, no
+            window fitting, an unknown activation, or a device without
+            ``Cap.CONV``.
+    """
+    what = "conv2d"
+    act = _activation(activation, what)
+    anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
+    dev = anchor._device if anchor is not None else default_device()
+    _need_conv(dev, what)
+    t = _nchw(x, dev, what, "input")
+    w = _nchw(weight, dev, what, "weight")
+    unbatched = t.ndim == 3
+    if unbatched:
+        t = t._view((1, *t._shape), (0, *t._strides))
+    if t.ndim != 4:
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    if w.ndim != 4:
+        raise ValueError(f"{what}: weight must be [O, C / groups, KH, KW], not {w.shape}")
+    sh, sw = _pair(stride, f"{what}: stride", 1)
+    ph, pw = _pair(padding, f"{what}: padding", 0)
+    dh, dw = _pair(dilation, f"{what}: dilation", 1)
+    g = _pair(groups, f"{what}: groups", 1)[0]
+    n, c, h, wd = t._shape
+    o, cg, kh, kw = w._shape
+    if c % g or o % g or cg != c // g:
+        raise ValueError(
+            f"{what}: input {t.shape} and weight {w.shape} do not match with groups={g} "
+            f"(groups must divide C and O, and weight be [O, C / groups, KH, KW])"
+        )
+    if ph > _abi.NPU_MAX_PAD or pw > _abi.NPU_MAX_PAD:
+        raise ValueError(f"{what}: padding ({ph}, {pw}) exceeds {_abi.NPU_MAX_PAD}")
+    oh, ow = ops.window_out(h, kh, sh, ph, dh), ops.window_out(wd, kw, sw, pw, dw)
+    if not oh or not ow:
+        raise ValueError(
+            f"{what}: the {kh}x{kw} kernel (dilation ({dh}, {dw})) does not fit the "
+            f"{h}x{wd} input padded by ({ph}, {pw})"
+        )
+    dtype = _promote(t._dtype, w._dtype)
+    inputs = [t, w]
+    b: Tensor | None = None
+    if bias is not None:
+        b = _nchw(bias, dev, what, "bias")
+        if b._shape != (o,):
+            raise ValueError(f"{what}: bias shape must be ({o},), not {b.shape}")
+        dtype = _promote(dtype, b._dtype)
+        inputs.append(b)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    shape = (n, o, oh, ow)
+    final = shape[1:] if unbatched else shape
+    if n == 0 or o == 0:
+        return _empty(dev, dtype, final)
+    if c == 0:  # no products: act(bias) everywhere, without the device op
+        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        if b is not None:
+            out = add(out, b.astype(dtype, copy=False).reshape(1, o, 1, 1))
+        if act is not _abi.ActKind.NONE:
+            out = relu(out) if act is _abi.ActKind.RELU else gelu(out)
+        return out._view_as(final) if unbatched else out
+    batch: list[ops.AnyOp] = []
+    cx, cw = _cast(t, dtype, batch), _cast(w, dtype, batch)
+    cb = _zero_bias(dev, o, dtype) if b is None else _cast(b, dtype, batch)
+    bias_ref = cb._view((1, o, 1, 1), (0, cb._strides[-1], 0, 0)) if cb.ndim == 1 else cb
+    out = _alloc(dev, dtype, shape)
+    batch.append(
+        ops.conv2d_op(
+            cx._ref(),
+            cw._ref(),
+            bias_ref._ref(),
+            out._ref(),
+            (sh, sw),
+            (ph, pw),
+            (dh, dw),
+            g,
+            act,
+            _bufs(cx, cw, cb, out),
+        )
+    )
+    _launch(batch, out, *inputs)
+    return out._view_as(final) if unbatched else out
+
+
+def _pool(
+    kind: _abi.PoolKind,
+    x: Any,
+    kernel_size: PairArg,
+    stride: PairArg | None,
+    padding: PairArg,
+    count_include_pad: bool,
+    what: str,
+) -> Tensor:
+    t = _as_tensor(x, what)
+    dev = t._device
+    _need_conv(dev, what)
+    unbatched = t.ndim == 3
+    if unbatched:
+        t = t._view((1, *t._shape), (0, *t._strides))
+    if t.ndim != 4:
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    kh, kw = _pair(kernel_size, f"{what}: kernel_size", 1)
+    sh, sw = (kh, kw) if stride is None else _pair(stride, f"{what}: stride", 1)
+    ph, pw = _pair(padding, f"{what}: padding", 0)
+    if ph >= kh or pw >= kw:
+        raise ValueError(
+            f"{what}: padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})"
+        )
+    n, c, h, wd = t._shape
+    oh, ow = ops.window_out(h, kh, sh, ph), ops.window_out(wd, kw, sw, pw)
+    if not oh or not ow:
+        raise ValueError(
+            f"{what}: the {kh}x{kw} window does not fit the {h}x{wd} input padded by ({ph}, {pw})"
+        )
+    dtype = _float_of(t._dtype)
+    shape = (n, c, oh, ow)
+    final = shape[1:] if unbatched else shape
+    if n == 0 or c == 0:
+        return _empty(dev, dtype, final)
+    batch: list[ops.AnyOp] = []
+    src = _cast(t, dtype, batch)
+    out = _alloc(dev, dtype, shape)
+    batch.append(
+        ops.pool2d_op(
+            kind,
+            src._ref(),
+            out._ref(),
+            (kh, kw),
+            (sh, sw),
+            (ph, pw),
+            count_include_pad,
+            _bufs(src, out),
+        )
+    )
+    _launch(batch, out, t)
+    return out._view_as(final) if unbatched else out
+
+
+def max_pool2d(
+    x: Any, kernel_size: PairArg, stride: PairArg | None = None, padding: PairArg = 0
+) -> Tensor:
+    """Max pooling like ``torch.nn.functional.max_pool2d`` (no dilation, floor mode).
+
+    One POOL2D op, submitted without waiting. ``x`` is ``[N, C, H, W]`` (or
+    ``[C, H, W]``); ``kernel_size``, ``stride`` (default ``kernel_size``)
+    and ``padding`` are ints or ``(h, w)`` pairs; padded positions never win.
+    The result has ``x``'s float dtype (float32 for integers).
+
+    Raises:
+        ValueError: bad rank, a kernel/stride below 1, ``padding`` not below
+            the kernel size (torch asks for at most half of it), no window
+            fitting, or a device without ``Cap.CONV``.
+    """
+    return _pool(_abi.PoolKind.MAX, x, kernel_size, stride, padding, True, "max_pool2d")
+
+
+def avg_pool2d(
+    x: Any,
+    kernel_size: PairArg,
+    stride: PairArg | None = None,
+    padding: PairArg = 0,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """Average pooling like ``torch.nn.functional.avg_pool2d`` (floor mode).
+
+    As :func:`max_pool2d`; padded positions read zero and, with
+    ``count_include_pad`` (the default), count in the divisor (the kernel
+    area), else the divisor is the number of in-bounds elements.
+
+    Raises:
+        ValueError: as :func:`max_pool2d`.
+    """
+    return _pool(
+        _abi.PoolKind.AVG, x, kernel_size, stride, padding, count_include_pad, "avg_pool2d"
+    )
+
+
+def global_avg_pool2d(x: Any) -> Tensor:
+    """Mean over H and W of ``[N, C, H, W]`` as ``[N, C, 1, 1]`` (one POOL2D, kernel H x W).
+
+    Like ``torch.nn.functional.adaptive_avg_pool2d(x, 1)``; a 3-D ``[C, H,
+    W]`` input gives ``[C, 1, 1]``.
+
+    Raises:
+        ValueError: bad rank, an empty H or W, or a device without ``Cap.CONV``.
+    """
+    what = "global_avg_pool2d"
+    t = _as_tensor(x, what)
+    if t.ndim not in (3, 4):
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    h, w = t._shape[-2:]
+    if not h or not w:
+        raise ValueError(f"{what}: H and W must not be empty, got {t.shape}")
+    return _pool(_abi.PoolKind.AVG, t, (h, w), 1, 0, True, what)

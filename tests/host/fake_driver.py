@@ -7,16 +7,18 @@ numpy at submit time) and WAIT, including the -EIO path that fills in
 ``status`` and ``error_fence`` before failing, as the uapi header specifies.
 
 SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
-(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM, MATMUL, LINEAR). Tensor ops are
-validated like the driver does
-(``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT, extent past the
-BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
+(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM, MATMUL, LINEAR, CONV2D,
+POOL2D). Tensor ops are validated like the driver does (an op the caps lack ->
+EOPNOTSUPP, ``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT,
+extent past the BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
 output dtype, integer math wrapping, float -> int truncating toward zero and
 saturating (NaN -> 0), float32 -> bfloat16 rounding to nearest even.
 REDUCE, SOFTMAX and LAYERNORM compute in float64 (integer sums in int64,
 wrapping at the output dtype) and round once to the output dtype.
 MATMUL and LINEAR compute ``act(a @ b [+ bias])`` in float64 with numpy's
-batched matmul and round once to the output dtype.
+batched matmul and round once to the output dtype. CONV2D (``conv2d_ref``:
+one tensordot per kernel tap over the zero-padded input, per group) and
+POOL2D compute in float64 too and round once.
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ class FakeDriver:
     fail_opcode: dict[int, int] = field(default_factory=dict)  # opcode -> status
     hang: bool = False
     caps: int = (
-        0x1F | _abi.NPU_INFO_CAP_TENSOR | _abi.NPU_INFO_CAP_REDUCE | _abi.NPU_INFO_CAP_MATMUL
+        0x1F
+        | _abi.NPU_INFO_CAP_TENSOR
+        | _abi.NPU_INFO_CAP_REDUCE
+        | _abi.NPU_INFO_CAP_MATMUL
+        | _abi.NPU_INFO_CAP_CONV
     )
     calls: list[tuple[int, bytes]] = field(default_factory=list)
     submitted: list[_abi.NpuOp] = field(default_factory=list)
@@ -199,6 +205,8 @@ class FakeDriver:
         n = _N_OPERANDS.get(op.opcode)
         if n is None or op.flags or op.rsvd or any(op.params[_N_PARAMS.get(op.opcode, 0) :]):
             raise _err(errno.EINVAL)
+        if op.opcode not in _SUPPORTED_BY or not self.caps & _SUPPORTED_BY[op.opcode]:
+            raise _err(errno.EOPNOTSUPP)
         for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
             t = op.t[i]
             if i >= n:
@@ -301,6 +309,20 @@ class FakeDriver:
                 and all(x in (o[d], 1) for t in (a, b) for d, x in enumerate(t[:-2]))
                 and (op.opcode == _abi.NPU_OP_MATMUL or shape(ins[2]) == (1,) * (r - 1) + (o[-1],))
             )
+        elif op.opcode == _abi.NPU_OP_CONV2D:
+            ok = (
+                op.kind < _abi.NPU_ACT_COUNT
+                and all(t.dtype == out.dtype for t in ins)
+                and is_float
+                and _conv_ok([shape(t) for t in (*ins, out)], list(op.params[:7]))
+            )
+        elif op.opcode == _abi.NPU_OP_POOL2D:
+            ok = (
+                op.kind < _abi.NPU_POOL_COUNT
+                and ins[0].dtype == out.dtype
+                and is_float
+                and _pool_ok(shape(ins[0]), shape(out), list(op.params[:7]))
+            )
         else:
             ok = op.kind == 0 and shape(ins[0]) == shape(out)
         if not ok:
@@ -397,9 +419,101 @@ class FakeDriver:
                 y = _UNARY[_abi.NPU_UNARY_GELU](y)
             self._store(op.t[3 if op.opcode == _abi.NPU_OP_LINEAR else 2], y)
             return
+        if op.opcode == _abi.NPU_OP_CONV2D:
+            x = self._load(op.t[0]).astype(np.float64)
+            w = self._load(op.t[1]).astype(np.float64)
+            y = conv2d_ref(x, w, list(op.params[:7])) + self._load(op.t[2]).astype(np.float64)
+            if op.kind == _abi.NPU_ACT_RELU:
+                y = np.maximum(y, 0)
+            elif op.kind == _abi.NPU_ACT_GELU:
+                y = _UNARY[_abi.NPU_UNARY_GELU](y)
+            self._store(op.t[3], y)
+            return
+        if op.opcode == _abi.NPU_OP_POOL2D:
+            x = self._load(op.t[0]).astype(np.float64)
+            self._store(op.t[1], pool2d_ref(x, op.kind, list(op.params[:7])))
+            return
         x = self._load(op.t[0])
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
+
+
+def _window_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
+    span, padded = dil * (k - 1) + 1, size + 2 * pad
+    if not k or not stride or not dil or span > padded:
+        return 0
+    return (padded - span) // stride + 1
+
+
+def _conv_ok(shapes: list[tuple[int, ...]], p: list[int]) -> bool:
+    x, w, b, out = shapes
+    sh, sw, ph, pw, dh, dw, g = p
+    if any(len(t) != 4 for t in shapes) or not g or ph > _abi.NPU_MAX_PAD or pw > _abi.NPU_MAX_PAD:
+        return False
+    if x[1] % g or w[0] % g or w[1] != x[1] // g or b != (1, w[0], 1, 1):
+        return False
+    return out == (
+        x[0],
+        w[0],
+        _window_out(x[2], w[2], sh, ph, dh),
+        _window_out(x[3], w[3], sw, pw, dw),
+    )
+
+
+def _pool_ok(x: tuple[int, ...], out: tuple[int, ...], p: list[int]) -> bool:
+    kh, kw, sh, sw, ph, pw, flags = p
+    if len(x) != 4 or len(out) != 4 or flags & ~_abi.NPU_POOL_F_COUNT_PAD or ph >= kh or pw >= kw:
+        return False
+    return out == (x[0], x[1], _window_out(x[2], kh, sh, ph, 1), _window_out(x[3], kw, sw, pw, 1))
+
+
+def conv2d_ref(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any], p: list[int]) -> Any:
+    """conv2d of NCHW ``x`` with ``w`` [O, C/g, KH, KW] (params as NPU_CONV_P_*), no bias."""
+    sh, sw, ph, pw, dh, dw, g = p
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh = _window_out(h, kh, sh, ph, dh)
+    ow = _window_out(wd, kw, sw, pw, dw)
+    xp = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), x.dtype)
+    xp[:, :, ph : ph + h, pw : pw + wd] = x
+    y = np.zeros((n, o, oh, ow), np.float64)
+    og = o // g
+    for gi in range(g):
+        xs = xp[:, gi * cg : (gi + 1) * cg]
+        ws = w[gi * og : (gi + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[
+                    :,
+                    :,
+                    i * dh : i * dh + sh * (oh - 1) + 1 : sh,
+                    j * dw : j * dw + sw * (ow - 1) + 1 : sw,
+                ]
+                y[:, gi * og : (gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return y
+
+
+def pool2d_ref(x: np.ndarray[Any, Any], kind: int, p: list[int]) -> Any:
+    """POOL2D of NCHW ``x`` (params as NPU_POOL_P_*), in float64."""
+    kh, kw, sh, sw, ph, pw, flags = p
+    n, c, h, wd = x.shape
+    oh, ow = _window_out(h, kh, sh, ph, 1), _window_out(wd, kw, sw, pw, 1)
+    fill = -np.inf if kind == _abi.NPU_POOL_MAX else 0.0
+    xp = np.full((n, c, h + 2 * ph, wd + 2 * pw), fill)
+    xp[:, :, ph : ph + h, pw : pw + wd] = x
+    ones = np.zeros((h + 2 * ph, wd + 2 * pw))
+    ones[ph : ph + h, pw : pw + wd] = 1
+    acc = np.full((n, c, oh, ow), fill)
+    cnt = np.zeros((oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            win = (slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
+            patch = xp[:, :, win[0], win[1]]
+            acc = np.maximum(acc, patch) if kind == _abi.NPU_POOL_MAX else acc + patch
+            cnt += ones[win[0], win[1]]
+    if kind == _abi.NPU_POOL_MAX:
+        return acc
+    return acc / (kh * kw if flags & _abi.NPU_POOL_F_COUNT_PAD else cnt)
 
 
 def _f32(bits: int) -> float:
@@ -416,8 +530,26 @@ _N_OPERANDS = {
     _abi.NPU_OP_LAYERNORM: 4,
     _abi.NPU_OP_MATMUL: 3,
     _abi.NPU_OP_LINEAR: 4,
+    _abi.NPU_OP_CONV2D: 4,
+    _abi.NPU_OP_POOL2D: 2,
 }
-_N_PARAMS = {_abi.NPU_OP_REDUCE: 1, _abi.NPU_OP_SOFTMAX: 1, _abi.NPU_OP_LAYERNORM: 2}
+_N_PARAMS = {
+    _abi.NPU_OP_REDUCE: 1,
+    _abi.NPU_OP_SOFTMAX: 1,
+    _abi.NPU_OP_LAYERNORM: 2,
+    _abi.NPU_OP_CONV2D: 7,
+    _abi.NPU_OP_POOL2D: 7,
+}
+_SUPPORTED_BY = {
+    **dict.fromkeys(
+        (_abi.NPU_OP_ELTWISE, _abi.NPU_OP_UNARY, _abi.NPU_OP_CONVERT), _abi.NPU_INFO_CAP_TENSOR
+    ),
+    **dict.fromkeys(
+        (_abi.NPU_OP_REDUCE, _abi.NPU_OP_SOFTMAX, _abi.NPU_OP_LAYERNORM), _abi.NPU_INFO_CAP_REDUCE
+    ),
+    **dict.fromkeys((_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR), _abi.NPU_INFO_CAP_MATMUL),
+    **dict.fromkeys((_abi.NPU_OP_CONV2D, _abi.NPU_OP_POOL2D), _abi.NPU_INFO_CAP_CONV),
+}
 _REDUCE: dict[int, Any] = {
     _abi.NPU_REDUCE_SUM: np.sum,
     _abi.NPU_REDUCE_MEAN: np.mean,

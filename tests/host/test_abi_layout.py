@@ -55,11 +55,16 @@ CONSTANTS = [
     "NPU_PCI_VENDOR_ID", "NPU_PCI_DEVICE_ID", "NPU_PCI_REVISION", "NPU_PCI_CLASS",
     "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
     "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
-    "NPU_CAP_MMU", "NPU_CAP_TENSOR", "NPU_CAP_REDUCE", "NPU_CAP_MATMUL",
+    "NPU_CAP_MMU", "NPU_CAP_TENSOR", "NPU_CAP_REDUCE", "NPU_CAP_MATMUL", "NPU_CAP_CONV",
     "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
     "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_ELTWISE",
     "NPU_OP_UNARY", "NPU_OP_CONVERT", "NPU_OP_REDUCE", "NPU_OP_SOFTMAX", "NPU_OP_LAYERNORM",
-    "NPU_OP_MATMUL", "NPU_OP_LINEAR", "NPU_OP_COUNT",
+    "NPU_OP_MATMUL", "NPU_OP_LINEAR", "NPU_OP_CONV2D", "NPU_OP_POOL2D", "NPU_OP_COUNT",
+    "NPU_CONV_P_STRIDE_H", "NPU_CONV_P_STRIDE_W", "NPU_CONV_P_PAD_H", "NPU_CONV_P_PAD_W",
+    "NPU_CONV_P_DIL_H", "NPU_CONV_P_DIL_W", "NPU_CONV_P_GROUPS", "NPU_MAX_PAD",
+    "NPU_POOL_MAX", "NPU_POOL_AVG", "NPU_POOL_COUNT",
+    "NPU_POOL_P_KH", "NPU_POOL_P_KW", "NPU_POOL_P_STRIDE_H", "NPU_POOL_P_STRIDE_W",
+    "NPU_POOL_P_PAD_H", "NPU_POOL_P_PAD_W", "NPU_POOL_P_FLAGS", "NPU_POOL_F_COUNT_PAD",
     "NPU_ACT_NONE", "NPU_ACT_RELU", "NPU_ACT_GELU", "NPU_ACT_COUNT",
     "NPU_REDUCE_SUM", "NPU_REDUCE_MEAN", "NPU_REDUCE_MAX", "NPU_REDUCE_MIN", "NPU_REDUCE_COUNT",
     "NPU_SOFTMAX_SOFTMAX", "NPU_SOFTMAX_LOG", "NPU_SOFTMAX_COUNT",
@@ -82,7 +87,7 @@ CONSTANTS = [
     "NPU_IOCTL_BASE",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
     "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU", "NPU_INFO_CAP_TENSOR", "NPU_INFO_CAP_REDUCE",
-    "NPU_INFO_CAP_MATMUL",
+    "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
     "NPU_IOCTL_WAIT",
@@ -223,7 +228,9 @@ def test_every_constant_of_the_headers_is_checked() -> None:
     for header in ("npu_hw.h", "npu_uapi.h", "npu_tensor.h"):
         text = (REPO / "include" / header).read_text()
         defined |= set(re.findall(r"^#define\s+(NPU_[A-Z0-9_]+)\s", text, re.M))
-        enum_member = r"^\s+(NPU_(?:OP|ST|ERR|DTYPE|ELTWISE|UNARY|REDUCE|SOFTMAX|ACT)_[A-Z0-9_]+)\b"
+        enum_member = (
+            r"^\s+(NPU_(?:OP|ST|ERR|DTYPE|ELTWISE|UNARY|REDUCE|SOFTMAX|ACT|POOL)_[A-Z0-9_]+)\b"
+        )
         defined |= set(re.findall(enum_member, text, re.M))
     # Register map, BARs, MSI-X, MMU tables and function-like macros are driver/device business.
     driver_only = re.compile(
@@ -246,6 +253,9 @@ def test_every_enum_kind_is_mirrored() -> None:
     assert [k.value for k in _abi.ActKind] == list(range(_abi.NPU_ACT_COUNT))
     assert _abi.Cap.MATMUL == _abi.NPU_CAP_MATMUL == _abi.NPU_INFO_CAP_MATMUL
     assert _abi.Opcode.MATMUL == _abi.NPU_OP_MATMUL and _abi.Opcode.LINEAR == _abi.NPU_OP_LINEAR
+    assert [k.value for k in _abi.PoolKind] == list(range(_abi.NPU_POOL_COUNT))
+    assert _abi.Cap.CONV == _abi.NPU_CAP_CONV == _abi.NPU_INFO_CAP_CONV
+    assert _abi.Opcode.CONV2D == _abi.NPU_OP_CONV2D and _abi.Opcode.POOL2D == _abi.NPU_OP_POOL2D
 
 
 def test_cmd_is_128_bytes_as_the_ring_requires() -> None:

@@ -1609,3 +1609,358 @@ def test_matmul_descriptor_payload_must_be_zero(rig: Rig) -> None:
 
 def test_caps_report_matmul(rig: Rig) -> None:
     assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_MATMUL
+
+
+# --------------------------------------------------------------------------
+# CONV2D and POOL2D
+# --------------------------------------------------------------------------
+#
+# The CONV2D reference is a direct sum over the kernel taps in float64 on a
+# zero-padded input; the tolerance is that of MATMUL (fp32 accumulation in
+# another order, one rounding to the dtype). POOL2D MAX must be exact; AVG
+# sums in double on the device, so the reference (float64, rounded once)
+# may differ by one ulp where the mean is a hair from a rounding boundary.
+
+
+def conv_geometry(x_shape: Sequence[int], w_shape: Sequence[int], stride: Sequence[int],
+                  pad: Sequence[int], dil: Sequence[int]) -> tuple[int, int]:  # fmt: skip
+    oh = (x_shape[2] + 2 * pad[0] - dil[0] * (w_shape[2] - 1) - 1) // stride[0] + 1
+    ow = (x_shape[3] + 2 * pad[1] - dil[1] * (w_shape[3] - 1) - 1) // stride[1] + 1
+    return oh, ow
+
+
+def ref_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: Sequence[int],
+             pad: Sequence[int], dil: Sequence[int],
+             groups: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(sum, sum of magnitudes) in float64, before the activation."""
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    oh, ow = conv_geometry(x.shape, w.shape, stride, pad, dil)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0],) * 2, (pad[1],) * 2))
+    w64 = w.astype(np.float64)
+    acc = np.zeros((n, o, oh, ow))
+    mag = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        xg = xp[:, g * cg : (g + 1) * cg]
+        for i in range(kh):
+            for j in range(kw):
+                h0, w0 = i * dil[0], j * dil[1]
+                patch = xg[:, :, h0 : h0 + stride[0] * (oh - 1) + 1 : stride[0],
+                           w0 : w0 + stride[1] * (ow - 1) + 1 : stride[1]]  # fmt: skip
+                wt = w64[g * og : (g + 1) * og, :, i, j]
+                acc[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wt)
+                mag[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", np.abs(patch),
+                                                           np.abs(wt))  # fmt: skip
+    bias = b.astype(np.float64).reshape(1, o, 1, 1)
+    return acc + bias, mag + np.abs(bias)
+
+
+def check_conv(got: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, kind: int,
+               dtype: int, stride: Sequence[int], pad: Sequence[int], dil: Sequence[int],
+               groups: int, what: str = "") -> None:  # fmt: skip
+    acc, mag = ref_conv(x, w, b, stride, pad, dil, groups)
+    want = ref_act(kind, acc)
+    tol = (2e-5 if kind == hw.ACT_GELU else 1e-5) * mag + MM_REL[dtype] * np.abs(want)
+    tol += TINY[dtype] + (2.0**-21 * np.abs(want) if kind == hw.ACT_GELU else 0.0)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = np.abs(got.astype(np.float64) - want)
+    bad = ~(err <= tol)
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} off, first at {np.argwhere(bad)[0]}: "
+        f"got {got[bad][0]!r} want {want[bad][0]!r} tol {tol[bad][0]!r}"
+    )
+
+
+def run_conv(rig: Rig, kind: int, x: Operand, w: Operand, b: Operand,
+             stride: Sequence[int] = (1, 1), pad: Sequence[int] = (0, 0),
+             dil: Sequence[int] = (1, 1), groups: int = 1,
+             what: str = "") -> np.ndarray:  # fmt: skip
+    oh, ow = conv_geometry(x.shape, w.shape, stride, pad, dil)
+    out = Operand(x.dtype, (x.shape[0], w.shape[0], oh, ow))
+    params = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups]
+    got = rig.run(hw.OP_CONV2D, kind, [x, w, b, out], params=params, timeout=60.0)
+    check_conv(got, logical(x), logical(w), logical(b), kind, x.dtype, stride, pad, dil,
+               groups, what)  # fmt: skip
+    return got
+
+
+def conv_operands(rng: np.random.Generator, dtype: int, n: int, c: int, h: int, wd: int,
+                  o: int, kh: int, kw: int,
+                  groups: int) -> tuple[Operand, Operand, Operand]:  # fmt: skip
+    x = operand_from(rng, dtype, (n, c, h, wd), specials=False, scale=1.0)
+    w = operand_from(rng, dtype, (o, c // groups, kh, kw), specials=False, scale=0.5)
+    b = operand_from(rng, dtype, (1, o, 1, 1), specials=False, scale=1.0)
+    return x, w, b
+
+
+# (N, C, H, W, O, KH, KW, stride, pad, dilation, groups)
+CONV_CASES = {
+    "3x3-pad1": (1, 3, 7, 9, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "1x1-groups2-batch2": (2, 4, 8, 6, 6, 1, 1, (1, 1), (0, 0), (1, 1), 2),
+    "depthwise-stride2": (2, 4, 9, 11, 4, 3, 3, (2, 2), (1, 1), (1, 1), 4),
+    "5x5-pad2-stride-1x2": (1, 2, 10, 12, 3, 5, 5, (1, 2), (2, 2), (1, 1), 1),
+    "dilation2-pad2-groups2": (1, 4, 11, 9, 4, 3, 3, (1, 1), (2, 2), (2, 2), 2),
+    "mixed-3x5": (3, 2, 5, 7, 2, 3, 5, (2, 1), (0, 1), (1, 2), 1),
+    "depthwise-multiplier2": (1, 3, 6, 5, 6, 3, 3, (1, 1), (1, 1), (1, 1), 3),
+    "no-pad-stride2": (1, 5, 8, 8, 7, 3, 3, (2, 2), (0, 0), (1, 1), 1),
+}
+
+
+@pytest.mark.parametrize("aname", ACT)
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+def test_conv2d_every_dtype_activation_and_geometry(rig: Rig, dname: str, aname: str) -> None:
+    dtype, kind = DTYPES[dname], ACT[aname]
+    rng = np.random.default_rng([12, dtype, kind])
+    for name, (n, c, h, wd, o, kh, kw, st, pd, dl, g) in CONV_CASES.items():
+        x, w, b = conv_operands(rng, dtype, n, c, h, wd, o, kh, kw, g)
+        run_conv(rig, kind, x, w, b, st, pd, dl, g, what=name)
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+def test_conv2d_strided_views(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(120 + dtype)
+    n, c, h, wd, o = 2, 3, 6, 7, 4
+    # NHWC memory seen as NCHW; OIHW weights from an HWIO layout; bias stride 3.
+    x = operand_from(rng, dtype, (n, c, h, wd), (h * wd * c, 1, wd * c, c), specials=False)
+    w = operand_from(rng, dtype, (o, c, 3, 3), (1, o, 3 * c * o, c * o), specials=False,
+                     scale=0.5)  # fmt: skip
+    b = operand_from(rng, dtype, (1, o, 1, 1), (0, 3, 0, 0), specials=False)
+    run_conv(rig, hw.ACT_RELU, x, w, b, (1, 1), (1, 1), what="nhwc view")
+    # Every other column and row of a larger image, junk strides of size-1 dims.
+    x = operand_from(rng, dtype, (1, c, h, wd), (999, 2 * h * 2 * wd, 4 * wd, 2),
+                     specials=False)  # fmt: skip
+    w = operand_from(rng, dtype, (o, c, 3, 2), (40, 12, 3, 1), specials=False, scale=0.5)
+    b = operand_from(rng, dtype, (1, o, 1, 1), specials=False)
+    run_conv(rig, hw.ACT_NONE, x, w, b, (2, 1), (1, 0), (1, 2), what="gapped view")
+    # Broadcast input (stride 0 over the batch and the channels).
+    x = operand_from(rng, dtype, (2, 2, 5, 5), (0, 0, 5, 1), specials=False)
+    w = operand_from(rng, dtype, (2, 2, 3, 3), specials=False, scale=0.5)
+    b = operand_from(rng, dtype, (1, 2, 1, 1), specials=False)
+    run_conv(rig, hw.ACT_GELU, x, w, b, (1, 1), (2, 2), (2, 2), what="stride-0 input")
+
+
+def test_conv2d_nan_inf_and_padding_zeros(rig: Rig) -> None:
+    x = Operand(FP32, (1, 1, 2, 2), buf=np.array([1, np.inf, 2, 3], np.float32))
+    w = Operand(FP32, (1, 1, 1, 1), buf=np.array([2], np.float32))
+    b = Operand(FP32, (1, 1, 1, 1), buf=np.array([-3], np.float32))
+    got = rig.run(hw.OP_CONV2D, hw.ACT_RELU, [x, w, b, Operand(FP32, (1, 1, 4, 4))],
+                  params=[1, 1, 1, 1, 1, 1, 1])  # fmt: skip
+    # A 1x1 kernel over the padding sees only zeros: relu(0 * 2 - 3) = 0.
+    assert got[0, 0].tolist() == [[0, 0, 0, 0], [0, 0, np.inf, 0], [0, 1, 3, 0], [0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_large_conv2d_tiled_across_cores(tmp_path: Path, cores: int) -> None:
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(130 + cores)
+        x, w, b = conv_operands(rng, FP32, 8, 16, 28, 28, 32, 3, 3, 1)
+        run_conv(rig, hw.ACT_RELU, x, w, b, (1, 1), (1, 1), what="fp32 8x16x28x28 -> 32")
+        x, w, b = conv_operands(rng, BF16, 4, 16, 30, 26, 32, 3, 3, 2)
+        run_conv(rig, hw.ACT_GELU, x, w, b, (2, 1), (1, 2), (1, 2), 2, what="bf16 groups 2")
+        # C/g * KH * KW + O/g large enough that the 8 MiB bound splits each
+        # image's output positions into blocks even on one core.
+        x, w, b = conv_operands(rng, FP16, 1, 240, 40, 40, 16, 3, 3, 1)
+        run_conv(rig, hw.ACT_NONE, x, w, b, (1, 1), (1, 1), what="fp16 position blocks")
+        # Depthwise, tiled.
+        x, w, b = conv_operands(rng, FP32, 4, 32, 32, 32, 32, 5, 5, 32)
+        run_conv(rig, hw.ACT_NONE, x, w, b, (1, 1), (2, 2), groups=32, what="depthwise 5x5")
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def ref_pool(kind: int, x: np.ndarray, k: Sequence[int], stride: Sequence[int],
+             pad: Sequence[int], count_pad: bool) -> np.ndarray:  # fmt: skip
+    oh, ow = conv_geometry(x.shape, (0, 0, *k), stride, pad, (1, 1))
+    pads = ((0, 0), (0, 0), (pad[0],) * 2, (pad[1],) * 2)
+    x64 = x.astype(np.float64)
+    if kind == hw.POOL_MAX:
+        xp = np.pad(x64, pads, constant_values=-np.inf)
+    else:
+        xp = np.pad(x64, pads)
+        ones = np.pad(np.ones_like(x64), pads)
+    taps, counts = [], []
+    for i in range(k[0]):
+        for j in range(k[1]):
+            sl = (slice(None), slice(None), slice(i, i + stride[0] * (oh - 1) + 1, stride[0]),
+                  slice(j, j + stride[1] * (ow - 1) + 1, stride[1]))  # fmt: skip
+            taps.append(xp[sl])
+            if kind != hw.POOL_MAX:
+                counts.append(ones[sl])
+    if kind == hw.POOL_MAX:
+        return np.max(np.stack(taps), axis=0)  # NaN propagates, like the device
+    div = k[0] * k[1] if count_pad else np.sum(np.stack(counts), axis=0)
+    return np.sum(np.stack(taps), axis=0) / div
+
+
+def run_pool(rig: Rig, kind: int, x: Operand, k: Sequence[int], stride: Sequence[int],
+             pad: Sequence[int] = (0, 0), count_pad: bool = False,
+             what: str = "") -> np.ndarray:  # fmt: skip
+    oh, ow = conv_geometry(x.shape, (0, 0, *k), stride, pad, (1, 1))
+    out = Operand(x.dtype, (x.shape[0], x.shape[1], oh, ow))
+    params = [k[0], k[1], stride[0], stride[1], pad[0], pad[1],
+              hw.POOL_F_COUNT_PAD if count_pad else 0]  # fmt: skip
+    got = rig.run(hw.OP_POOL2D, kind, [x, out], params=params, timeout=60.0)
+    want = ref_pool(kind, logical(x), k, stride, pad, count_pad)
+    if kind == hw.POOL_MAX:
+        assert_matches(got, round_to(want, x.dtype), x.dtype, what=what)
+    else:
+        assert_close(got, want, x.dtype, what)
+    return got
+
+
+POOL = {"max": hw.POOL_MAX, "avg": hw.POOL_AVG}
+# (N, C, H, W, kernel, stride, pad)
+POOL_CASES = {
+    "2x2-s2": (2, 3, 8, 6, (2, 2), (2, 2), (0, 0)),
+    "3x3-s1-pad1": (1, 2, 7, 9, (3, 3), (1, 1), (1, 1)),
+    "3x3-s2-pad1-odd": (2, 2, 9, 7, (3, 3), (2, 2), (1, 1)),
+    "2x3-s-1x2-pad-1x2": (1, 3, 5, 8, (2, 3), (1, 2), (1, 2)),
+    "global": (2, 4, 7, 5, (7, 5), (1, 1), (0, 0)),
+    "overlapping-3x2": (1, 1, 6, 6, (3, 2), (1, 1), (0, 0)),
+}
+
+
+@pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("kname", POOL)
+def test_pool2d_every_kind_dtype_and_geometry(rig: Rig, kname: str, dname: str) -> None:
+    dtype, kind = DTYPES[dname], POOL[kname]
+    rng = np.random.default_rng([13, dtype, kind])
+    for name, (n, c, h, wd, k, st, pd) in POOL_CASES.items():
+        for count_pad in (False, True) if kind == hw.POOL_AVG else (False,):
+            x = operand_from(rng, dtype, (n, c, h, wd), specials=False)
+            run_pool(rig, kind, x, k, st, pd, count_pad, what=f"{name} count_pad={count_pad}")
+    # A strided (NHWC) view.
+    x = operand_from(rng, dtype, (2, 3, 6, 5), (90, 1, 15, 3), specials=False)
+    run_pool(rig, kind, x, (3, 3), (2, 2), (1, 1), True, what="nhwc view")
+
+
+def test_pool2d_max_ignores_padding_and_propagates_nan(rig: Rig) -> None:
+    x = Operand(FP32, (1, 1, 2, 2), buf=np.array([-5, -6, np.nan, -7], np.float32))
+    got = rig.run(hw.OP_POOL2D, hw.POOL_MAX, [x, Operand(FP32, (1, 1, 3, 3))],
+                  params=[2, 2, 1, 1, 1, 1, 0])  # fmt: skip
+    assert got[0, 0, 0].tolist() == [-5.0, -5.0, -6.0]  # not 0 from the padding
+    assert got[0, 0, 1:, 2].tolist() == [-6.0, -7.0]
+    assert np.isnan(got[0, 0, 1:, :2]).all()
+    # AVG of the same corner with and without the padding counted.
+    x = Operand(FP32, (1, 1, 2, 2), buf=np.array([4, 8, 12, 16], np.float32))
+    for flags, want in ((0, 4.0), (hw.POOL_F_COUNT_PAD, 1.0)):
+        got = rig.run(hw.OP_POOL2D, hw.POOL_AVG, [x, Operand(FP32, (1, 1, 3, 3))],
+                      params=[2, 2, 1, 1, 1, 1, flags])  # fmt: skip
+        assert got[0, 0, 0, 0] == want
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_large_pool2d_tiled_across_cores(tmp_path: Path, cores: int) -> None:
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(140 + cores)
+        x = operand_from(rng, FP16, (4, 32, 56, 56), specials=False)
+        run_pool(rig, hw.POOL_MAX, x, (3, 3), (1, 1), (1, 1), what="fp16 max")
+        run_pool(rig, hw.POOL_AVG, x, (3, 3), (1, 1), (1, 1), what="fp16 avg")
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def conv_block(si: Sequence[int] = (1, 2, 5, 5), sw: Sequence[int] = (4, 2, 3, 3),
+               sb: Sequence[int] = (1, 4, 1, 1), so: Sequence[int] = (1, 4, 5, 5),
+               params: Sequence[int] = (1, 1, 1, 1, 1, 1, 1),
+               dtypes: Sequence[int] = (FP32,) * 4,
+               out_strides: Sequence[int] | None = None) -> bytes:  # fmt: skip
+    return tensor_params([t(A_VA, dtypes[0], si), t(B_VA, dtypes[1], sw),
+                          t(BIAS_VA, dtypes[2], sb), t(OUT_VA, dtypes[3], so, out_strides)],
+                         params)  # fmt: skip
+
+
+def pool_block(si: Sequence[int] = (1, 2, 6, 6), so: Sequence[int] = (1, 2, 3, 3),
+               params: Sequence[int] = (2, 2, 2, 2, 0, 0, 0),
+               dtypes: Sequence[int] = (FP32, FP32)) -> bytes:  # fmt: skip
+    return tensor_params([t(A_VA, dtypes[0], si), t(OUT_VA, dtypes[1], so)], params)
+
+
+_CV, _PL = hw.OP_CONV2D, hw.OP_POOL2D
+BAD_CONV: dict[str, tuple[int, int, bytes, str]] = {
+    "conv-out-h": (_CV, 0, conv_block(so=(1, 4, 4, 5)), "BAD_ARGS"),
+    "conv-out-w": (_CV, 0, conv_block(so=(1, 4, 5, 6)), "BAD_ARGS"),
+    "conv-out-channels": (_CV, 0, conv_block(so=(1, 3, 5, 5)), "BAD_ARGS"),
+    "conv-out-batch": (_CV, 0, conv_block(so=(2, 4, 5, 5)), "BAD_ARGS"),
+    "conv-out-strided": (_CV, 0, conv_block(out_strides=(100, 25, 5, 2)),
+                         "BAD_ARGS"),
+    "conv-groups-0": (_CV, 0, conv_block(params=(1, 1, 1, 1, 1, 1, 0)), "BAD_ARGS"),
+    "conv-groups-not-dividing-c": (_CV, 0, conv_block((1, 3, 5, 5), (4, 1, 3, 3),
+                                                      params=(1, 1, 1, 1, 1, 1, 2)), "BAD_ARGS"),
+    "conv-groups-not-dividing-o": (_CV, 0, conv_block(sw=(3, 1, 3, 3), sb=(1, 3, 1, 1),
+                                                      so=(1, 3, 5, 5),
+                                                      params=(1, 1, 1, 1, 1, 1, 2)), "BAD_ARGS"),
+    "conv-weight-c-not-c-over-g": (_CV, 0, conv_block(params=(1, 1, 1, 1, 1, 1, 2)),
+                                   "BAD_ARGS"),
+    "conv-stride-h-0": (_CV, 0, conv_block(params=(0, 1, 1, 1, 1, 1, 1)), "BAD_ARGS"),
+    "conv-stride-w-0": (_CV, 0, conv_block(params=(1, 0, 1, 1, 1, 1, 1)), "BAD_ARGS"),
+    "conv-dilation-h-0": (_CV, 0, conv_block(params=(1, 1, 1, 1, 0, 1, 1)), "BAD_ARGS"),
+    "conv-dilation-w-0": (_CV, 0, conv_block(params=(1, 1, 1, 1, 1, 0, 1)), "BAD_ARGS"),
+    "conv-kernel-0": (_CV, 0, conv_block(sw=(4, 2, 0, 3)), "BAD_ARGS"),
+    "conv-kernel-too-big": (_CV, 0, conv_block(sw=(4, 2, 8, 3), params=(1, 1, 0, 1, 1, 1, 1)),
+                            "BAD_ARGS"),
+    "conv-pad-over-max": (_CV, 0, conv_block(so=(1, 4, 5 + 2 * 65536 - 2, 5),
+                                             params=(1, 1, hw.MAX_PAD + 1, 1, 1, 1, 1)),
+                          "BAD_ARGS"),
+    "conv-int8": (_CV, 0, conv_block(dtypes=(INT8,) * 4), "BAD_ARGS"),
+    "conv-int32": (_CV, 0, conv_block(dtypes=(INT32,) * 4), "BAD_ARGS"),
+    "conv-mixed-bias": (_CV, 0, conv_block(dtypes=(FP32, FP32, FP16, FP32)), "BAD_ARGS"),
+    "conv-mixed-out": (_CV, 0, conv_block(dtypes=(FP32, FP32, FP32, BF16)), "BAD_ARGS"),
+    "conv-bias-rank-1": (_CV, 0, conv_block(sb=(4,)), "BAD_ARGS"),
+    "conv-bias-spatial": (_CV, 0, conv_block(sb=(1, 4, 1, 2)), "BAD_ARGS"),
+    "conv-bias-short": (_CV, 0, conv_block(sb=(1, 3, 1, 1)), "BAD_ARGS"),
+    "conv-rank-3": (_CV, 0, conv_block(si=(2, 5, 5)), "BAD_ARGS"),
+    "conv-kind-3": (_CV, 3, conv_block(), "BAD_ARGS"),
+    "conv-params-7": (_CV, 0, conv_block(params=(1, 1, 1, 1, 1, 1, 1, 1)), "BAD_RESERVED"),
+    "pool-out-shape": (_PL, 0, pool_block(so=(1, 2, 3, 2)), "BAD_ARGS"),
+    "pool-out-channels": (_PL, 0, pool_block(so=(1, 3, 3, 3)), "BAD_ARGS"),
+    "pool-kernel-0": (_PL, 0, pool_block(params=(0, 2, 2, 2, 0, 0, 0)), "BAD_ARGS"),
+    "pool-stride-0": (_PL, 0, pool_block(params=(2, 2, 2, 0, 0, 0, 0)), "BAD_ARGS"),
+    "pool-pad-equals-kernel": (_PL, 0, pool_block(so=(1, 2, 5, 3),
+                                                  params=(2, 2, 2, 2, 2, 0, 0)), "BAD_ARGS"),
+    "pool-pad-over-kernel": (_PL, 0, pool_block(so=(1, 2, 3, 5),
+                                                params=(2, 2, 2, 2, 0, 3, 0)), "BAD_ARGS"),
+    "pool-flags-2": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 2)), "BAD_ARGS"),
+    "pool-kind-2": (_PL, 2, pool_block(), "BAD_ARGS"),
+    "pool-int32": (_PL, 0, pool_block(dtypes=(INT32, INT32)), "BAD_ARGS"),
+    "pool-int8": (_PL, 1, pool_block(dtypes=(INT8, INT8)), "BAD_ARGS"),
+    "pool-mixed": (_PL, 0, pool_block(dtypes=(FP32, FP16)), "BAD_ARGS"),
+    "pool-rank-2": (_PL, 0, pool_block((6, 6), (3, 3)), "BAD_ARGS"),
+    "pool-params-7": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 0, 1)), "BAD_RESERVED"),
+    "pool-third-operand": (_PL, 0, pool_block()[: 2 * TENSOR_SIZE] + t(B_VA)
+                           + pool_block()[3 * TENSOR_SIZE :], "BAD_RESERVED"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("opcode", "kind", "block", "status"), BAD_CONV.values(),
+                         ids=BAD_CONV.keys())  # fmt: skip
+def test_bad_conv_or_pool_is_rejected(rig: Rig, opcode: int, kind: int, block: bytes,
+                                      status: str) -> None:  # fmt: skip
+    """A bad CONV2D/POOL2D completes with its status and writes nothing."""
+    rig.npu.qt.memset(HEAP, 0x3000, GUARD)
+    assert rig.submit(opcode, kind, block) == getattr(hw, "ST_" + status)
+    assert rig.npu.qt.memread(HEAP, 0x3000) == bytes([GUARD]) * 0x3000
+
+
+def test_conv_and_pool_descriptor_payload_must_be_zero(rig: Rig) -> None:
+    rig.npu.qt.memset(OUT_VA, 0x1000, GUARD)
+    for opcode, block in ((hw.OP_CONV2D, conv_block()), (hw.OP_POOL2D, pool_block())):
+        rig.write(PARAMS, block)
+        desc = _desc_with_byte(tensor(opcode, PARAMS), 32)
+        assert rig.submit(opcode, 0, b"", desc=desc) == hw.ST_BAD_RESERVED
+        assert rig.submit(opcode, 0, b"", desc=tensor(opcode, PARAMS, rsvd=1)) == hw.ST_BAD_RESERVED
+    assert rig.npu.qt.memread(OUT_VA, 0x1000) == bytes([GUARD]) * 0x1000
+
+
+def test_caps_report_conv(rig: Rig) -> None:
+    assert rig.npu.rd(hw.REG_CAPS) & hw.CAP_CONV
