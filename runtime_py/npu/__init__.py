@@ -15,9 +15,10 @@ Quick start::
 Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
 :mod:`npu.device` (discovery, :class:`Device`), :mod:`npu.buffer`
 (:class:`Buffer`), :mod:`npu.ops` (op builders), :mod:`npu.api`
-(numpy-level functions) and :mod:`npu.tensor` (device-resident
-:class:`Tensor` and its ops: ``npu.tensor(x) + 1`` stays on the device until
-``.numpy()``). See docs/runtime.md.
+(numpy-level functions), :mod:`npu.dtypes` (tensor dtypes, bfloat16),
+:mod:`npu.tensor` (device-resident :class:`Tensor`: ``npu.tensor(x) + 1``
+stays on the device until ``.numpy()``) and its ops in :mod:`npu.elementwise`,
+:mod:`npu.reduce` and :mod:`npu.nn`. See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -50,45 +51,29 @@ from .device import (
     open_device,
     set_default_device,
 )
-from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
-from .ops import BufRef, Op, TensorOp, TensorRef
-from .tensor import (
-    BFloat16Type,
-    Tensor,
+from .dtypes import BFloat16Type, bf16_to_float32, bfloat16, float32_to_bf16, result_type
+from .elementwise import (
     abs,
     add,
-    avg_pool2d,
-    bf16_to_float32,
-    bfloat16,
-    conv2d,
     divide,
     exp,
-    float32_to_bf16,
     gelu,
-    global_avg_pool2d,
-    layer_norm,
-    linear,
     log,
-    log_softmax,
-    max,
-    max_pool2d,
     maximum,
-    mean,
-    min,
     minimum,
     multiply,
     negative,
-    permute,
     relu,
-    result_type,
     sigmoid,
-    softmax,
     sqrt,
     subtract,
-    sum,
     tanh,
-    tensor,
 )
+from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
+from .ops import BufRef, Op, TensorOp, TensorRef
+from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
+from .tensor import Tensor, permute, tensor
 
 __version__ = "0.1.0"
 

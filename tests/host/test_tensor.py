@@ -23,7 +23,7 @@ import pytest
 import npu
 from fake_driver import FakeDriver
 from npu import _abi, ops
-from npu.tensor import _promote
+from npu.dtypes import _promote
 
 REPO = Path(__file__).resolve().parents[2]
 D = npu.DType

@@ -1,0 +1,619 @@
+/*
+ * NPU tensor ops: MATMUL and LINEAR (cblas_sgemm per (batch, block of
+ * rows) tile), CONV2D (im2col + cblas_sgemm) and POOL2D (direct loops),
+ * with the bias and activation epilogue of MATMUL/LINEAR/CONV2D. Each
+ * tile writes its output back as it finishes.
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/units.h"
+#include "qemu/log.h"
+#include <cblas.h>
+#include "npu_tensor_int.h"
+
+/* ---------------------------------------------------------------------- */
+/* MATMUL and LINEAR */
+
+/*
+ * out[b] = act(a[b] @ b[b] (+ bias)) for every batch index b of out's
+ * leading r - 2 dims. The units of the tiles are (batch, block of rows of
+ * M) in output order, so a tile's output is one contiguous run. Per unit,
+ * op(a) and b are handed to cblas_sgemm as they are when they already are
+ * fp32 matrices BLAS can address (unit stride on one side, a leading
+ * dimension on the other: row-major, or a plain transpose), otherwise
+ * packed into contiguous fp32 (widened from fp16/bf16). BLAS accumulates
+ * in fp32 into an fp32 [rows, N] block (the output buffer itself for an
+ * fp32 output on a little-endian host); bias and activation are applied
+ * in fp32, and the block is rounded once to the output dtype.
+ */
+
+/* Ops of fewer multiply-adds run as one tile on the command processor. */
+#define NPU_MM_TILE_MIN_FLOP (1ull << 22)
+/* Bound of a row block's A and C scratch, in fp32 elements (8 MiB). */
+#define NPU_MM_BLOCK_ELEMS ((8 * MiB) / sizeof(float))
+
+/* One matrix operand: rows x cols per batch index. */
+typedef struct NpuMmOp {
+    const uint8_t *data;    /* host copy of the operand's extent */
+    uint32_t dtype, size;
+    uint64_t rs, cs;        /* row and column strides; 0 for a size-1 dim */
+    uint64_t bstride[NPU_MAX_RANK - 2];     /* batch strides; 0: broadcast */
+} NpuMmOp;
+
+typedef struct NpuMmJob {
+    NpuWalk walk;           /* snapshot; each tile walks with its own copy */
+    NpuMmOp a, b;
+    const float *bias;      /* N values (LINEAR), else NULL */
+    uint32_t kind;          /* enum npu_act_kind */
+    uint32_t nb;            /* batch dims */
+    uint64_t bshape[NPU_MAX_RANK - 2];
+    uint64_t m, n, k;
+    uint64_t mb, nblk;      /* rows per unit, units per batch index */
+    uint8_t *out;           /* host output buffer, contiguous */
+    uint64_t out_va;
+    uint32_t odtype, osize;
+    bool direct_out;        /* BLAS writes fp32 results into @out */
+} NpuMmJob;
+
+/* First output element of unit @u. */
+static uint64_t npu_mm_unit_start(const NpuMmJob *job, uint64_t u)
+{
+    uint64_t row = MIN((u % job->nblk) * job->mb, job->m);
+
+    return ((u / job->nblk) * job->m + row) * job->n;
+}
+
+/*
+ * The rows x cols matrix of @op at element offset @off as BLAS takes it:
+ * in place when it is fp32 with a usable layout, else packed into
+ * *@scratch (allocated on first use, @cap elements). Packing follows the
+ * operand's smaller stride, so that its reads are sequential, and gives a
+ * transposed matrix when the columns are the far apart ones. NULL when
+ * the scratch cannot be allocated.
+ */
+static const float *npu_mm_view(const NpuMmOp *op, uint64_t off,
+                                uint64_t rows, uint64_t cols, float **scratch,
+                                size_t cap, int *ld, bool *trans)
+{
+    const uint8_t *src = op->data + off * op->size;
+    uint64_t rs = rows > 1 ? op->rs : 0, cs = cols > 1 ? op->cs : 0;
+    uint64_t r, c;
+
+    if (!HOST_BIG_ENDIAN && op->dtype == NPU_DTYPE_FP32) {
+        if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) {
+            *ld = rows == 1 ? cols : rs;
+            *trans = false;
+            return (const float *)src;
+        }
+        if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) {
+            *ld = cols == 1 ? rows : cs;
+            *trans = true;
+            return (const float *)src;
+        }
+    }
+    if (!*scratch) {
+        *scratch = g_try_malloc(cap * sizeof(float));
+        if (!*scratch) {
+            return NULL;
+        }
+    }
+    *trans = cs > rs;
+    if (*trans) {                   /* column c at scratch[c * rows] */
+        for (c = 0; c < cols; c++) {
+            float *dst = *scratch + c * rows;
+            const float *v = npu_load_f32(src + c * cs * op->size, rs,
+                                          op->dtype, dst, rows);
+
+            if (v != dst) {
+                memcpy(dst, v, rows * sizeof(float));
+            }
+        }
+        *ld = rows;
+    } else {                        /* row r at scratch[r * cols] */
+        for (r = 0; r < rows; r++) {
+            float *dst = *scratch + r * cols;
+            const float *v = npu_load_f32(src + r * rs * op->size, cs,
+                                          op->dtype, dst, cols);
+
+            if (v != dst) {
+                memcpy(dst, v, cols * sizeof(float));
+            }
+        }
+        *ld = cols;
+    }
+    return *scratch;
+}
+
+/* Units [begin, end) of the output, then their write-back. */
+static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
+                            uint64_t end)
+{
+    const NpuMmJob *job = opaque;
+    NpuWalk w = job->walk;
+    float *apack = NULL, *bpack = NULL, *ctile = NULL;
+    const float *bp = NULL;
+    uint64_t first = npu_mm_unit_start(job, begin);
+    uint64_t last = npu_mm_unit_start(job, end);
+    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u;
+    uint32_t st = NPU_ST_OK, d;
+    int ldb = 0;
+    bool tb = false;
+
+    for (u = begin; u < end; u++) {
+        uint64_t bi = u / job->nblk, m0 = (u % job->nblk) * job->mb;
+        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi, r, j;
+        uint64_t aoff = 0, boff = 0, o = (bi * job->m + m0) * n;
+        const float *ap;
+        float *c;
+        int lda;
+        bool ta;
+
+        for (d = job->nb; d-- > 0;) {
+            uint64_t i = rest % job->bshape[d];
+
+            rest /= job->bshape[d];
+            aoff += i * job->a.bstride[d];
+            boff += i * job->b.bstride[d];
+        }
+        if (boff != bcur) {         /* b changes only with the batch */
+            bp = npu_mm_view(&job->b, boff, k, n, &bpack, k * n, &ldb, &tb);
+            bcur = boff;
+        }
+        ap = npu_mm_view(&job->a, aoff + m0 * job->a.rs, rows, k, &apack,
+                         job->mb * k, &lda, &ta);
+        if (job->direct_out) {
+            c = (float *)job->out + o;
+        } else {
+            if (!ctile) {
+                ctile = g_try_malloc(job->mb * n * sizeof(float));
+            }
+            c = ctile;
+        }
+        if (!ap || !bp || !c) {
+            st = NPU_ST_NO_MEMORY;
+            break;
+        }
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                    tb ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, ap, lda,
+                    bp, ldb, 0.0f, c, n);
+        if (job->bias) {
+            for (r = 0; r < rows; r++) {
+                for (j = 0; j < n; j++) {
+                    c[r * n + j] += job->bias[j];
+                }
+            }
+        }
+        if (job->kind != NPU_ACT_NONE) {
+            npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                          NPU_UNARY_GELU, c, c, rows * n);
+        }
+        npu_store_f32(job->out + o * job->osize, job->odtype, c, rows * n);
+    }
+    g_free(apack);
+    g_free(bpack);
+    g_free(ctile);
+    if (st != NPU_ST_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: matmul %" PRIu64 "x%" PRIu64
+                      "x%" PRIu64 ": out of device memory\n", job->m, k, n);
+        return st;
+    }
+    return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
+                         job->out + first * job->osize,
+                         (last - first) * job->osize);
+}
+
+static void npu_mm_op_init(NpuMmOp *op, const struct npu_hw_tensor *t,
+                           const uint8_t *data)
+{
+    uint32_t r = t->ndim, d;
+
+    op->data = data;
+    op->dtype = t->dtype;
+    op->size = npu_dtype_size(t->dtype);
+    op->rs = t->shape[r - 2] > 1 ? t->strides[r - 2] : 0;
+    op->cs = t->shape[r - 1] > 1 ? t->strides[r - 1] : 0;
+    for (d = 0; d + 2 < r; d++) {
+        op->bstride[d] = t->shape[d] > 1 ? t->strides[d] : 0;
+    }
+}
+
+/* A checked MATMUL/LINEAR whose inputs are in @bufs. */
+uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
+                         const struct npu_tensor_params *p,
+                         uint32_t opcode, uint32_t kind,
+                         uint8_t *const *bufs, uint8_t *out)
+{
+    const struct npu_hw_tensor *o = &p->t[npu_tensor_op_operands(opcode) - 1];
+    uint32_t r = o->ndim, cores = MAX(s->cores.n, 1), d, st;
+    NpuMmJob job = {
+        .walk = *w, .kind = kind, .nb = r - 2,
+        .m = o->shape[r - 2], .n = o->shape[r - 1],
+        .k = p->t[0].shape[r - 1],
+        .out = out, .out_va = o->va, .odtype = o->dtype,
+        .osize = npu_dtype_size(o->dtype),
+        .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+    };
+    uint64_t batch = 1, flop, units, grain;
+    float *bias = NULL;
+
+    npu_mm_op_init(&job.a, &p->t[0], bufs[0]);
+    npu_mm_op_init(&job.b, &p->t[1], bufs[1]);
+    for (d = 0; d < job.nb; d++) {
+        job.bshape[d] = o->shape[d];
+        batch *= o->shape[d];
+    }
+    if (opcode == NPU_OP_LINEAR) {
+        const struct npu_hw_tensor *bt = &p->t[2];
+        const float *v;
+
+        bias = g_try_malloc(job.n * sizeof(float));
+        if (!bias) {
+            return NPU_ST_NO_MEMORY;
+        }
+        v = npu_load_f32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
+                         bt->dtype, bias, job.n);
+        if (v != bias) {
+            memcpy(bias, v, job.n * sizeof(float));
+        }
+        job.bias = bias;
+    }
+
+    /* Row blocks bounded in size; large ops: at least two per core. */
+    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS / (job.k + job.n), 1));
+    flop = batch * job.m * job.n * job.k;
+    if (flop >= NPU_MM_TILE_MIN_FLOP && cores > 1 &&
+        batch * DIV_ROUND_UP(job.m, job.mb) < cores * 2) {
+        job.mb = DIV_ROUND_UP(job.m, DIV_ROUND_UP(cores * 2, batch));
+    }
+    job.nblk = DIV_ROUND_UP(job.m, job.mb);
+    units = batch * job.nblk;
+    grain = flop < NPU_MM_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
+    g_free(bias);
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* CONV2D and POOL2D */
+
+/*
+ * CONV2D is im2col + cblas_sgemm. The units of the tiles are (image,
+ * group, block of output positions) in that order; the positions are the
+ * flattened OH x OW plane, so a block is a run of whole or partial output
+ * rows. Per unit, the columns matrix [C/g * KH * KW, positions] is filled
+ * from the input (widened to fp32, zeros for the padding), multiplied by
+ * the group's packed fp32 weights [O/g, C/g * KH * KW] with fp32
+ * accumulation, the bias is added, the activation applied, and the result
+ * rounded once to the output dtype. A block's columns and result together
+ * hold at most NPU_MM_BLOCK_ELEMS fp32 values (at least one position).
+ * Each unit writes back its O/g runs of the output (one per channel).
+ */
+typedef struct NpuConvJob {
+    NpuWalk walk;           /* snapshot; each tile walks with its own copy */
+    const uint8_t *in;      /* host copy of the input's extent */
+    uint32_t dtype, size, kind;
+    uint64_t is[4];         /* input strides, elements; 0 for size-1 dims */
+    uint64_t c, h, w, o, kh, kw, oh, ow, ohw;
+    uint64_t sh, sw, ph, pw, dh, dw;
+    uint64_t g, cg, og, kk; /* groups, C / g, O / g, C / g * KH * KW */
+    const float *wt;        /* weights as fp32 [O, kk] */
+    const float *bias;      /* O values */
+    uint64_t pb, nblk;      /* positions per unit, units per (image, group) */
+    uint8_t *out;           /* host output buffer, contiguous */
+    uint64_t out_va;
+    uint32_t osize;
+    bool direct_out;        /* BLAS writes fp32 results into @out */
+} NpuConvJob;
+
+/* Ops of fewer multiply-adds (or pooled taps) run as one tile. */
+#define NPU_CONV_TILE_MIN_FLOP (1ull << 22)
+
+/* Row @k of the columns matrix for positions [p0, p0 + n) of image @img. */
+static void npu_conv_im2col_row(const NpuConvJob *job, uint64_t img,
+                                uint64_t grp, uint64_t k, uint64_t p0,
+                                uint64_t n, float *dst)
+{
+    uint64_t kj = k % job->kw, ki = k / job->kw % job->kh;
+    uint64_t ci = grp * job->cg + k / (job->kw * job->kh);
+    int64_t offw = (int64_t)(kj * job->dw) - (int64_t)job->pw;
+    const uint8_t *plane = job->in +
+        (img * job->is[0] + ci * job->is[1]) * job->size;
+    uint64_t p = p0, lo, hi;
+
+    while (p < p0 + n) {
+        uint64_t oh = p / job->ow, ow0 = p % job->ow;
+        uint64_t ow1 = MIN(job->ow, ow0 + (p0 + n - p));
+        int64_t ih = (int64_t)(oh * job->sh + ki * job->dh) - (int64_t)job->ph;
+        float *d = dst + (p - p0);  /* d[ow - ow0] for ow in [ow0, ow1) */
+
+        /* Output columns whose input column iw = ow * sw + offw is in W. */
+        lo = offw >= 0 ? 0 : DIV_ROUND_UP((uint64_t)-offw, job->sw);
+        hi = offw > (int64_t)job->w - 1 ? 0 :
+             ((uint64_t)((int64_t)job->w - 1 - offw)) / job->sw + 1;
+        if (ih < 0 || ih >= (int64_t)job->h) {
+            lo = hi = ow1;
+        }
+        lo = MIN(MAX(lo, ow0), ow1);
+        hi = MIN(MAX(hi, lo), ow1);
+        memset(d, 0, (lo - ow0) * sizeof(float));
+        if (hi > lo) {
+            uint64_t iw = lo * job->sw + offw;
+            const float *v = npu_load_f32(plane + (ih * job->is[2] +
+                                                   iw * job->is[3]) * job->size,
+                                          job->sw * job->is[3], job->dtype,
+                                          d + lo - ow0, hi - lo);
+
+            if (v != d + lo - ow0) {
+                memcpy(d + lo - ow0, v, (hi - lo) * sizeof(float));
+            }
+        }
+        memset(d + hi - ow0, 0, (ow1 - hi) * sizeof(float));
+        p += ow1 - ow0;
+    }
+}
+
+static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    const NpuConvJob *job = opaque;
+    NpuWalk w = job->walk;
+    float *col = g_try_malloc(job->kk * job->pb * sizeof(float));
+    float *cbuf = job->direct_out ? NULL :
+                  g_try_malloc(job->og * job->pb * sizeof(float));
+    uint32_t st = NPU_ST_OK;
+    uint64_t u, k, oc;
+
+    if (!col || (!job->direct_out && !cbuf)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
+        uint64_t img = u / (job->g * job->nblk), grp = u / job->nblk % job->g;
+        uint64_t p0 = u % job->nblk * job->pb;
+        uint64_t n = MIN(job->pb, job->ohw - p0);
+        uint64_t first = (img * job->o + grp * job->og) * job->ohw + p0;
+        float *c;
+        uint64_t ldc;
+
+        for (k = 0; k < job->kk; k++) {
+            npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
+        }
+        if (job->direct_out) {
+            c = (float *)job->out + first;
+            ldc = job->ohw;
+        } else {
+            c = cbuf;
+            ldc = n;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, job->og, n,
+                    job->kk, 1.0f, job->wt + grp * job->og * job->kk,
+                    job->kk, col, n, 0.0f, c, ldc);
+        for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
+            float *row = c + oc * ldc, b = job->bias[grp * job->og + oc];
+            uint64_t off = first + oc * job->ohw, i;
+
+            for (i = 0; i < n; i++) {
+                row[i] += b;
+            }
+            if (job->kind != NPU_ACT_NONE) {
+                npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                              NPU_UNARY_GELU, row, row, n);
+            }
+            npu_store_f32(job->out + off * job->osize, job->dtype, row, n);
+            st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
+                               job->out + off * job->osize, n * job->osize);
+        }
+    }
+out:
+    g_free(col);
+    g_free(cbuf);
+    return st;
+}
+
+/* @n fp32 values of a strided run, into @dst. */
+static void npu_load_f32_to(float *dst, const uint8_t *src, uint64_t stride,
+                            uint32_t dtype, uint64_t n)
+{
+    const float *v = npu_load_f32(src, stride, dtype, dst, n);
+
+    if (v != dst) {
+        memcpy(dst, v, n * sizeof(float));
+    }
+}
+
+/* A checked CONV2D whose inputs are in @bufs. */
+uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
+                       const struct npu_tensor_params *p,
+                       uint32_t kind, uint8_t *const *bufs,
+                       uint8_t *out)
+{
+    const struct npu_hw_tensor *in = &p->t[0], *wt = &p->t[1];
+    const struct npu_hw_tensor *bt = &p->t[2], *o = &p->t[3];
+    const uint32_t *q = p->params;
+    uint32_t cores = MAX(s->cores.n, 1), d, st;
+    NpuConvJob job = {
+        .walk = *w, .in = bufs[0], .dtype = o->dtype,
+        .size = npu_dtype_size(o->dtype), .kind = kind,
+        .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
+        .o = o->shape[1], .kh = wt->shape[2], .kw = wt->shape[3],
+        .oh = o->shape[2], .ow = o->shape[3],
+        .sh = q[NPU_CONV_P_STRIDE_H], .sw = q[NPU_CONV_P_STRIDE_W],
+        .ph = q[NPU_CONV_P_PAD_H], .pw = q[NPU_CONV_P_PAD_W],
+        .dh = q[NPU_CONV_P_DIL_H], .dw = q[NPU_CONV_P_DIL_W],
+        .g = q[NPU_CONV_P_GROUPS],
+        .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
+        .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+    };
+    uint64_t batch = in->shape[0], flop, units, grain, r, i, j;
+    float *wpack = NULL, *bias;
+
+    for (d = 0; d < 4; d++) {
+        job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
+    }
+    job.ohw = job.oh * job.ow;
+    job.cg = job.c / job.g;
+    job.og = job.o / job.g;
+    job.kk = job.cg * job.kh * job.kw;
+
+    bias = g_try_malloc(job.o * sizeof(float));
+    if (!HOST_BIG_ENDIAN && wt->dtype == NPU_DTYPE_FP32 &&
+        npu_tensor_is_contiguous(wt)) {
+        job.wt = (const float *)bufs[1];
+    } else {
+        /* Rows of KW taps: [O, C / g, KH] rows into [O, kk]. */
+        wpack = g_try_malloc(job.o * job.kk * sizeof(float));
+        job.wt = wpack;
+    }
+    if (!bias || !job.wt) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    if (wpack) {
+        for (r = 0; r < job.o * job.cg * job.kh; r++) {
+            uint64_t oc = r / (job.cg * job.kh), ci = r / job.kh % job.cg;
+            uint64_t ki = r % job.kh;
+
+            i = (job.o > 1 ? oc * wt->strides[0] : 0) +
+                (job.cg > 1 ? ci * wt->strides[1] : 0) +
+                (job.kh > 1 ? ki * wt->strides[2] : 0);
+            npu_load_f32_to(wpack + r * job.kw, bufs[1] + i * job.size,
+                            job.kw > 1 ? wt->strides[3] : 0, wt->dtype,
+                            job.kw);
+        }
+    }
+    npu_load_f32_to(bias, bufs[2], job.o > 1 ? bt->strides[1] : 0,
+                    bt->dtype, job.o);
+    job.bias = bias;
+
+    /* Position blocks bounded in size; large ops: two units per core. */
+    job.pb = MIN(job.ohw, MAX(NPU_MM_BLOCK_ELEMS / (job.kk + job.og), 1));
+    flop = batch * job.o * job.ohw * job.kk;
+    j = batch * job.g;
+    if (flop >= NPU_CONV_TILE_MIN_FLOP && cores > 1 &&
+        j * DIV_ROUND_UP(job.ohw, job.pb) < cores * 2) {
+        job.pb = DIV_ROUND_UP(job.ohw, DIV_ROUND_UP(cores * 2, j));
+    }
+    job.nblk = DIV_ROUND_UP(job.ohw, job.pb);
+    units = j * job.nblk;
+    grain = flop < NPU_CONV_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    st = npu_run_tiles(s, npu_conv_tile, &job, units, grain);
+out:
+    g_free(wpack);
+    g_free(bias);
+    return st;
+}
+
+/*
+ * POOL2D: direct loops over the in-bounds taps of each window (every
+ * window has at least one, as pads are below the kernel size), in tiles
+ * of whole (image, channel) planes, whose output is one contiguous run.
+ * MAX propagates NaN like np.max; AVG sums in double and divides by the
+ * kernel area (NPU_POOL_F_COUNT_PAD) or the in-bounds count. Either is
+ * rounded once to the output dtype.
+ */
+typedef struct NpuPoolJob {
+    NpuWalk walk;
+    const uint8_t *in;
+    uint32_t dtype, kind;
+    uint64_t is[4];
+    uint64_t c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+    bool count_pad;
+    uint8_t *out;
+    uint64_t out_va;
+    uint32_t osize;
+} NpuPoolJob;
+
+/* In-bounds taps [*lo, *hi) of the window at output index @o. */
+static void npu_pool_range(uint64_t o, uint64_t stride, uint64_t pad,
+                           uint64_t k, uint64_t n, uint64_t *lo, uint64_t *hi)
+{
+    uint64_t start = o * stride;    /* in padded coordinates */
+
+    *lo = MAX(start, pad) - pad;
+    *hi = MIN(start + k, n + pad) - pad;
+}
+
+static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
+                              uint64_t end)
+{
+    const NpuPoolJob *job = opaque;
+    NpuWalk w = job->walk;
+    uint64_t ohw = job->oh * job->ow, u, oh, ow, h, x, h0, h1, w0, w1;
+
+    for (u = begin; u < end; u++) {
+        const uint8_t *plane = job->in;
+        uint64_t base = (u / job->c) * job->is[0] + (u % job->c) * job->is[1];
+        uint64_t o = u * ohw;
+
+        for (oh = 0; oh < job->oh; oh++) {
+            npu_pool_range(oh, job->sh, job->ph, job->kh, job->h, &h0, &h1);
+            for (ow = 0; ow < job->ow; ow++, o++) {
+                double sum = 0.0, div;
+                float m;
+
+                npu_pool_range(ow, job->sw, job->pw, job->kw, job->w, &w0, &w1);
+                if (job->kind == NPU_POOL_MAX) {
+                    m = npu_ld_f(plane, job->dtype, base + h0 * job->is[2] +
+                                 w0 * job->is[3]);
+                    for (h = h0; h < h1; h++) {
+                        for (x = w0; x < w1; x++) {
+                            m = npu_maxf(m, npu_ld_f(plane, job->dtype,
+                                                     base + h * job->is[2] +
+                                                     x * job->is[3]));
+                        }
+                    }
+                    npu_store_d(job->out, job->dtype, o, m);
+                    continue;
+                }
+                for (h = h0; h < h1; h++) {
+                    for (x = w0; x < w1; x++) {
+                        sum += npu_ld_f(plane, job->dtype,
+                                        base + h * job->is[2] + x * job->is[3]);
+                    }
+                }
+                div = job->count_pad ? (double)job->kh * job->kw :
+                      (double)(h1 - h0) * (w1 - w0);
+                npu_store_d(job->out, job->dtype, o, sum / div);
+            }
+        }
+    }
+    return npu_mem_write(core->s, &w, job->out_va + begin * ohw * job->osize,
+                         job->out + begin * ohw * job->osize,
+                         (end - begin) * ohw * job->osize);
+}
+
+/* A checked POOL2D whose input is in @bufs[0]. */
+uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
+                       const struct npu_tensor_params *p,
+                       uint32_t kind, uint8_t *const *bufs,
+                       uint8_t *out)
+{
+    const struct npu_hw_tensor *in = &p->t[0], *o = &p->t[1];
+    const uint32_t *q = p->params;
+    uint32_t cores = MAX(s->cores.n, 1), d;
+    NpuPoolJob job = {
+        .walk = *w, .in = bufs[0], .dtype = o->dtype, .kind = kind,
+        .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
+        .oh = o->shape[2], .ow = o->shape[3],
+        .kh = q[NPU_POOL_P_KH], .kw = q[NPU_POOL_P_KW],
+        .sh = q[NPU_POOL_P_STRIDE_H], .sw = q[NPU_POOL_P_STRIDE_W],
+        .ph = q[NPU_POOL_P_PAD_H], .pw = q[NPU_POOL_P_PAD_W],
+        .count_pad = q[NPU_POOL_P_FLAGS] & NPU_POOL_F_COUNT_PAD,
+        .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
+    };
+    uint64_t units = in->shape[0] * job.c, taps, grain;
+
+    for (d = 0; d < 4; d++) {
+        job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
+    }
+    taps = units * job.oh * job.ow * MIN(job.kh, job.h) * MIN(job.kw, job.w);
+    grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
+            DIV_ROUND_UP(units, cores * 2);
+    return npu_run_tiles(s, npu_pool_tile, &job, units, grain);
+}

@@ -1,0 +1,144 @@
+"""Element-wise tensor ops: ELTWISE (add, ..., minimum) and UNARY (relu, ..., negative).
+
+Binary ops broadcast like numpy and promote with :func:`npu.result_type`
+(Python scalars are weak); the float-only unary ops of integer inputs give
+a float dtype. CONVERT is :meth:`npu.Tensor.astype`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+from . import _abi, ops
+from .dtypes import DType, _float_of, _promote
+from .tensor import Tensor, _alloc, _broadcast, _bufs, _cast, _empty, _launch, _operands
+
+__all__ = [
+    "abs",
+    "add",
+    "divide",
+    "exp",
+    "gelu",
+    "log",
+    "maximum",
+    "minimum",
+    "multiply",
+    "negative",
+    "relu",
+    "sigmoid",
+    "sqrt",
+    "subtract",
+    "tanh",
+]
+
+
+def _binary(kind: _abi.EltwiseKind, x: Any, y: Any, what: str) -> Tensor:
+    a, b = _operands(x, y, what)
+    dtype = _promote(a._dtype, b._dtype)
+    if kind is _abi.EltwiseKind.DIV and not dtype.is_float:
+        dtype = DType.FP32
+    shape = _broadcast(a._shape, b._shape, what)
+    if math.prod(shape) == 0:
+        return _empty(a._device, dtype, shape)
+    batch: list[ops.AnyOp] = []
+    ca, cb = _cast(a, dtype, batch), _cast(b, dtype, batch)
+    out = _alloc(a._device, dtype, shape)
+    rank = builtins.max(1, len(shape))
+    batch.append(ops.eltwise(kind, ca._ref(rank), cb._ref(rank), out._ref(), _bufs(ca, cb, out)))
+    return _launch(batch, out, a, b)
+
+
+def _unary(kind: _abi.UnaryKind, x: Any, what: str) -> Tensor:
+    t = x if isinstance(x, Tensor) else _operands(x, 0, what)[0]
+    dtype = t._dtype
+    if _abi.UnaryKind.GELU <= kind <= _abi.UnaryKind.SQRT:
+        dtype = _float_of(dtype)
+    if t.size == 0:
+        return _empty(t._device, dtype, t._shape)
+    batch: list[ops.AnyOp] = []
+    src = _cast(t, dtype, batch)
+    out = _alloc(t._device, dtype, t._shape)
+    batch.append(ops.unary(kind, src._ref(), out._ref(), _bufs(src, out)))
+    return _launch(batch, out, t)
+
+
+# ---------------------------------------------------------------------------
+# Public op functions
+# ---------------------------------------------------------------------------
+
+
+def add(x: Any, y: Any) -> Tensor:
+    """``x + y`` on the device (numpy broadcasting and promotion)."""
+    return _binary(_abi.EltwiseKind.ADD, x, y, "add")
+
+
+def subtract(x: Any, y: Any) -> Tensor:
+    """``x - y`` on the device."""
+    return _binary(_abi.EltwiseKind.SUB, x, y, "subtract")
+
+
+def multiply(x: Any, y: Any) -> Tensor:
+    """``x * y`` on the device."""
+    return _binary(_abi.EltwiseKind.MUL, x, y, "multiply")
+
+
+def divide(x: Any, y: Any) -> Tensor:
+    """``x / y`` (true division); integer operands give float32 (numpy: float64)."""
+    return _binary(_abi.EltwiseKind.DIV, x, y, "divide")
+
+
+def maximum(x: Any, y: Any) -> Tensor:
+    """Element-wise maximum."""
+    return _binary(_abi.EltwiseKind.MAX, x, y, "maximum")
+
+
+def minimum(x: Any, y: Any) -> Tensor:
+    """Element-wise minimum."""
+    return _binary(_abi.EltwiseKind.MIN, x, y, "minimum")
+
+
+def relu(x: Any) -> Tensor:
+    """``max(x, 0)``; any dtype."""
+    return _unary(_abi.UnaryKind.RELU, x, "relu")
+
+
+def gelu(x: Any) -> Tensor:
+    """Exact GELU ``x * (1 + erf(x / sqrt(2))) / 2``; integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.GELU, x, "gelu")
+
+
+def sigmoid(x: Any) -> Tensor:
+    """``1 / (1 + exp(-x))``; integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.SIGMOID, x, "sigmoid")
+
+
+def tanh(x: Any) -> Tensor:
+    """Hyperbolic tangent; integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.TANH, x, "tanh")
+
+
+def exp(x: Any) -> Tensor:
+    """``e ** x``; int8 inputs give float16 and int32 inputs float32, as numpy (float64)."""
+    return _unary(_abi.UnaryKind.EXP, x, "exp")
+
+
+def log(x: Any) -> Tensor:
+    """Natural logarithm; integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.LOG, x, "log")
+
+
+def sqrt(x: Any) -> Tensor:
+    """Square root; integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.SQRT, x, "sqrt")
+
+
+def abs(x: Any) -> Tensor:
+    """Absolute value; any dtype."""
+    return _unary(_abi.UnaryKind.ABS, x, "abs")
+
+
+def negative(x: Any) -> Tensor:
+    """``-x``; any dtype."""
+    return _unary(_abi.UnaryKind.NEG, x, "negative")

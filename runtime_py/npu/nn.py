@@ -1,0 +1,578 @@
+"""matmul, linear, conv2d and pooling on tensors (MATMUL, LINEAR, CONV2D, POOL2D).
+
+:func:`matmul` falls back to the v1 GEMM on devices without ``Cap.MATMUL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import weakref
+from collections.abc import Sequence
+from typing import Any, Final, SupportsIndex, TypeAlias
+
+import numpy as np
+
+from . import _abi, ops
+from .device import Device, default_device
+from .dtypes import DType, _float_of, _promote
+from .elementwise import add, gelu, relu
+from .tensor import (
+    Tensor,
+    _alloc,
+    _as_tensor,
+    _broadcast,
+    _bufs,
+    _cast,
+    _check_shape,
+    _empty,
+    _launch,
+    _upload,
+    tensor,
+)
+
+__all__ = [
+    "PairArg",
+    "avg_pool2d",
+    "conv2d",
+    "global_avg_pool2d",
+    "linear",
+    "matmul",
+    "max_pool2d",
+]
+
+_logger = logging.getLogger("npu.tensor")
+
+
+# ---------------------------------------------------------------------------
+# matmul and linear (MATMUL, LINEAR; the v1 GEMM on older devices)
+# ---------------------------------------------------------------------------
+
+
+def _gemm_layout(t: Tensor) -> tuple[bool, int] | None:
+    """``(transposed, ld)`` if GEMM can read the 2-D view directly, else None."""
+    rows, cols = t._shape
+    s0, s1 = t._strides
+    if (cols == 1 or s1 == 1) and (rows == 1 or s0 >= cols):
+        ld = s0 if rows > 1 else cols
+        return (False, ld) if ld <= _abi.NPU_MAX_LD else None
+    if (rows == 1 or s0 == 1) and (cols == 1 or s1 >= rows):
+        ld = s1 if cols > 1 else rows
+        return (True, ld) if ld <= _abi.NPU_MAX_LD else None
+    return None
+
+
+def _gemm_operand(t: Tensor, batch: list[ops.AnyOp]) -> tuple[Tensor, bool, int]:
+    if t._dtype is not DType.FP32:
+        t = _cast(t, DType.FP32, batch)
+    layout = _gemm_layout(t)
+    if layout is None:
+        copy = _alloc(t._device, DType.FP32, t._shape)
+        batch.append(ops.convert(t._ref(), copy._ref(), _bufs(t, copy)))
+        t = copy
+        layout = (False, t._shape[1])
+    return t, layout[0], layout[1]
+
+
+def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of 2-D tensors as a v1 fp32 GEMM (devices without ``Cap.MATMUL``)."""
+    dev = a._device
+    (m, k), (_, n) = a.shape, b.shape
+    for name, dim in (("m", m), ("n", n), ("k", k)):
+        if dim > _abi.NPU_MAX_DIM:
+            raise ValueError(f"matmul: {name}={dim} exceeds NPU_MAX_DIM={_abi.NPU_MAX_DIM}")
+    batch: list[ops.AnyOp] = []
+    ga, trans_a, lda = _gemm_operand(a, batch)
+    gb, trans_b, ldb = _gemm_operand(b, batch)
+    out = _alloc(dev, DType.FP32, (m, n))
+    assert ga._buffer is not None and gb._buffer is not None and out._buffer is not None
+    batch.append(
+        ops.gemm(
+            ga._buffer,
+            gb._buffer,
+            out._buffer,
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            n,
+            trans_a,
+            trans_b,
+            a_offset=ga._offset * 4,
+            b_offset=gb._offset * 4,
+        )
+    )
+    return _launch(batch, out, a, b)
+
+
+_ACTIVATIONS: Final[dict[str, _abi.ActKind]] = {
+    "none": _abi.ActKind.NONE,
+    "relu": _abi.ActKind.RELU,
+    "gelu": _abi.ActKind.GELU,
+}
+
+
+def _activation(activation: str | _abi.ActKind | None, what: str) -> _abi.ActKind:
+    if activation is None:
+        return _abi.ActKind.NONE
+    if isinstance(activation, _abi.ActKind):
+        return activation
+    if isinstance(activation, str) and activation.lower() in _ACTIVATIONS:
+        return _ACTIVATIONS[activation.lower()]
+    raise ValueError(f"{what}: activation must be None, 'relu' or 'gelu', not {activation!r}")
+
+
+def _matmul_operand(value: Any, dev: Device, what: str) -> Tensor:
+    """``value`` as a tensor on ``dev`` of rank >= 1 (non-tensors uploaded)."""
+    if isinstance(value, Tensor):
+        if value._device is not dev:
+            raise ValueError(f"{what}: operands live on different devices")
+        t = value
+    else:
+        try:
+            t = tensor(value, device=dev)
+        except TypeError as exc:
+            raise TypeError(f"{what}: unsupported operand {value!r}: {exc}") from exc
+    if t.ndim == 0:
+        raise ValueError(f"{what}: operands must not be scalars (rank 0)")
+    return t
+
+
+def _fused(
+    what: str,
+    a: Tensor,
+    b: Tensor,
+    bias: Tensor | None,
+    act: _abi.ActKind,
+    dtype: DType,
+    squeeze: tuple[bool, bool],
+    inputs: tuple[Tensor, ...],
+) -> Tensor:
+    """``act(a @ b [+ bias])`` as one MATMUL or LINEAR op; a and b have rank >= 2.
+
+    ``squeeze`` drops the M (first) and N (second) axis of the result, for
+    1-D operands promoted the numpy way. ``bias`` has shape ``(N,)``.
+    """
+    (m, k), (k2, n) = a._shape[-2:], b._shape[-2:]
+    if k != k2:
+        raise ValueError(
+            f"{what}: shapes {a._shape} and {b._shape} are not aligned: K={k} in a, {k2} in b"
+        )
+    batch_shape = _broadcast(a._shape[:-2], b._shape[:-2], what)
+    shape = (*batch_shape, m, n)
+    _check_shape(shape, what)
+    final = tuple(
+        d
+        for i, d in enumerate(shape)
+        if not (squeeze[0] and i == len(shape) - 2) and not (squeeze[1] and i == len(shape) - 1)
+    )
+    dev = a._device
+    if math.prod(shape) == 0:
+        return _empty(dev, dtype, final)
+    batch: list[ops.AnyOp] = []
+    if k == 0:  # no products: act(0 + bias), without the device op
+        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        if bias is not None:
+            out = add(out, bias.astype(dtype, copy=False))
+        if act is _abi.ActKind.RELU:
+            out = relu(out)
+        elif act is _abi.ActKind.GELU:
+            out = gelu(out)
+        return out if final == shape else out._view_as(final)
+    ca, cb = _cast(a, dtype, batch), _cast(b, dtype, batch)
+    out = _alloc(dev, dtype, shape)
+    rank = len(shape)
+    if bias is None:
+        op = ops.matmul_op(ca._ref(rank), cb._ref(rank), out._ref(), act, _bufs(ca, cb, out))
+    else:
+        cbias = _cast(bias, dtype, batch)
+        op = ops.linear_op(
+            ca._ref(rank),
+            cb._ref(rank),
+            cbias._ref(rank),
+            out._ref(),
+            act,
+            _bufs(ca, cb, cbias, out),
+        )
+    batch.append(op)
+    _launch(batch, out, *inputs)
+    return out if final == shape else out._view_as(final)
+
+
+def matmul(x: Any, y: Any) -> Tensor:
+    """``x @ y`` with numpy ``matmul`` semantics, as one device MATMUL op (no wait).
+
+    Operands of rank 1..4 (non-tensors are uploaded with :func:`tensor`): a
+    1-D ``x`` is treated as ``(1, K)`` and a 1-D ``y`` as ``(K, 1)``, the
+    added axis being dropped from the result; the batch dims (all but the
+    last two) broadcast like numpy's. The result dtype is the operands'
+    common float dtype (:func:`result_type`; integer results become
+    float32). Transposed and other strided views are read in place.
+
+    On a device without ``Cap.MATMUL``, 2-D operands fall back to the v1
+    fp32 GEMM (the result is then float32).
+
+    Raises:
+        ValueError: a scalar operand, K differs, batch dims do not
+            broadcast, or the result has rank > 4.
+    """
+    what = "matmul"
+    tx = x if isinstance(x, Tensor) else None
+    ty = y if isinstance(y, Tensor) else None
+    anchor = tx if tx is not None else ty
+    dev = anchor._device if anchor is not None else default_device()
+    a = _matmul_operand(x, dev, what)
+    b = _matmul_operand(y, dev, what)
+    dtype = _promote(a._dtype, b._dtype)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    if not dev.info.has(_abi.Cap.MATMUL):
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(
+                f"{what}: the device has no MATMUL op, and the v1 GEMM takes 2-D operands only"
+            )
+        if a._shape[1] != b._shape[0]:
+            raise ValueError(f"{what}: shapes {a.shape} and {b.shape} are not aligned")
+        if 0 in a._shape or 0 in b._shape:
+            return _fused(what, a, b, None, _abi.ActKind.NONE, DType.FP32, (False, False), ())
+        return _gemm_2d(a, b)
+    squeeze = (a.ndim == 1, b.ndim == 1)
+    a2 = a._view((1, *a._shape), (0, *a._strides)) if squeeze[0] else a
+    b2 = b._view((*b._shape, 1), (*b._strides, 0)) if squeeze[1] else b
+    return _fused(what, a2, b2, None, _abi.ActKind.NONE, dtype, squeeze, (a, b))
+
+
+def linear(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    activation: str | _abi.ActKind | None = None,
+) -> Tensor:
+    """``activation(x @ weight.T + bias)`` like ``torch.nn.functional.linear``, fused.
+
+    One device op (LINEAR, or MATMUL without ``bias``) with the activation
+    (``None``, ``"relu"`` or exact ``"gelu"``) applied last; submitted
+    without waiting. ``x`` is ``[..., in_features]`` (rank 1..4), ``weight``
+    ``[out_features, in_features]`` (its transpose is passed to the device
+    as a strided view, not copied) and ``bias`` ``[out_features]``. The
+    result is ``[..., out_features]`` in the common float dtype of the
+    operands (float32 for integers). Non-tensors are uploaded.
+
+    Raises:
+        ValueError: bad ranks or shapes, an unknown activation, or a device
+            without ``Cap.MATMUL``.
+    """
+    what = "linear"
+    act = _activation(activation, what)
+    anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
+    dev = anchor._device if anchor is not None else default_device()
+    if not dev.info.has(_abi.Cap.MATMUL):
+        raise ValueError(f"{what}: the device has no MATMUL/LINEAR ops (Cap.MATMUL)")
+    t = _matmul_operand(x, dev, what)
+    w = _matmul_operand(weight, dev, what)
+    if w.ndim != 2:
+        raise ValueError(f"{what}: weight must be 2-D [out_features, in_features], not {w.shape}")
+    n, k = w._shape
+    if t._shape[-1] != k:
+        raise ValueError(
+            f"{what}: x {t.shape} has {t._shape[-1]} features, weight {w.shape} takes {k}"
+        )
+    dtype = _promote(t._dtype, w._dtype)
+    inputs = [t, w]
+    b: Tensor | None = None
+    if bias is not None:
+        b = _matmul_operand(bias, dev, what)
+        if b._shape != (n,):
+            raise ValueError(f"{what}: bias shape must be ({n},), not {b.shape}")
+        dtype = _promote(dtype, b._dtype)
+        inputs.append(b)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    squeeze = t.ndim == 1
+    a2 = t._view((1, *t._shape), (0, *t._strides)) if squeeze else t
+    return _fused(what, a2, w.T, b, act, dtype, (squeeze, False), tuple(inputs))
+
+
+# ---------------------------------------------------------------------------
+# conv2d and pooling (CONV2D, POOL2D)
+# ---------------------------------------------------------------------------
+
+#: What the ``stride``/``padding``/``dilation``/``kernel_size`` arguments accept.
+PairArg: TypeAlias = "SupportsIndex | Sequence[SupportsIndex]"
+
+# Zero bias tensors of conv2d(bias=None), per device and (out_channels, dtype).
+_ZERO_BIAS: weakref.WeakKeyDictionary[Device, dict[tuple[int, DType], Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _pair(value: PairArg, what: str, lo: int) -> tuple[int, int]:
+    """An int or a pair of ints as ``(h, w)``, each ``>= lo`` (ValueError/TypeError)."""
+    if isinstance(value, Sequence):
+        if len(value) != 2:
+            raise ValueError(f"{what} must be an int or a pair of ints, not {tuple(value)}")
+        h, w = value
+    else:
+        h = w = value
+    out = []
+    for v in (h, w):
+        if isinstance(v, bool):
+            raise TypeError(f"{what} must be an int, not bool")
+        try:
+            n = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{what} must be an int or a pair of ints, not {v!r}") from None
+        if not lo <= n <= _abi.U32_MAX:
+            raise ValueError(f"{what}={n} must be at least {lo}")
+        out.append(n)
+    return out[0], out[1]
+
+
+def _nchw(value: Any, dev: Device, what: str, name: str) -> Tensor:
+    """``value`` as a tensor on ``dev`` (non-tensors uploaded)."""
+    if isinstance(value, Tensor):
+        if value._device is not dev:
+            raise ValueError(f"{what}: operands live on different devices")
+        return value
+    try:
+        return tensor(value, device=dev)
+    except TypeError as exc:
+        raise TypeError(f"{what}: unsupported {name} {value!r}: {exc}") from exc
+
+
+def _need_conv(dev: Device, what: str) -> None:
+    if not dev.info.has(_abi.Cap.CONV):
+        raise ValueError(f"{what}: the device has no CONV2D/POOL2D ops (Cap.CONV)")
+
+
+def _zero_bias(dev: Device, out_channels: int, dtype: DType) -> Tensor:
+    """The cached ``[1, O, 1, 1]`` zero bias of :func:`conv2d` without ``bias``."""
+    cache = _ZERO_BIAS.setdefault(dev, {})
+    key = (out_channels, dtype)
+    bias = cache.get(key)
+    if bias is None:
+        bias = _upload(np.zeros((1, out_channels, 1, 1), np.float32), dtype, dev)
+        cache[key] = bias
+        _logger.debug("conv2d: cached a zero bias of %d %s channels", out_channels, dtype.name)
+    return bias
+
+
+def conv2d(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: PairArg = 1,
+    padding: PairArg = 0,
+    dilation: PairArg = 1,
+    groups: SupportsIndex = 1,
+    activation: str | _abi.ActKind | None = None,
+) -> Tensor:
+    """2-D convolution like ``torch.nn.functional.conv2d``, plus a fused activation.
+
+    One device CONV2D op, submitted without waiting: ``activation(conv2d(x,
+    weight) + bias)`` with ``activation`` ``None``, ``"relu"`` or exact
+    ``"gelu"``. ``x`` is ``[N, C, H, W]`` (or ``[C, H, W]``, giving a 3-D
+    result), ``weight`` ``[O, C / groups, KH, KW]`` and ``bias`` ``[O]``;
+    without ``bias`` a zero bias tensor cached per device, ``O`` and dtype is
+    used. ``stride``, ``padding`` (zeros) and ``dilation`` are ints or
+    ``(h, w)`` pairs. The result is ``[N, O, OH, OW]`` with ``OH = (H + 2 *
+    pad_h - dilation_h * (KH - 1) - 1) // stride_h + 1`` (``OW`` likewise),
+    in the operands' common float dtype (float32 for integers), accumulated
+    in fp32. Non-tensors are uploaded; strided inputs are read in place.
+
+    Raises:
+        ValueError: bad ranks or shapes, ``groups`` not dividing ``C`` and
+            ``O``, a stride/dilation/groups below 1, a negative padding, no
+            window fitting, an unknown activation, or a device without
+            ``Cap.CONV``.
+    """
+    what = "conv2d"
+    act = _activation(activation, what)
+    anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
+    dev = anchor._device if anchor is not None else default_device()
+    _need_conv(dev, what)
+    t = _nchw(x, dev, what, "input")
+    w = _nchw(weight, dev, what, "weight")
+    unbatched = t.ndim == 3
+    if unbatched:
+        t = t._view((1, *t._shape), (0, *t._strides))
+    if t.ndim != 4:
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    if w.ndim != 4:
+        raise ValueError(f"{what}: weight must be [O, C / groups, KH, KW], not {w.shape}")
+    sh, sw = _pair(stride, f"{what}: stride", 1)
+    ph, pw = _pair(padding, f"{what}: padding", 0)
+    dh, dw = _pair(dilation, f"{what}: dilation", 1)
+    g = _pair(groups, f"{what}: groups", 1)[0]
+    n, c, h, wd = t._shape
+    o, cg, kh, kw = w._shape
+    if c % g or o % g or cg != c // g:
+        raise ValueError(
+            f"{what}: input {t.shape} and weight {w.shape} do not match with groups={g} "
+            f"(groups must divide C and O, and weight be [O, C / groups, KH, KW])"
+        )
+    if ph > _abi.NPU_MAX_PAD or pw > _abi.NPU_MAX_PAD:
+        raise ValueError(f"{what}: padding ({ph}, {pw}) exceeds {_abi.NPU_MAX_PAD}")
+    oh, ow = ops.window_out(h, kh, sh, ph, dh), ops.window_out(wd, kw, sw, pw, dw)
+    if not oh or not ow:
+        raise ValueError(
+            f"{what}: the {kh}x{kw} kernel (dilation ({dh}, {dw})) does not fit the "
+            f"{h}x{wd} input padded by ({ph}, {pw})"
+        )
+    dtype = _promote(t._dtype, w._dtype)
+    inputs = [t, w]
+    b: Tensor | None = None
+    if bias is not None:
+        b = _nchw(bias, dev, what, "bias")
+        if b._shape != (o,):
+            raise ValueError(f"{what}: bias shape must be ({o},), not {b.shape}")
+        dtype = _promote(dtype, b._dtype)
+        inputs.append(b)
+    if not dtype.is_float:
+        dtype = DType.FP32
+    shape = (n, o, oh, ow)
+    final = shape[1:] if unbatched else shape
+    if n == 0 or o == 0:
+        return _empty(dev, dtype, final)
+    if c == 0:  # no products: act(bias) everywhere, without the device op
+        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        if b is not None:
+            out = add(out, b.astype(dtype, copy=False).reshape(1, o, 1, 1))
+        if act is not _abi.ActKind.NONE:
+            out = relu(out) if act is _abi.ActKind.RELU else gelu(out)
+        return out._view_as(final) if unbatched else out
+    batch: list[ops.AnyOp] = []
+    cx, cw = _cast(t, dtype, batch), _cast(w, dtype, batch)
+    cb = _zero_bias(dev, o, dtype) if b is None else _cast(b, dtype, batch)
+    bias_ref = cb._view((1, o, 1, 1), (0, cb._strides[-1], 0, 0)) if cb.ndim == 1 else cb
+    out = _alloc(dev, dtype, shape)
+    batch.append(
+        ops.conv2d_op(
+            cx._ref(),
+            cw._ref(),
+            bias_ref._ref(),
+            out._ref(),
+            (sh, sw),
+            (ph, pw),
+            (dh, dw),
+            g,
+            act,
+            _bufs(cx, cw, cb, out),
+        )
+    )
+    _launch(batch, out, *inputs)
+    return out._view_as(final) if unbatched else out
+
+
+def _pool(
+    kind: _abi.PoolKind,
+    x: Any,
+    kernel_size: PairArg,
+    stride: PairArg | None,
+    padding: PairArg,
+    count_include_pad: bool,
+    what: str,
+) -> Tensor:
+    t = _as_tensor(x, what)
+    dev = t._device
+    _need_conv(dev, what)
+    unbatched = t.ndim == 3
+    if unbatched:
+        t = t._view((1, *t._shape), (0, *t._strides))
+    if t.ndim != 4:
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    kh, kw = _pair(kernel_size, f"{what}: kernel_size", 1)
+    sh, sw = (kh, kw) if stride is None else _pair(stride, f"{what}: stride", 1)
+    ph, pw = _pair(padding, f"{what}: padding", 0)
+    if ph >= kh or pw >= kw:
+        raise ValueError(
+            f"{what}: padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})"
+        )
+    n, c, h, wd = t._shape
+    oh, ow = ops.window_out(h, kh, sh, ph), ops.window_out(wd, kw, sw, pw)
+    if not oh or not ow:
+        raise ValueError(
+            f"{what}: the {kh}x{kw} window does not fit the {h}x{wd} input padded by ({ph}, {pw})"
+        )
+    dtype = _float_of(t._dtype)
+    shape = (n, c, oh, ow)
+    final = shape[1:] if unbatched else shape
+    if n == 0 or c == 0:
+        return _empty(dev, dtype, final)
+    batch: list[ops.AnyOp] = []
+    src = _cast(t, dtype, batch)
+    out = _alloc(dev, dtype, shape)
+    batch.append(
+        ops.pool2d_op(
+            kind,
+            src._ref(),
+            out._ref(),
+            (kh, kw),
+            (sh, sw),
+            (ph, pw),
+            count_include_pad,
+            _bufs(src, out),
+        )
+    )
+    _launch(batch, out, t)
+    return out._view_as(final) if unbatched else out
+
+
+def max_pool2d(
+    x: Any, kernel_size: PairArg, stride: PairArg | None = None, padding: PairArg = 0
+) -> Tensor:
+    """Max pooling like ``torch.nn.functional.max_pool2d`` (no dilation, floor mode).
+
+    One POOL2D op, submitted without waiting. ``x`` is ``[N, C, H, W]`` (or
+    ``[C, H, W]``); ``kernel_size``, ``stride`` (default ``kernel_size``)
+    and ``padding`` are ints or ``(h, w)`` pairs; padded positions never win.
+    The result has ``x``'s float dtype (float32 for integers).
+
+    Raises:
+        ValueError: bad rank, a kernel/stride below 1, ``padding`` not below
+            the kernel size (torch asks for at most half of it), no window
+            fitting, or a device without ``Cap.CONV``.
+    """
+    return _pool(_abi.PoolKind.MAX, x, kernel_size, stride, padding, True, "max_pool2d")
+
+
+def avg_pool2d(
+    x: Any,
+    kernel_size: PairArg,
+    stride: PairArg | None = None,
+    padding: PairArg = 0,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """Average pooling like ``torch.nn.functional.avg_pool2d`` (floor mode).
+
+    As :func:`max_pool2d`; padded positions read zero and, with
+    ``count_include_pad`` (the default), count in the divisor (the kernel
+    area), else the divisor is the number of in-bounds elements.
+
+    Raises:
+        ValueError: as :func:`max_pool2d`.
+    """
+    return _pool(
+        _abi.PoolKind.AVG, x, kernel_size, stride, padding, count_include_pad, "avg_pool2d"
+    )
+
+
+def global_avg_pool2d(x: Any) -> Tensor:
+    """Mean over H and W of ``[N, C, H, W]`` as ``[N, C, 1, 1]`` (one POOL2D, kernel H x W).
+
+    Like ``torch.nn.functional.adaptive_avg_pool2d(x, 1)``; a 3-D ``[C, H,
+    W]`` input gives ``[C, 1, 1]``.
+
+    Raises:
+        ValueError: bad rank, an empty H or W, or a device without ``Cap.CONV``.
+    """
+    what = "global_avg_pool2d"
+    t = _as_tensor(x, what)
+    if t.ndim not in (3, 4):
+        raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
+    h, w = t._shape[-2:]
+    if not h or not w:
+        raise ValueError(f"{what}: H and W must not be empty, got {t.shape}")
+    return _pool(_abi.PoolKind.AVG, t, (h, w), 1, 0, True, what)

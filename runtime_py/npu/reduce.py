@@ -1,0 +1,233 @@
+"""Reductions, softmax and layer norm on tensors (REDUCE, SOFTMAX, LAYERNORM)."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any, SupportsIndex
+
+import numpy as np
+
+from . import _abi, ops
+
+try:
+    from numpy.exceptions import AxisError
+except ImportError:  # numpy < 1.25, as in the guest's Debian 12
+    from numpy import AxisError  # type: ignore[attr-defined,no-redef]
+
+from .dtypes import DType
+from .tensor import (
+    AxisArg,
+    Tensor,
+    _alloc,
+    _as_tensor,
+    _bufs,
+    _cast,
+    _empty,
+    _launch,
+    _upload,
+)
+
+__all__ = [
+    "layer_norm",
+    "log_softmax",
+    "max",
+    "mean",
+    "min",
+    "softmax",
+    "sum",
+]
+
+_logger = logging.getLogger("npu.tensor")
+
+
+def _axis(axis: SupportsIndex, ndim: int, what: str) -> int:
+    """A non-negative axis number (numpy's AxisError is a ValueError too)."""
+    a = operator.index(axis)
+    if not -ndim <= a < ndim:
+        raise AxisError(a, ndim, what)
+    return a + ndim if a < 0 else a
+
+
+def _axes(axis: AxisArg, ndim: int, what: str) -> tuple[int, ...]:
+    """The sorted reduced axes of ``axis`` (None: all); duplicates raise ValueError."""
+    if axis is None:
+        return tuple(range(ndim))
+    seq: Sequence[SupportsIndex] = axis if isinstance(axis, Sequence) else (axis,)
+    axes = [_axis(a, ndim, what) for a in seq]
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{what}: duplicate value in 'axis': {tuple(seq)}")
+    return tuple(sorted(axes))
+
+
+def _reduce(kind: _abi.ReduceKind, x: Any, axis: AxisArg, keepdims: bool, what: str) -> Tensor:
+    t = _as_tensor(x, what)
+    axes = _axes(axis, t.ndim, what)
+    dtype = t._dtype
+    if kind is _abi.ReduceKind.SUM and not dtype.is_float:
+        dtype = DType.INT32  # numpy: int64; the device accumulates and wraps in int32
+    elif kind is _abi.ReduceKind.MEAN and not dtype.is_float:
+        dtype = DType.FP32  # numpy: float64
+    keep = tuple(1 if d in axes else n for d, n in enumerate(t._shape))
+    shape = keep if keepdims else tuple(n for d, n in enumerate(t._shape) if d not in axes)
+    if not axes:  # axis=() or a rank-0 tensor: no reduction, only the dtype rule
+        return t.astype(dtype)
+    if t.size == 0:
+        return _reduce_empty(kind, t, dtype, shape, what)
+    batch: list[ops.AnyOp] = []
+    src = _cast(t, dtype, batch)
+    out = _alloc(t._device, dtype, keep)
+    batch.append(ops.reduce(kind, src._ref(), out._ref(), axes, _bufs(src, out)))
+    _launch(batch, out, t)
+    return out if keepdims else out._view_as(shape)
+
+
+def _reduce_empty(
+    kind: _abi.ReduceKind, t: Tensor, dtype: DType, shape: tuple[int, ...], what: str
+) -> Tensor:
+    """A reduction of an empty tensor, on the host (numpy's results)."""
+    if math.prod(shape) == 0:
+        return _empty(t._device, dtype, shape)
+    if kind is _abi.ReduceKind.SUM:
+        return _upload(np.zeros(shape, np.float32), dtype, t._device)
+    if kind is _abi.ReduceKind.MEAN:
+        _logger.warning("%s: mean of an empty slice is NaN", what)
+        return _upload(np.full(shape, np.nan, np.float32), dtype, t._device)
+    raise ValueError(f"zero-size array to reduction operation {what} which has no identity")
+
+
+def sum(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+    """Sum over ``axis`` (None: all axes; an int or a tuple; negative counts from the end).
+
+    Like ``np.sum`` but integer inputs (int8, int32) give **int32**, summed
+    on the device and wrapping at int32 (numpy gives int64, or wraps the same
+    way with ``dtype=np.int32``). Float inputs keep their dtype. With
+    ``keepdims=False`` the result is a view of the keepdims-form output.
+
+    Raises:
+        AxisError: an axis is out of range (numpy's, a ValueError).
+        ValueError: duplicate axes.
+    """
+    return _reduce(_abi.ReduceKind.SUM, x, axis, keepdims, "sum")
+
+
+def mean(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+    """Arithmetic mean over ``axis`` (see :func:`sum`); integer inputs give float32."""
+    return _reduce(_abi.ReduceKind.MEAN, x, axis, keepdims, "mean")
+
+
+def max(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+    """Maximum over ``axis`` (see :func:`sum`); keeps the dtype.
+
+    Raises:
+        ValueError: a reduced axis of an empty tensor (no identity), or as :func:`sum`.
+    """
+    return _reduce(_abi.ReduceKind.MAX, x, axis, keepdims, "maximum")
+
+
+def min(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+    """Minimum over ``axis`` (see :func:`max`)."""
+    return _reduce(_abi.ReduceKind.MIN, x, axis, keepdims, "minimum")
+
+
+def _softmax(kind: _abi.SoftmaxKind, x: Any, axis: SupportsIndex, what: str) -> Tensor:
+    t = _as_tensor(x, what)
+    ax = _axis(axis, builtins.max(1, t.ndim), what)  # rank 0 is stored as (1,)
+    dtype = t._dtype if t._dtype.is_float else DType.FP32
+    if t.size == 0:
+        return _empty(t._device, dtype, t._shape)
+    batch: list[ops.AnyOp] = []
+    src = _cast(t, dtype, batch)
+    out = _alloc(t._device, dtype, t._shape)
+    batch.append(ops.softmax(kind, src._ref(), out._ref(), ax, _bufs(src, out)))
+    return _launch(batch, out, t)
+
+
+def softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
+    """``exp(x) / sum(exp(x), axis)`` along one axis (default the last), on the device.
+
+    Float inputs keep their dtype; integer inputs are converted to float32.
+    """
+    return _softmax(_abi.SoftmaxKind.SOFTMAX, x, axis, "softmax")
+
+
+def log_softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
+    """``log(softmax(x, axis))``, computed stably on the device (see :func:`softmax`)."""
+    return _softmax(_abi.SoftmaxKind.LOG, x, axis, "log_softmax")
+
+
+def _norm_param(
+    value: Any, default: float, dtype: DType, norm: tuple[int, ...], t: Tensor, what: str
+) -> Tensor:
+    """weight/bias as a tensor of shape ``norm`` in ``dtype`` (uploaded if not a Tensor)."""
+    if value is None:
+        return _upload(np.full(norm, default, np.float32), dtype, t._device)
+    if isinstance(value, Tensor):
+        if value._device is not t._device:
+            raise ValueError(f"{what}: operands live on different devices")
+        p = value
+    else:
+        p = _upload(np.asarray(value, dtype=np.float32), dtype, t._device)
+    if p._shape != norm:
+        raise ValueError(f"{what}: shape {p._shape} is not normalized_shape {norm}")
+    return p
+
+
+def layer_norm(
+    x: Any,
+    normalized_shape: SupportsIndex | Sequence[SupportsIndex],
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Layer normalisation like ``torch.nn.functional.layer_norm``, on the device.
+
+    Normalises over the trailing ``len(normalized_shape)`` axes, which must
+    equal ``normalized_shape``: ``(x - mean) / sqrt(var + eps) * weight +
+    bias`` with the biased variance. ``weight`` and ``bias`` (numpy arrays,
+    lists or tensors of shape ``normalized_shape``) default to ones and
+    zeros (uploaded); they are converted to the result dtype, which is
+    ``x``'s float dtype (float32 for integer ``x``). ``eps`` is rounded to
+    fp32 and must stay positive and finite.
+
+    Raises:
+        ValueError: ``normalized_shape`` is empty or does not match the
+            trailing dims of ``x``, a weight/bias shape differs, or a bad eps.
+    """
+    what = "layer_norm"
+    t = _as_tensor(x, what)
+    seq: Sequence[SupportsIndex] = (
+        normalized_shape if isinstance(normalized_shape, Sequence) else (normalized_shape,)
+    )
+    norm = tuple(operator.index(d) for d in seq)
+    if not norm or len(norm) > t.ndim or t._shape[t.ndim - len(norm) :] != norm:
+        raise ValueError(
+            f"{what}: normalized_shape {norm} does not match the trailing dims of {t._shape}"
+        )
+    if not math.isfinite(eps) or eps <= 0 or ops.f32_bits(eps) & 0x7FFFFFFF == 0:
+        raise ValueError(f"{what}: eps={eps} must be positive and finite in float32")
+    dtype = t._dtype if t._dtype.is_float else DType.FP32
+    if t.size == 0:
+        return _empty(t._device, dtype, t._shape)
+    batch: list[ops.AnyOp] = []
+    gamma = _cast(_norm_param(weight, 1.0, dtype, norm, t, what), dtype, batch)
+    beta = _cast(_norm_param(bias, 0.0, dtype, norm, t, what), dtype, batch)
+    src = _cast(t, dtype, batch)
+    out = _alloc(t._device, dtype, t._shape)
+    rank = t.ndim
+    batch.append(
+        ops.layernorm(
+            src._ref(),
+            gamma._ref(rank),
+            beta._ref(rank),
+            out._ref(),
+            len(norm),
+            eps,
+            _bufs(src, gamma, beta, out),
+        )
+    )
+    inputs = [t] + [p for p in (weight, bias) if isinstance(p, Tensor)]
+    return _launch(batch, out, *inputs)

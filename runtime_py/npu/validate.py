@@ -1,0 +1,276 @@
+"""The Python twin of the tensor-op validator of ``include/npu_tensor.h``.
+
+:func:`check_tensor_op` applies the rules of ``npu_tensor_op_check`` to a
+:class:`npu.ops.TensorOp`; :func:`window_out` is ``npu_window_out`` and
+:func:`tensor_op_supported` is ``npu_tensor_op_supported``. The op builders
+of :mod:`npu.ops` call :func:`check_tensor_op` and re-export these functions.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from . import _abi
+
+if TYPE_CHECKING:
+    from .ops import TensorOp, TensorRef
+
+__all__ = [
+    "check_tensor_op",
+    "f32_bits",
+    "tensor_op_supported",
+    "window_out",
+]
+
+_OPERANDS = {
+    _abi.Opcode.ELTWISE: 3,
+    _abi.Opcode.UNARY: 2,
+    _abi.Opcode.CONVERT: 2,
+    _abi.Opcode.REDUCE: 2,
+    _abi.Opcode.SOFTMAX: 2,
+    _abi.Opcode.LAYERNORM: 4,
+    _abi.Opcode.MATMUL: 3,
+    _abi.Opcode.LINEAR: 4,
+    _abi.Opcode.CONV2D: 4,
+    _abi.Opcode.POOL2D: 2,
+}
+# Params each opcode uses (npu_tensor_op_params); the others must be zero.
+_PARAMS = {
+    _abi.Opcode.REDUCE: 1,
+    _abi.Opcode.SOFTMAX: 1,
+    _abi.Opcode.LAYERNORM: 2,
+    _abi.Opcode.CONV2D: 7,
+    _abi.Opcode.POOL2D: 7,
+}
+# Capability bit each tensor opcode needs (npu_tensor_op_supported).
+_CAPS = {
+    _abi.Opcode.ELTWISE: _abi.Cap.TENSOR,
+    _abi.Opcode.UNARY: _abi.Cap.TENSOR,
+    _abi.Opcode.CONVERT: _abi.Cap.TENSOR,
+    _abi.Opcode.REDUCE: _abi.Cap.REDUCE,
+    _abi.Opcode.SOFTMAX: _abi.Cap.REDUCE,
+    _abi.Opcode.LAYERNORM: _abi.Cap.REDUCE,
+    _abi.Opcode.MATMUL: _abi.Cap.MATMUL,
+    _abi.Opcode.LINEAR: _abi.Cap.MATMUL,
+    _abi.Opcode.CONV2D: _abi.Cap.CONV,
+    _abi.Opcode.POOL2D: _abi.Cap.CONV,
+}
+
+
+def tensor_op_supported(opcode: int, caps: int) -> bool:
+    """``npu_tensor_op_supported``: does a device with ``caps`` implement tensor op ``opcode``?
+
+    The driver fails a SUBMIT with ``EOPNOTSUPP`` for an op the device lacks.
+    """
+    try:
+        cap = _CAPS[_abi.Opcode(opcode)]
+    except (ValueError, KeyError):
+        return False
+    return bool(caps & cap)
+
+
+def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """``npu_window_out``: positions of a ``k``-tap window (taps ``dilation`` apart).
+
+    The window moves by ``stride`` over ``size`` elements padded by ``pad`` on
+    both sides; 0 if it does not fit (or ``k``, ``stride`` or ``dilation`` is 0).
+    """
+    span = dilation * (k - 1) + 1
+    padded = size + 2 * pad
+    if not k or not stride or not dilation or span > padded:
+        return 0
+    return (padded - span) // stride + 1
+
+
+def f32_bits(value: float) -> int:
+    """The IEEE fp32 bit pattern of ``value`` (rounded to fp32), as a u32."""
+    bits: int = struct.unpack("<I", struct.pack("<f", value))[0]
+    return bits
+
+
+def _positive_finite_f32(bits: int) -> bool:
+    """``npu_f32_bits_positive_finite``: a finite fp32 above zero."""
+    return not bits & 0x80000000 and bits != 0 and (bits & 0x7F800000) != 0x7F800000
+
+
+def check_tensor_op(op: TensorOp) -> None:
+    """Apply the checks of ``npu_tensor_op_check`` (``include/npu_tensor.h``) to ``op``.
+
+    Raises:
+        ValueError: the driver would reject the op with ``EINVAL``: wrong
+            operand count, nonzero unused params, non-contiguous output,
+            dtype or shape mismatch, a kind out of range, a float-only kind
+            on an integer dtype, bad REDUCE/SOFTMAX/LAYERNORM params, or
+            MATMUL/LINEAR shapes that do not chain (see :func:`matmul_op`).
+    """
+    n = _OPERANDS.get(op.opcode)
+    if n is None:
+        raise ValueError(f"{op.opcode.name} is not a tensor op")
+    if len(op.operands) != n:
+        raise ValueError(f"{op.opcode.name} takes {n} operands, not {len(op.operands)}")
+    used = _PARAMS.get(op.opcode, 0)
+    params = op.params + (0,) * (_abi.TENSOR_OP_PARAMS - len(op.params))
+    if any(params[used:]):
+        raise ValueError(f"{op}: {op.opcode.name} uses {used} params, the others must be zero")
+    *inputs, out = op.operands
+    if not out.contiguous:
+        raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
+    if op.opcode is _abi.Opcode.ELTWISE:
+        kind = _abi.EltwiseKind(op.kind)  # ValueError if out of range
+        for t in inputs:
+            if t.dtype is not out.dtype:
+                raise ValueError(f"{op}: ELTWISE inputs must have the output's dtype")
+            if t.ndim != out.ndim or any(
+                d not in (o, 1) for d, o in zip(t.shape, out.shape, strict=True)
+            ):
+                raise ValueError(f"{op}: input shape {t.shape} does not broadcast to {out.shape}")
+        if kind is _abi.EltwiseKind.DIV and not out.dtype.is_float:
+            raise ValueError(f"{op}: DIV takes float dtypes only")
+    elif op.opcode is _abi.Opcode.UNARY:
+        ukind = _abi.UnaryKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype or t.shape != out.shape:
+            raise ValueError(f"{op}: UNARY input and output must have the same dtype and shape")
+        if _abi.UnaryKind.GELU <= ukind <= _abi.UnaryKind.SQRT and not out.dtype.is_float:
+            raise ValueError(f"{op}: {ukind.name} takes float dtypes only")
+    elif op.opcode is _abi.Opcode.REDUCE:
+        rkind = _abi.ReduceKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype:
+            raise ValueError(f"{op}: REDUCE input and output must have the same dtype")
+        axes = params[0]
+        if not axes or axes >= 1 << t.ndim:
+            raise ValueError(f"{op}: axes mask {axes:#x} is not a nonempty subset of {t.ndim} axes")
+        want = tuple(1 if axes >> d & 1 else dim for d, dim in enumerate(t.shape))
+        if out.shape != want:
+            raise ValueError(f"{op}: the output shape must be {want} (keepdims), not {out.shape}")
+        if rkind is _abi.ReduceKind.MEAN and not out.dtype.is_float:
+            raise ValueError(f"{op}: MEAN takes float dtypes only")
+    elif op.opcode is _abi.Opcode.SOFTMAX:
+        _abi.SoftmaxKind(op.kind)
+        (t,) = inputs
+        if t.dtype is not out.dtype or t.shape != out.shape:
+            raise ValueError(f"{op}: SOFTMAX input and output must have the same dtype and shape")
+        if not out.dtype.is_float:
+            raise ValueError(f"{op}: SOFTMAX takes float dtypes only")
+        if params[0] >= out.ndim:
+            raise ValueError(f"{op}: axis {params[0]} is not below ndim={out.ndim}")
+    elif op.opcode is _abi.Opcode.LAYERNORM:
+        x, gamma, beta = inputs
+        if op.kind != 0:
+            raise ValueError(f"{op}: LAYERNORM kind must be 0")
+        if any(t.dtype is not out.dtype for t in inputs):
+            raise ValueError(f"{op}: LAYERNORM operands must have one dtype")
+        if not out.dtype.is_float:
+            raise ValueError(f"{op}: LAYERNORM takes float dtypes only")
+        if x.shape != out.shape:
+            raise ValueError(f"{op}: LAYERNORM input and output must have the same shape")
+        naxes = params[0]
+        if not 1 <= naxes <= out.ndim:
+            raise ValueError(f"{op}: {naxes} normalised axes is not in 1..{out.ndim}")
+        want = tuple(dim if d + naxes >= out.ndim else 1 for d, dim in enumerate(out.shape))
+        for name, p in (("gamma", gamma), ("beta", beta)):
+            if p.shape != want:
+                raise ValueError(f"{op}: {name} shape must be {want}, not {p.shape}")
+        if not _positive_finite_f32(params[1]):
+            raise ValueError(f"{op}: eps (fp32 bits {params[1]:#x}) must be finite and > 0")
+    elif op.opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR):
+        _check_matmul(op, inputs, out)
+    elif op.opcode is _abi.Opcode.CONV2D:
+        _check_conv(op, inputs, out, params)
+    elif op.opcode is _abi.Opcode.POOL2D:
+        _check_pool(op, inputs[0], out, params)
+    else:
+        (t,) = inputs
+        if op.kind != 0:
+            raise ValueError(f"{op}: CONVERT kind must be 0")
+        if t.shape != out.shape:
+            raise ValueError(f"{op}: CONVERT input and output must have the same shape")
+
+
+def _check_matmul(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None:
+    """The MATMUL/LINEAR rules of ``npu_tensor_op_check`` (``npu_tensor_matmul_shapes``)."""
+    name = op.opcode.name
+    if any(t.dtype is not out.dtype for t in inputs):
+        raise ValueError(f"{op}: {name} operands must have one dtype")
+    _abi.ActKind(op.kind)  # ValueError if out of range
+    if not out.dtype.is_float:
+        raise ValueError(f"{op}: {name} takes float dtypes only")
+    a, b = inputs[0], inputs[1]
+    r = out.ndim
+    if r < 2 or a.ndim != r or b.ndim != r:
+        raise ValueError(f"{op}: a, b and out must have one rank >= 2")
+    if a.shape[-2] != out.shape[-2] or b.shape[-1] != out.shape[-1]:
+        raise ValueError(f"{op}: out {out.shape} is not [..., M, N] of a {a.shape} @ b {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{op}: K differs: a {a.shape} and b {b.shape}")
+    for d in range(r - 2):
+        for t in (a, b):
+            if t.shape[d] not in (out.shape[d], 1):
+                raise ValueError(
+                    f"{op}: batch dim {d} of {t.shape} is neither {out.shape[d]} nor 1"
+                )
+    if op.opcode is _abi.Opcode.LINEAR:
+        want = (1,) * (r - 1) + (out.shape[-1],)
+        if inputs[2].shape != want:
+            raise ValueError(f"{op}: bias shape must be {want}, not {inputs[2].shape}")
+
+
+def _check_conv(
+    op: TensorOp, inputs: list[TensorRef], out: TensorRef, params: tuple[int, ...]
+) -> None:
+    """The CONV2D rules of ``npu_tensor_op_check`` (``npu_tensor_conv_ok``)."""
+    x, w, bias = inputs
+    if any(t.dtype is not out.dtype for t in inputs):
+        raise ValueError(f"{op}: CONV2D operands must have one dtype")
+    _abi.ActKind(op.kind)  # ValueError if out of range
+    if not out.dtype.is_float:
+        raise ValueError(f"{op}: CONV2D takes float dtypes only")
+    if any(t.ndim != 4 for t in op.operands):
+        raise ValueError(f"{op}: CONV2D operands must all be 4-D (NCHW)")
+    sh, sw, ph, pw, dh, dw, g = params[:7]
+    if not g or x.shape[1] % g or w.shape[0] % g or w.shape[1] != x.shape[1] // g:
+        raise ValueError(
+            f"{op}: groups={g} must divide C={x.shape[1]} and O={w.shape[0]}, "
+            f"and weight must be [O, C / groups, KH, KW]"
+        )
+    if ph > _abi.NPU_MAX_PAD or pw > _abi.NPU_MAX_PAD:
+        raise ValueError(f"{op}: padding ({ph}, {pw}) exceeds NPU_MAX_PAD={_abi.NPU_MAX_PAD}")
+    o = w.shape[0]
+    if bias.shape != (1, o, 1, 1):
+        raise ValueError(f"{op}: bias shape must be (1, {o}, 1, 1), not {bias.shape}")
+    want = (
+        x.shape[0],
+        o,
+        window_out(x.shape[2], w.shape[2], sh, ph, dh),
+        window_out(x.shape[3], w.shape[3], sw, pw, dw),
+    )
+    if out.shape != want:
+        raise ValueError(
+            f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
+        )
+
+
+def _check_pool(op: TensorOp, x: TensorRef, out: TensorRef, params: tuple[int, ...]) -> None:
+    """The POOL2D rules of ``npu_tensor_op_check`` (``npu_tensor_pool_ok``)."""
+    _abi.PoolKind(op.kind)  # ValueError if out of range
+    if x.dtype is not out.dtype or not out.dtype.is_float:
+        raise ValueError(f"{op}: POOL2D input and output must have one float dtype")
+    if x.ndim != 4 or out.ndim != 4:
+        raise ValueError(f"{op}: POOL2D operands must be 4-D (NCHW)")
+    kh, kw, sh, sw, ph, pw, flags = params[:7]
+    if flags & ~_abi.NPU_POOL_F_COUNT_PAD:
+        raise ValueError(f"{op}: unknown POOL2D flags {flags:#x}")
+    if ph >= kh or pw >= kw:
+        raise ValueError(f"{op}: padding ({ph}, {pw}) must be below the kernel ({kh}, {kw})")
+    want = (
+        x.shape[0],
+        x.shape[1],
+        window_out(x.shape[2], kh, sh, ph),
+        window_out(x.shape[3], kw, sw, pw),
+    )
+    if out.shape != want:
+        raise ValueError(
+            f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
+        )
