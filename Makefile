@@ -47,7 +47,7 @@ test-host: deps
 test-guest: qemu guest module
 	@$(PY) -m pytest tests --ignore=tests/host
 
-lint: deps module
+lint: deps qemu module
 	@bash scripts/lint.sh
 
 bench: qemu guest module
