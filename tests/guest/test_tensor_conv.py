@@ -23,13 +23,20 @@ downloaded afterwards, so device work overlaps with the host checks.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
-import math
 
 import numpy as np
 import pytest
+from tensor_helpers import (
+    act_ref,
+    cap_device,
+    raw_bo,
+    raw_submit,
+    raw_wait,
+    rnd,
+    upload,
+)
+from tensor_helpers import check_acc as check
 
 import npu
 from npu import _abi, ops
@@ -37,43 +44,12 @@ from npu import _abi, ops
 D = npu.DType
 A = npu.ActKind
 FLOATS = [D.FP32, D.FP16, D.BF16]
-PUBLIC = {D.FP32: np.float32, D.FP16: np.float16, D.BF16: npu.bfloat16}
-RTOL = {D.FP32: 1e-5, D.FP16: 1e-3, D.BF16: 8e-3}
-ATOL = {D.FP32: 1e-5, D.FP16: 1e-4, D.BF16: 1e-3}
 ACTS = [None, "relu", "gelu"]
 
 
 @pytest.fixture(scope="module")
 def cdev():
-    d = npu.open_device(0)
-    if not d.info.has(npu.Cap.CONV):
-        d.close()
-        pytest.skip("the device has no NPU_CAP_CONV")
-    npu.set_default_device(d)
-    try:
-        yield d
-    finally:
-        npu.set_default_device(None)
-        d.close()
-
-
-def upload(x, dt):
-    """(tensor of x in dt, float64 copy of the values the device holds)."""
-    t = npu.tensor(x, dtype=PUBLIC[dt])
-    return t, t.numpy().astype(np.float64)
-
-
-def rnd(rng, shape, lo=-2.0, hi=2.0):
-    return rng.uniform(lo, hi, shape).astype(np.float32)
-
-
-def act_ref(y, act):
-    if act == "relu":
-        return np.maximum(y, 0)
-    if act == "gelu":
-        erf = np.vectorize(math.erf, otypes=[np.float64])
-        return y * (1 + erf(y / math.sqrt(2))) / 2
-    return y
+    yield from cap_device(npu.Cap.CONV)
 
 
 def pair(v):
@@ -135,19 +111,6 @@ def pool_ref(x, kind, k, stride=None, padding=0, count_include_pad=True):
                 y[:, :, i, j] = win.sum(axis=(2, 3)) / div
                 mag[:, :, i, j] = np.abs(win).sum(axis=(2, 3)) / div
     return y, mag
-
-
-def check(got, want, mag, dt, what=""):
-    assert got.npu_dtype is dt, (what, got.dtype, dt)
-    h = got.numpy().astype(np.float64)
-    assert h.shape == want.shape, (what, h.shape, want.shape)
-    err = np.abs(h - want)
-    bound = RTOL[dt] * np.abs(want) + ATOL[dt] * mag + 1e-30
-    bad = err > bound
-    assert not bad.any(), (
-        f"{what}: {int(bad.sum())} of {bad.size} elements off, worst "
-        f"{float(np.max(err - bound)):.3g} over the bound"
-    )
 
 
 # --------------------------------------------------------------------------
@@ -309,28 +272,9 @@ def test_lenet_chain(cdev, dt):
 # --------------------------------------------------------------------------
 
 
-def raw_submit(fd, tops):
-    arr = (_abi.NpuTensorOp * len(tops))(*tops)
-    arg = _abi.NpuSubmit(ops_ptr=ctypes.addressof(arr), num_ops=len(tops), queue=0, flags=0,
-                         op_size=ctypes.sizeof(_abi.NpuTensorOp))  # fmt: skip
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg, True)
-    return int(arg.fence)
-
-
-def raw_wait(fd, fence):
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=fence, timeout_ns=10**10), True)
-
-
-class _Bo:
-    def __init__(self, handle, size):
-        self.handle, self.size = handle, size
-
-
 @pytest.fixture
 def raw(fd):
-    arg = _abi.NpuBoCreate(size=65536)
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
-    return fd, _Bo(arg.handle, 65536)
+    return raw_bo(fd, 65536)
 
 
 def good_ops(bo):

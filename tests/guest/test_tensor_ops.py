@@ -15,13 +15,12 @@ under a minute of guest time.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import itertools
 
 import numpy as np
 import pytest
+from tensor_helpers import PUBLIC, Bo, cap_device, raw_bo, raw_submit, raw_wait
 
 import npu
 from npu import _abi, ops
@@ -31,8 +30,6 @@ FLOATS = [D.FP32, D.FP16, D.BF16]
 INTS = [D.INT8, D.INT32]
 ALL = FLOATS + INTS
 NP = {D.FP32: np.float32, D.FP16: np.float16, D.INT8: np.int8, D.INT32: np.int32}
-PUBLIC = {D.FP32: np.float32, D.FP16: np.float16, D.BF16: npu.bfloat16, D.INT8: np.int8,
-          D.INT32: np.int32}  # fmt: skip
 RTOL_ARITH = {D.FP32: 1e-6, D.FP16: 1e-3, D.BF16: 1e-2, D.INT8: 0, D.INT32: 0}
 RTOL_TRANSC = {D.FP32: 1e-5, D.FP16: 1e-3, D.BF16: 1e-2}
 ATOL = {D.FP32: 1e-7, D.FP16: 1e-4, D.BF16: 1e-3, D.INT8: 0, D.INT32: 0}
@@ -48,16 +45,7 @@ def fences() -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def tdev():
-    d = npu.open_device(0)
-    if not d.info.has(npu.Cap.TENSOR):
-        d.close()
-        pytest.skip("the device has no NPU_CAP_TENSOR")
-    npu.set_default_device(d)
-    try:
-        yield d
-    finally:
-        npu.set_default_device(None)
-        d.close()
+    yield from cap_device(npu.Cap.TENSOR)
 
 
 def dtype_of(t: npu.Tensor) -> D:
@@ -347,31 +335,12 @@ def test_promotion_through_the_device(tdev):
 # --------------------------------------------------------------------------
 
 
-def raw_submit(fd: int, tops: list[_abi.NpuTensorOp]) -> int:
-    arr = (_abi.NpuTensorOp * len(tops))(*tops)
-    arg = _abi.NpuSubmit(ops_ptr=ctypes.addressof(arr), num_ops=len(tops), queue=0, flags=0,
-                         op_size=ctypes.sizeof(_abi.NpuTensorOp))  # fmt: skip
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg, True)
-    return int(arg.fence)
-
-
-def raw_wait(fd: int, fence: int) -> None:
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=fence, timeout_ns=10**10), True)
-
-
-class _Bo:
-    def __init__(self, handle: int, size: int) -> None:
-        self.handle, self.size = handle, size
-
-
 @pytest.fixture
 def raw(fd):
-    arg = _abi.NpuBoCreate(size=8192)
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
-    return fd, _Bo(arg.handle, 8192)
+    return raw_bo(fd, 8192)
 
 
-def _good(bo: _Bo) -> _abi.NpuTensorOp:
+def _good(bo: Bo) -> _abi.NpuTensorOp:
     a = ops.tensor_ref(bo, D.FP32, (4, 8))
     b = ops.tensor_ref(bo, D.FP32, (1, 8), offset=128)
     out = ops.tensor_ref(bo, D.FP32, (4, 8), offset=4096)

@@ -17,13 +17,12 @@ so most of the device work overlaps with the host checks.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import fcntl
 import itertools
 
 import numpy as np
 import pytest
+from tensor_helpers import PUBLIC, cap_device, raw_bo, raw_submit, raw_wait
 
 import npu
 from npu import _abi, ops
@@ -32,24 +31,13 @@ D = npu.DType
 FLOATS = [D.FP32, D.FP16, D.BF16]
 INTS = [D.INT8, D.INT32]
 ALL = FLOATS + INTS
-PUBLIC = {D.FP32: np.float32, D.FP16: np.float16, D.BF16: npu.bfloat16, D.INT8: np.int8,
-          D.INT32: np.int32}  # fmt: skip
 RTOL = {D.FP32: 1e-5, D.FP16: 1e-2, D.BF16: 2e-2}
 REF = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
 
 
 @pytest.fixture(scope="module")
 def rdev():
-    d = npu.open_device(0)
-    if not d.info.has(npu.Cap.REDUCE):
-        d.close()
-        pytest.skip("the device has no NPU_CAP_REDUCE")
-    npu.set_default_device(d)
-    try:
-        yield d
-    finally:
-        npu.set_default_device(None)
-        d.close()
+    yield from cap_device(npu.Cap.REDUCE)
 
 
 def rand(dt, shape, rng, lo=-4.0, hi=4.0):
@@ -280,28 +268,9 @@ def test_large_layer_norm(rdev):
 # --------------------------------------------------------------------------
 
 
-def raw_submit(fd, tops):
-    arr = (_abi.NpuTensorOp * len(tops))(*tops)
-    arg = _abi.NpuSubmit(ops_ptr=ctypes.addressof(arr), num_ops=len(tops), queue=0, flags=0,
-                         op_size=ctypes.sizeof(_abi.NpuTensorOp))  # fmt: skip
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg, True)
-    return int(arg.fence)
-
-
-def raw_wait(fd, fence):
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=fence, timeout_ns=10**10), True)
-
-
-class _Bo:
-    def __init__(self, handle, size):
-        self.handle, self.size = handle, size
-
-
 @pytest.fixture
 def raw(fd):
-    arg = _abi.NpuBoCreate(size=16384)
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
-    return fd, _Bo(arg.handle, 16384)
+    return raw_bo(fd, 16384)
 
 
 def good_ops(bo):

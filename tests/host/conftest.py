@@ -27,3 +27,11 @@ def device(driver: FakeDriver) -> Iterator[npu.Device]:
     """A Device opened on the fake driver's node."""
     with npu.Device(driver.path) as dev:
         yield dev
+
+
+@pytest.fixture
+def default_device(device: npu.Device) -> Iterator[npu.Device]:
+    """``device`` as npu's default device for the test (reset afterwards)."""
+    npu.set_default_device(device)
+    yield device
+    npu.set_default_device(None)

@@ -20,33 +20,16 @@ import pytest
 import npu
 from fake_driver import FakeDriver
 from npu import _abi, ops
-from test_tensor import FakeBuf, _as_params, _c_check, waits
+from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, host, rand, waits
 
 D = npu.DType
 A = npu.ActKind
 FLOATS = [D.FP32, D.FP16, D.BF16]
-PUBLIC: dict[D, Any] = {D.FP32: np.float32, D.FP16: np.float16, D.BF16: npu.bfloat16,
-                        D.INT8: np.int8, D.INT32: np.int32}  # fmt: skip
 RTOL = {D.FP32: 1e-5, D.FP16: 2e-3, D.BF16: 1e-2}
 ATOL = {D.FP32: 1e-5, D.FP16: 2e-3, D.BF16: 1e-2}
 
 
-@pytest.fixture(autouse=True)
-def _default(device: npu.Device) -> Any:
-    npu.set_default_device(device)
-    yield
-    npu.set_default_device(None)
-
-
-def host(dt: D, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``x`` rounded to ``dt`` and back to float64 (what the device reads)."""
-    if dt is D.BF16:
-        return npu.bf16_to_float32(npu.float32_to_bf16(x)).astype(np.float64)
-    return x.astype(PUBLIC[dt]).astype(np.float64)
-
-
-def rand(shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).uniform(-2, 2, shape).astype(np.float32)
+pytestmark = pytest.mark.usefixtures("default_device")
 
 
 def act_ref(y: np.ndarray[Any, Any], act: A) -> np.ndarray[Any, Any]:

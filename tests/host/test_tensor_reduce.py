@@ -18,22 +18,16 @@ import pytest
 import npu
 from fake_driver import FakeDriver
 from npu import _abi, ops
-from test_tensor import FakeBuf, _as_params, _c_check, waits
+from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, waits
 
 D = npu.DType
 ALL = [D.FP32, D.FP16, D.BF16, D.INT8, D.INT32]
 FLOATS = [D.FP32, D.FP16, D.BF16]
-PUBLIC: dict[D, Any] = {D.FP32: np.float32, D.FP16: np.float16, D.BF16: npu.bfloat16,
-                        D.INT8: np.int8, D.INT32: np.int32}  # fmt: skip
 RTOL = {D.FP32: 1e-5, D.FP16: 1e-2, D.BF16: 2e-2}
 ATOL = {D.FP32: 1e-6, D.FP16: 1e-3, D.BF16: 1e-2}
 
 
-@pytest.fixture(autouse=True)
-def _default(device: npu.Device) -> Any:
-    npu.set_default_device(device)
-    yield
-    npu.set_default_device(None)
+pytestmark = pytest.mark.usefixtures("default_device")
 
 
 def rand(dt: D, shape: tuple[int, ...], seed: int = 0) -> npu.Tensor:
