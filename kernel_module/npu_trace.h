@@ -23,14 +23,19 @@ TRACE_EVENT(npu_submit,
 		      __entry->first, __entry->last)
 );
 
-TRACE_EVENT(npu_complete,
-	    TP_PROTO(u32 queue, u64 fence),
-	    TP_ARGS(queue, fence),
-	    TP_STRUCT__entry(__field(u32, queue)
-			     __field(u64, fence)),
-	    TP_fast_assign(__entry->queue = queue;
-			   __entry->fence = fence;),
-	    TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
+DECLARE_EVENT_CLASS(npu_queue_fence,
+		    TP_PROTO(u32 queue, u64 fence),
+		    TP_ARGS(queue, fence),
+		    TP_STRUCT__entry(__field(u32, queue)
+				     __field(u64, fence)),
+		    TP_fast_assign(__entry->queue = queue;
+				   __entry->fence = fence;),
+		    TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
+);
+
+DEFINE_EVENT(npu_queue_fence, npu_complete,
+	     TP_PROTO(u32 queue, u64 fence),
+	     TP_ARGS(queue, fence)
 );
 
 TRACE_EVENT(npu_op_error,
@@ -69,14 +74,9 @@ TRACE_EVENT(npu_job_retire,
 	    TP_printk("fences=%llu..%llu status=%u", __entry->first, __entry->last, __entry->status)
 );
 
-TRACE_EVENT(npu_wait_done,
-	    TP_PROTO(u32 queue, u64 fence),
-	    TP_ARGS(queue, fence),
-	    TP_STRUCT__entry(__field(u32, queue)
-			     __field(u64, fence)),
-	    TP_fast_assign(__entry->queue = queue;
-			   __entry->fence = fence;),
-	    TP_printk("queue=%u fence=%llu", __entry->queue, __entry->fence)
+DEFINE_EVENT(npu_queue_fence, npu_wait_done,
+	     TP_PROTO(u32 queue, u64 fence),
+	     TP_ARGS(queue, fence)
 );
 
 DECLARE_EVENT_CLASS(npu_bo,

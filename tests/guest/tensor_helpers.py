@@ -8,6 +8,7 @@ resolves under the default import mode.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import math
 
@@ -102,3 +103,25 @@ def raw_bo(fd: int, size: int) -> tuple[int, Bo]:
     arg = _abi.NpuBoCreate(size=size)
     fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
     return fd, Bo(arg.handle, size)
+
+
+def mutations_not_rejected(fd: int, good_ops, bo, mutations) -> list[str]:
+    """Submit each mutated op after a good one; describe every mutation the
+    driver did not reject with EINVAL (an empty list means all were).
+
+    ``good_ops(bo)`` builds fresh unmodified ops by name; ``mutations`` maps
+    a case name to (op name, function mutating that op in place).
+    """
+    good = good_ops(bo)
+    failures = []
+    for name, (which, mutate) in mutations.items():
+        op = good_ops(bo)[which]
+        mutate(op)
+        try:
+            raw_submit(fd, [good[which], op])
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                failures.append(f"{name}: {errno.errorcode.get(exc.errno)} != EINVAL")
+            continue
+        failures.append(f"{name}: accepted")
+    return failures
