@@ -13,10 +13,11 @@ VENV := $(NPU_CACHE)/venv
 PY := $(VENV)/bin/python
 GUEST := $(PY) scripts/guest.py
 KVER = $(shell cat $(NPU_CACHE)/guest/current/kver)
-DEMO ?= examples/hello_npu.py
+# make demo DEMO=examples/hello_npu.py runs the first-contact script instead.
+DEMO ?= examples/infer_digits.py
 
 .PHONY: all deps qemu guest module demo test test-host test-guest lint bench \
-	shell guest-run clean help
+	shell guest-run models clean help
 
 all: qemu guest module
 
@@ -27,10 +28,10 @@ deps:
 	@bash scripts/deps.sh
 
 qemu: deps
-	@bash scripts/build-qemu.sh
+	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/qemu.lock bash scripts/build-qemu.sh
 
 guest: deps
-	@bash scripts/build-guest.sh
+	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/guest.lock bash scripts/build-guest.sh
 
 module: guest
 	@$(MAKE) -s -C kernel_module KVER=$(KVER)
@@ -49,6 +50,11 @@ test-guest: qemu guest module
 
 lint: deps qemu module
 	@bash scripts/lint.sh
+
+# Regenerate the example models in examples/models/ (host numpy; deterministic).
+models: deps
+	@$(PY) examples/models/train_digits.py -q
+	@$(PY) examples/models/make_resnet.py
 
 bench: qemu guest module
 	@$(PY) scripts/bench.py

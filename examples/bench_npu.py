@@ -243,9 +243,19 @@ class TensorInputs:
 
     @staticmethod
     def buf(t: npu.Tensor) -> npu.Buffer:
-        """The tensor's buffer (uploaded tensors are contiguous, at offset 0)."""
-        assert t.buffer is not None and t.offset == 0
+        """The tensor's buffer (a caching-allocator segment: its data starts at t.offset)."""
+        assert t.buffer is not None
         return t.buffer
+
+
+def tref_of(
+    t: npu.Tensor, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None
+) -> Any:
+    """A TensorRef of an uploaded tensor's data (at its offset in the segment)."""
+    assert t.buffer is not None
+    return npu.ops.tensor_ref(
+        t.buffer, t.npu_dtype, t.shape if shape is None else shape, strides, t.offset * t.itemsize
+    )
 
 
 def numpy_gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -259,8 +269,12 @@ def numpy_gelu_tanh(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ref(buf: Any, dtype: npu.DType, n: int, strides: tuple[int, int] | None = None) -> Any:
-    return npu.ops.tensor_ref(buf, dtype, (n, n), strides)
+def _ref(src: Any, dtype: npu.DType, n: int, strides: tuple[int, int] | None = None) -> Any:
+    """An (n, n) TensorRef of a tensor's data or of a whole buffer."""
+    if isinstance(src, npu.Tensor):
+        assert src.npu_dtype is dtype
+        return tref_of(src, (n, n), strides)
+    return npu.ops.tensor_ref(src, dtype, (n, n), strides)
 
 
 @dataclass(frozen=True)
@@ -285,7 +299,7 @@ def _unary_bench(name: str, kind: npu.UnaryKind, fn: Any, ref: Any, rtol: float)
         name,
         lambda t: fn(t.tx),
         lambda t, out: npu.ops.unary(
-            kind, _ref(t.buf(t.tx), FP32, t.n), _ref(out, FP32, t.n), (t.buf(t.tx), out)
+            kind, _ref(t.tx, FP32, t.n), _ref(out, FP32, t.n), (t.buf(t.tx), out)
         ),
         ref,
         np.float32,
@@ -300,8 +314,8 @@ TENSOR_BENCHES: tuple[TensorBench, ...] = (
         lambda t: npu.add(t.tx, t.ty),
         lambda t, out: npu.ops.eltwise(
             npu.EltwiseKind.ADD,
-            _ref(t.buf(t.tx), FP32, t.n),
-            _ref(t.buf(t.ty), FP32, t.n),
+            _ref(t.tx, FP32, t.n),
+            _ref(t.ty, FP32, t.n),
             _ref(out, FP32, t.n),
             (t.buf(t.tx), t.buf(t.ty), out),
         ),
@@ -315,8 +329,8 @@ TENSOR_BENCHES: tuple[TensorBench, ...] = (
         lambda t: npu.multiply(t.tx, t.trow),
         lambda t, out: npu.ops.eltwise(
             npu.EltwiseKind.MUL,
-            _ref(t.buf(t.tx), FP32, t.n),
-            _ref(t.buf(t.trow), FP32, t.n, (0, 1)),
+            _ref(t.tx, FP32, t.n),
+            _ref(t.trow, FP32, t.n, (0, 1)),
             _ref(out, FP32, t.n),
             (t.buf(t.tx), t.buf(t.trow), out),
         ),
@@ -333,7 +347,7 @@ TENSOR_BENCHES: tuple[TensorBench, ...] = (
         lambda t: npu.gelu(t.tx),
         lambda t, out: npu.ops.unary(
             npu.UnaryKind.GELU,
-            _ref(t.buf(t.tx), FP32, t.n),
+            _ref(t.tx, FP32, t.n),
             _ref(out, FP32, t.n),
             (t.buf(t.tx), out),
         ),
@@ -354,7 +368,7 @@ TENSOR_BENCHES: tuple[TensorBench, ...] = (
         "convert_fp32_fp16",
         lambda t: t.tx.astype(np.float16),
         lambda t, out: npu.ops.convert(
-            _ref(t.buf(t.tx), FP32, t.n), _ref(out, FP16, t.n), (t.buf(t.tx), out)
+            _ref(t.tx, FP32, t.n), _ref(out, FP16, t.n), (t.buf(t.tx), out)
         ),
         lambda t: t.x.astype(np.float16),
         np.float16,
@@ -365,7 +379,7 @@ TENSOR_BENCHES: tuple[TensorBench, ...] = (
         "transpose",
         lambda t: t.tx.T.contiguous(),
         lambda t, out: npu.ops.convert(
-            _ref(t.buf(t.tx), FP32, t.n, (1, t.n)), _ref(out, FP32, t.n), (t.buf(t.tx), out)
+            _ref(t.tx, FP32, t.n, (1, t.n)), _ref(out, FP32, t.n), (t.buf(t.tx), out)
         ),
         lambda t: np.ascontiguousarray(t.x.T),
         np.float32,
@@ -537,8 +551,8 @@ def bench_matmul_op(
         with dev.alloc(n * n * npu_dtype.itemsize) as out:
             assert ta.buffer is not None and tb.buffer is not None
             op = npu.ops.matmul_op(
-                npu.ops.tensor_ref(ta.buffer, npu_dtype, (n, n)),
-                npu.ops.tensor_ref(tb.buffer, npu_dtype, (n, n)),
+                tref_of(ta),
+                tref_of(tb),
                 npu.ops.tensor_ref(out, npu_dtype, (n, n)),
                 npu.ActKind.NONE,
                 (ta.buffer, tb.buffer, out),
@@ -561,6 +575,37 @@ def bench_matmul_op(
     return res
 
 
+def bench_gemm_int8(dev: npu.Device) -> dict[str, float]:
+    """GOP/s of the integer MATMUL at GEMM_N^3: int8 operands, exact int32 accumulators.
+
+    Operands are uploaded once; the int32 output buffer is preallocated;
+    device time (submit + wait), median of GEMM_RUNS, 2 * n^3 operations per
+    op. The first MATMUL_REF_ROWS rows must equal numpy's int64 product."""
+    n = GEMM_N
+    rng = np.random.default_rng(6)
+    a = rng.integers(-128, 128, (n, n), dtype=np.int8)
+    b = rng.integers(-128, 128, (n, n), dtype=np.int8)
+    ta, tb = npu.tensor(a, device=dev), npu.tensor(b, device=dev)
+    ba, bb = TensorInputs.buf(ta), TensorInputs.buf(tb)
+    i32 = npu.DType.INT32
+    with dev.alloc(n * n * i32.itemsize) as out:
+        op = npu.ops.matmul_op(
+            tref_of(ta),
+            tref_of(tb),
+            npu.ops.tensor_ref(out, i32, (n, n)),
+            npu.ActKind.NONE,
+            (ba, bb, out),
+        )
+        sec = device_seconds(dev, [[op]], 1, GEMM_RUNS)
+        got = np.array(out.numpy(np.int32, (n, n))[:MATMUL_REF_ROWS])
+    want = a[:MATMUL_REF_ROWS].astype(np.int64) @ b.astype(np.int64)
+    if not np.array_equal(got, want):
+        raise BenchError("NPU int8 MATMUL: the int32 result differs from numpy")
+    gops = gemm_flop(n) / sec / 1e9
+    log.info("npu MATMUL int8 -> int32 %d^3: %.2f GOP/s", n, gops)
+    return {"gemm_int8_1024_gflops_npu": gops}
+
+
 def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
     """relu(x @ w.T + b) at FUSED_N^3 fp32: three ops (MATMUL, ELTWISE add, UNARY relu)
     against one LINEAR with relu; device time per round and the Tensor-API time."""
@@ -572,8 +617,8 @@ def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
     tx, tw, tb = (npu.tensor(v, device=dev) for v in (x, w, bias))
     bx, bw, bb = (TensorInputs.buf(t) for t in (tx, tw, tb))
     f32 = npu.DType.FP32
-    xr = npu.ops.tensor_ref(bx, f32, (n, n))
-    wt = npu.ops.tensor_ref(bw, f32, (n, n), strides=(1, n))  # w.T, a strided view
+    xr = tref_of(tx)
+    wt = tref_of(tw, strides=(1, n))  # w.T, a strided view
     ref = np.maximum(x[:MATMUL_REF_ROWS] @ w.T + bias, 0)
     nbytes = n * n * 4
     with dev.alloc(nbytes) as o1, dev.alloc(nbytes) as o2, dev.alloc(nbytes) as o3:
@@ -584,7 +629,7 @@ def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
                 npu.ops.eltwise(
                     npu.EltwiseKind.ADD,
                     r1,
-                    npu.ops.tensor_ref(bb, f32, (1, n)),
+                    tref_of(tb, (1, n)),
                     r2,
                     (o1, bb, o2),
                 )
@@ -599,7 +644,7 @@ def bench_fused_epilogue(dev: npu.Device) -> dict[str, float]:
                 npu.ops.linear_op(
                     xr,
                     wt,
-                    npu.ops.tensor_ref(bb, f32, (1, n)),
+                    tref_of(tb, (1, n)),
                     r3,
                     npu.ActKind.RELU,
                     (bx, bw, bb, o3),
@@ -706,9 +751,9 @@ def bench_conv2d(dev: npu.Device) -> dict[str, float]:
     with dev.alloc(n * o * hw * hw * 4) as obuf:
         bufs = tuple(TensorInputs.buf(t) for t in (tx, tw, tb))
         op = npu.ops.conv2d_op(
-            tref(bufs[0], fp32, tx.shape),
-            tref(bufs[1], fp32, tw.shape),
-            tref(bufs[2], fp32, tb.shape),
+            tref_of(tx),
+            tref_of(tw),
+            tref_of(tb),
             tref(obuf, fp32, (n, o, hw, hw)),
             1,
             1,
@@ -756,7 +801,7 @@ def bench_conv2d(dev: npu.Device) -> dict[str, float]:
     with dev.alloc(want.nbytes) as pbuf:
         pop = npu.ops.pool2d_op(
             npu.PoolKind.MAX,
-            tref(TensorInputs.buf(ty), fp32, ty.shape),
+            tref_of(ty),
             tref(pbuf, fp32, want.shape),
             2,
             buffers=(TensorInputs.buf(ty), pbuf),
@@ -822,6 +867,10 @@ def main() -> int:
             if info.has(npu.Cap.MATMUL):
                 result.update(bench_matmul_op(dev, a, b, ref))
             del a, b, ref
+            if info.has(npu.Cap.QUANT):
+                result.update(bench_gemm_int8(dev))
+            else:
+                log.warning("the device has no int8 MATMUL: gemm_int8 figure skipped")
             if info.has(npu.Cap.MATMUL):
                 result.update(bench_fused_epilogue(dev))
             else:

@@ -70,6 +70,7 @@ enum npu_reg {
 #define NPU_CAP_REDUCE		(1u << 7)	/* REDUCE, SOFTMAX, LAYERNORM */
 #define NPU_CAP_MATMUL		(1u << 8)	/* MATMUL, LINEAR */
 #define NPU_CAP_CONV		(1u << 9)	/* CONV2D, POOL2D */
+#define NPU_CAP_QUANT		(1u << 10)	/* int8 MATMUL/LINEAR/CONV2D, REQUANT */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -162,6 +163,7 @@ enum npu_opcode {
 	NPU_OP_LINEAR	= 11,	/* out = act(a @ b + bias), batched */
 	NPU_OP_CONV2D	= 12,	/* out = act(conv2d(in, weight) + bias), NCHW */
 	NPU_OP_POOL2D	= 13,	/* out = max/avg pool of in, NCHW */
+	NPU_OP_REQUANT	= 14,	/* int8 out = clamp(rne(acc * scale) + zp) */
 	NPU_OP_COUNT,
 };
 
@@ -181,7 +183,35 @@ enum npu_opcode {
 #define NPU_CONV_P_DIL_H	4
 #define NPU_CONV_P_DIL_W	5
 #define NPU_CONV_P_GROUPS	6
+#define NPU_CONV_P_IN_ZP	7	/* int8 only: input zero point */
 #define NPU_MAX_PAD		65535
+
+/*
+ * Integer MATMUL, LINEAR and CONV2D (NPU_CAP_QUANT): a and b (in and
+ * weight) INT8, bias INT32, out INT32 or INT8. The products of
+ * (a - in_zp) and b are summed exactly in int32 (two's complement, wraps
+ * past 32 bits); the bias is added in int32, RELU clamps at 0, and an
+ * INT8 output keeps the low 8 bits (numpy's wrap-around). GELU is
+ * rejected. in_zp (NPU_MM_P_IN_ZP, NPU_CONV_P_IN_ZP) is a signed value
+ * in -128..127 stored as a 32-bit two's complement word; it must be 0
+ * for float operands. CONV2D padding reads in_zp (0 after subtraction).
+ */
+#define NPU_MM_P_IN_ZP		0
+#define NPU_ZP_MIN		(-128)
+#define NPU_ZP_MAX		127
+
+/*
+ * REQUANT: t[0] = acc INT32, t[1] = scale FP32, t[2] = out INT8; acc and
+ * out have one shape, scale broadcasts to it (size-1 dims: per-tensor
+ * when all are 1, per-channel along the one that is not). params[0] =
+ * out_zp (-128..127, two's complement word); kind = NPU_ACT_NONE or
+ * NPU_ACT_RELU. out = clamp(rne(acc * scale) + out_zp, lo, 127) where
+ * rne rounds the exact product to the nearest integer, ties to even, and
+ * lo = -128, or out_zp with RELU. Every scale element the op reads must
+ * be a finite fp32 above zero, else the device completes the op with
+ * NPU_ST_BAD_QUANT before writing anything.
+ */
+#define NPU_REQUANT_P_OUT_ZP	0
 
 /*
  * POOL2D: t[0] = in [N, C, H, W], t[1] = out [N, C, OH, OW]; one float
@@ -327,6 +357,7 @@ struct npu_hw_tensor {
  *   LINEAR: t[0] = a, t[1] = b, t[2] = bias, t[3] = out
  *   CONV2D: t[0] = in, t[1] = weight, t[2] = bias, t[3] = out
  *   POOL2D: t[0] = in, t[1] = out
+ *   REQUANT: t[0] = acc, t[1] = scale, t[2] = out
  */
 struct npu_tensor_params {
 	struct npu_hw_tensor t[NPU_TENSOR_OPERANDS];
@@ -407,6 +438,7 @@ enum npu_status {
 	NPU_ST_ABORTED		= 7,	/* dropped by a reset */
 	NPU_ST_NO_MEMORY	= 8,	/* device-side allocation failed */
 	NPU_ST_MMU_FAULT	= 9,	/* a translation missed or was not writable */
+	NPU_ST_BAD_QUANT	= 10,	/* zero point outside int8, scale not finite > 0 */
 	NPU_ST_COUNT,
 };
 

@@ -132,6 +132,8 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 		return 4;
 	case NPU_OP_POOL2D:
 		return 2;
+	case NPU_OP_REQUANT:
+		return 3;
 	default:
 		return 0;
 	}
@@ -155,6 +157,8 @@ static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
 	case NPU_OP_CONV2D:
 	case NPU_OP_POOL2D:
 		return !!(caps & NPU_CAP_CONV);
+	case NPU_OP_REQUANT:
+		return !!(caps & NPU_CAP_QUANT);
 	default:
 		return 0;
 	}
@@ -166,12 +170,16 @@ static inline __u32 npu_tensor_op_params(__u32 opcode)
 	switch (opcode) {
 	case NPU_OP_REDUCE:
 	case NPU_OP_SOFTMAX:
+	case NPU_OP_MATMUL:
+	case NPU_OP_LINEAR:
+	case NPU_OP_REQUANT:
 		return 1;
 	case NPU_OP_LAYERNORM:
 		return 2;
-	case NPU_OP_CONV2D:
 	case NPU_OP_POOL2D:
 		return 7;
+	case NPU_OP_CONV2D:
+		return 8;
 	default:
 		return 0;
 	}
@@ -229,6 +237,42 @@ static inline int npu_tensor_pool_ok(const struct npu_tensor_params *p)
 					       q[NPU_POOL_P_STRIDE_H], q[NPU_POOL_P_PAD_H], 1) &&
 	       out->shape[3] == npu_window_out(in->shape[3], q[NPU_POOL_P_KW],
 					       q[NPU_POOL_P_STRIDE_W], q[NPU_POOL_P_PAD_W], 1);
+}
+
+/* Is the params word @v a zero point: -128..127 as 32-bit two's complement? */
+static inline int npu_zp_ok(__u32 v)
+{
+	return v <= (__u32)NPU_ZP_MAX || v >= (__u32)NPU_ZP_MIN;
+}
+
+/*
+ * The operand dtypes of MATMUL/LINEAR (@opcode, @n operands) or CONV2D
+ * and their zero-point word @zp: NPU_ST_OK, or the status of the op.
+ * Float: one float dtype for all operands, @zp 0. Integer: a and b
+ * INT8, bias INT32, out INT32 or INT8, kind not GELU, @zp in -128..127.
+ */
+static inline __u32 npu_tensor_mm_dtypes(__u32 opcode, __u32 kind, __u32 n,
+					 const struct npu_tensor_params *p, __u32 zp)
+{
+	const struct npu_hw_tensor *out = &p->t[n - 1];
+	__u32 i;
+
+	if (p->t[0].dtype != NPU_DTYPE_INT8) {
+		if (zp)
+			return NPU_ST_BAD_RESERVED;
+		for (i = 0; i + 1 < n; i++)
+			if (p->t[i].dtype != out->dtype)
+				return NPU_ST_BAD_ARGS;
+		if (kind >= NPU_ACT_COUNT || !npu_dtype_is_float(out->dtype))
+			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	}
+	if (p->t[1].dtype != NPU_DTYPE_INT8 ||
+	    (opcode != NPU_OP_MATMUL && p->t[2].dtype != NPU_DTYPE_INT32) ||
+	    (out->dtype != NPU_DTYPE_INT32 && out->dtype != NPU_DTYPE_INT8) ||
+	    kind >= NPU_ACT_GELU)
+		return NPU_ST_BAD_ARGS;
+	return NPU_ST_OK;
 }
 
 /* Is the fp32 bit pattern @bits a finite number above zero? */
@@ -376,23 +420,29 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		return NPU_ST_OK;
 	case NPU_OP_MATMUL:
 	case NPU_OP_LINEAR:
-		for (i = 0; i + 1 < n; i++)
-			if (p->t[i].dtype != out->dtype)
-				return NPU_ST_BAD_ARGS;
-		if (kind >= NPU_ACT_COUNT || !npu_dtype_is_float(out->dtype) ||
-		    !npu_tensor_matmul_shapes(&p->t[0], &p->t[1], out) ||
+		st = npu_tensor_mm_dtypes(opcode, kind, n, p, p->params[NPU_MM_P_IN_ZP]);
+		if (st != NPU_ST_OK)
+			return st;
+		if (!npu_tensor_matmul_shapes(&p->t[0], &p->t[1], out) ||
 		    (opcode == NPU_OP_LINEAR &&
 		     !npu_tensor_is_norm_param(&p->t[2], out, 1)))
 			return NPU_ST_BAD_ARGS;
-		return NPU_ST_OK;
+		return npu_zp_ok(p->params[NPU_MM_P_IN_ZP]) ? NPU_ST_OK : NPU_ST_BAD_QUANT;
 	case NPU_OP_CONV2D:
-		for (i = 0; i < 3; i++)
-			if (p->t[i].dtype != out->dtype)
-				return NPU_ST_BAD_ARGS;
-		if (kind >= NPU_ACT_COUNT || !npu_dtype_is_float(out->dtype) ||
-		    !npu_tensor_conv_ok(p))
+		st = npu_tensor_mm_dtypes(opcode, kind, n, p, p->params[NPU_CONV_P_IN_ZP]);
+		if (st != NPU_ST_OK)
+			return st;
+		if (!npu_tensor_conv_ok(p))
 			return NPU_ST_BAD_ARGS;
-		return NPU_ST_OK;
+		return npu_zp_ok(p->params[NPU_CONV_P_IN_ZP]) ? NPU_ST_OK : NPU_ST_BAD_QUANT;
+	case NPU_OP_REQUANT:
+		if (kind >= NPU_ACT_GELU || p->t[0].dtype != NPU_DTYPE_INT32 ||
+		    p->t[1].dtype != NPU_DTYPE_FP32 || out->dtype != NPU_DTYPE_INT8 ||
+		    !npu_tensor_same_shape(&p->t[0], out) ||
+		    !npu_tensor_broadcasts_to(&p->t[1], out))
+			return NPU_ST_BAD_ARGS;
+		return npu_zp_ok(p->params[NPU_REQUANT_P_OUT_ZP]) ? NPU_ST_OK :
+								      NPU_ST_BAD_QUANT;
 	case NPU_OP_POOL2D:
 		if (kind >= NPU_POOL_COUNT || p->t[0].dtype != out->dtype ||
 		    !npu_dtype_is_float(out->dtype) || !npu_tensor_pool_ok(p))

@@ -26,6 +26,7 @@
 #define NPU_INFO_CAP_REDUCE	(1u << 7)
 #define NPU_INFO_CAP_MATMUL	(1u << 8)
 #define NPU_INFO_CAP_CONV	(1u << 9)
+#define NPU_INFO_CAP_QUANT	(1u << 10)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -109,7 +110,7 @@ struct npu_tensor_ref {
  * npu_hw.h gives them per opcode; unused operands and params zero.
  */
 struct npu_tensor_op {
-	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_POOL2D */
+	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_REQUANT */
 	__u16 flags;		/* must be zero */
 	__u32 kind;		/* enum npu_*_kind of the opcode; 0 if it has none */
 	struct npu_tensor_ref t[4];

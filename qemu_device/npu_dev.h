@@ -22,8 +22,13 @@ typedef struct NpuWalk {
     bool enabled;
     uint64_t l1_base;
     uint32_t l1_entries;
-    uint64_t cached_l1;     /* L1 index of cached_l2, UINT64_MAX if none */
+    uint64_t cached_l1;     /* L1 index of l2[], UINT64_MAX if none */
     uint64_t cached_l2;     /* bus address of that L2 table */
+    /*
+     * A copy of that L2 table, read whole once: the tables cannot change
+     * while a command runs (the driver unmaps only after its jobs retire).
+     */
+    uint64_t l2[NPU_MMU_L2_ENTRIES];
 } NpuWalk;
 
 typedef struct NpuQueue {

@@ -93,6 +93,11 @@ const float *npu_load_f32(const uint8_t *src, uint64_t stride,
             tmp[i] = npu_fp16_to_f32(lduw_le_p(src + i * stride * 2));
         }
         break;
+    case NPU_DTYPE_INT8:            /* exact */
+        for (i = 0; i < n; i++) {
+            tmp[i] = (int8_t)src[i * stride];
+        }
+        break;
     default: /* NPU_DTYPE_BF16 */
         for (i = 0; i < n; i++) {
             tmp[i] = npu_bf16_to_f32(lduw_le_p(src + i * stride * 2));

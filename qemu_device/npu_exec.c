@@ -313,6 +313,7 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_LINEAR] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_CONV2D] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_POOL2D] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_REQUANT] = sizeof(((struct npu_cmd *)0)->tensor),
 };
 
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
@@ -345,6 +346,7 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_LINEAR:
     case NPU_OP_CONV2D:
     case NPU_OP_POOL2D:
+    case NPU_OP_REQUANT:
         return npu_exec_tensor(s, w, cmd);
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",

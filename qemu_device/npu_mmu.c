@@ -74,7 +74,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     uint64_t l1i = va >> NPU_MMU_L1_SHIFT;
     uint64_t l2i = (va >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1);
     uint32_t wbit = write ? NPU_FAULT_WRITE : 0;
-    uint64_t pte;
+    uint64_t pte, l2;
 
     if (!w->enabled) {
         *pa = va;
@@ -96,16 +96,18 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         if (!(l1e & NPU_PTE_VALID)) {
             return npu_fault(s, va, wbit | NPU_FAULT_L1);
         }
+        l2 = l1e & NPU_PTE_ADDR_MASK;
+        if (!npu_dma_range_ok(s, l2, sizeof(w->l2)) ||
+            pci_dma_read(PCI_DEVICE(s), l2, w->l2, sizeof(w->l2)) !=
+            MEMTX_OK) {
+            w->cached_l1 = UINT64_MAX;
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
+            return NPU_ST_DMA_ERROR;
+        }
         w->cached_l1 = l1i;
-        w->cached_l2 = l1e & NPU_PTE_ADDR_MASK;
+        w->cached_l2 = l2;
     }
-    if (!npu_dma_range_ok(s, w->cached_l2 + l2i * 8, 8) ||
-        pci_dma_read(PCI_DEVICE(s), w->cached_l2 + l2i * 8, &pte,
-                     sizeof(pte)) != MEMTX_OK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
-        return NPU_ST_DMA_ERROR;
-    }
-    pte = le64_to_cpu(pte);
+    pte = le64_to_cpu(w->l2[l2i]);
     if (!(pte & NPU_PTE_VALID)) {
         return npu_fault(s, va, wbit);
     }

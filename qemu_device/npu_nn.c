@@ -1,8 +1,10 @@
 /*
  * NPU tensor ops: MATMUL and LINEAR (cblas_sgemm per (batch, block of
  * rows) tile), CONV2D (im2col + cblas_sgemm) and POOL2D (direct loops),
- * with the bias and activation epilogue of MATMUL/LINEAR/CONV2D. Each
- * tile writes its output back as it finishes.
+ * with the bias and activation epilogue of MATMUL/LINEAR/CONV2D, their
+ * int8 forms (exact int32 accumulation over K blocks of cblas_sgemm), and
+ * REQUANT (int32 -> int8, exact rounding). Each tile writes its output
+ * back as it finishes.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -27,12 +29,28 @@
  * in fp32 into an fp32 [rows, N] block (the output buffer itself for an
  * fp32 output on a little-endian host); bias and activation are applied
  * in fp32, and the block is rounded once to the output dtype.
+ *
+ * Integer (int8) ops pack a - in_zp and b as fp32 (exact: |a - in_zp| <=
+ * 255, |b| <= 128) and run cblas_sgemm over blocks of at most kb terms
+ * of K, kb * 128 * (128 + |in_zp|) <= 2^24: every partial sum is an
+ * integer of at most 2^24 in magnitude, exact in fp32 in any summation
+ * order. Each block's fp32 result is added into an int32 [rows, N]
+ * accumulator (two's complement), then the int32 bias and the RELU, and
+ * the store keeps the output dtype's low bits.
  */
 
 /* Ops of fewer multiply-adds run as one tile on the command processor. */
 #define NPU_MM_TILE_MIN_FLOP (1ull << 22)
 /* Bound of a row block's A and C scratch, in fp32 elements (8 MiB). */
 #define NPU_MM_BLOCK_ELEMS ((8 * MiB) / sizeof(float))
+/* fp32 holds every integer up to this magnitude exactly. */
+#define NPU_F32_EXACT_INT (1u << 24)
+
+/* Terms of K per exact fp32 block of int8 products, input zero point @zp. */
+static uint64_t npu_int8_kblock(int32_t zp)
+{
+    return NPU_F32_EXACT_INT / (128u * (128u + (uint32_t)(zp < 0 ? -zp : zp)));
+}
 
 /* One matrix operand: rows x cols per batch index. */
 typedef struct NpuMmOp {
@@ -46,6 +64,13 @@ typedef struct NpuMmJob {
     NpuWalk walk;           /* snapshot; each tile walks with its own copy */
     NpuMmOp a, b;
     const float *bias;      /* N values (LINEAR), else NULL */
+    const int32_t *ibias;   /* N values (integer LINEAR), else NULL */
+    bool quant;             /* int8 operands, int32 accumulation */
+    int32_t zp;             /* input zero point (integer ops) */
+    uint64_t kb;            /* K terms per exact fp32 block (integer ops) */
+    const float *bpacked;   /* b packed once for every tile, or NULL */
+    int bld;                /* its leading dimension */
+    bool btrans;            /* and whether it is transposed */
     uint32_t kind;          /* enum npu_act_kind */
     uint32_t nb;            /* batch dims */
     uint64_t bshape[NPU_MAX_RANK - 2];
@@ -75,7 +100,7 @@ static uint64_t npu_mm_unit_start(const NpuMmJob *job, uint64_t u)
  */
 static const float *npu_mm_view(const NpuMmOp *op, uint64_t off,
                                 uint64_t rows, uint64_t cols, float **scratch,
-                                size_t cap, int *ld, bool *trans)
+                                size_t cap, int32_t zp, int *ld, bool *trans)
 {
     const uint8_t *src = op->data + off * op->size;
     uint64_t rs = rows > 1 ? op->rs : 0, cs = cols > 1 ? op->cs : 0;
@@ -123,7 +148,66 @@ static const float *npu_mm_view(const NpuMmOp *op, uint64_t off,
         }
         *ld = cols;
     }
+    if (zp) {                       /* int8 a - in_zp: exact */
+        for (r = 0; r < rows * cols; r++) {
+            (*scratch)[r] -= (float)zp;
+        }
+    }
     return *scratch;
+}
+
+/* acc[i] (+)= c[i], the exact integer sums of one K block; int32 wraps. */
+static void npu_acc_block(int32_t *acc, const float *c, uint64_t n, bool first)
+{
+    uint64_t i;
+
+    for (i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)(int32_t)c[i];
+
+        acc[i] = first ? v : (uint32_t)acc[i] + v;
+    }
+}
+
+/*
+ * The integer product of a tile unit: c (fp32 scratch) = each K block of
+ * op(a) @ op(b), summed into acc (int32, rows x n) with wrap-around.
+ */
+static void npu_mm_int_product(const NpuMmJob *job, const float *ap, int lda,
+                               bool ta, const float *bp, int ldb, bool tb,
+                               uint64_t rows, float *c, int32_t *acc)
+{
+    uint64_t n = job->n, k0, kc;
+
+    for (k0 = 0; k0 < job->k; k0 += kc) {
+        kc = MIN(job->kb, job->k - k0);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                    tb ? CblasTrans : CblasNoTrans, rows, n, kc, 1.0f,
+                    ta ? ap + k0 * lda : ap + k0, lda,
+                    tb ? bp + k0 : bp + k0 * ldb, ldb, 0.0f, c, n);
+        npu_acc_block(acc, c, rows * n, !k0);
+    }
+}
+
+/* Integer epilogue: int32 bias (wrapping), RELU, store as the out dtype. */
+static void npu_mm_int_store(const NpuMmJob *job, int32_t *acc, uint64_t rows,
+                             uint8_t *dst)
+{
+    uint64_t n = job->n, r, j;
+
+    if (job->ibias) {
+        for (r = 0; r < rows; r++) {
+            for (j = 0; j < n; j++) {
+                acc[r * n + j] = (uint32_t)acc[r * n + j] +
+                                 (uint32_t)job->ibias[j];
+            }
+        }
+    }
+    if (job->kind == NPU_ACT_RELU) {
+        for (j = 0; j < rows * n; j++) {
+            acc[j] = MAX(acc[j], 0);
+        }
+    }
+    npu_store_i32(dst, job->odtype, acc, rows * n);
 }
 
 /* Units [begin, end) of the output, then their write-back. */
@@ -133,6 +217,7 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     const NpuMmJob *job = opaque;
     NpuWalk w = job->walk;
     float *apack = NULL, *bpack = NULL, *ctile = NULL;
+    int32_t *itile = NULL;
     const float *bp = NULL;
     uint64_t first = npu_mm_unit_start(job, begin);
     uint64_t last = npu_mm_unit_start(job, end);
@@ -157,12 +242,30 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             aoff += i * job->a.bstride[d];
             boff += i * job->b.bstride[d];
         }
-        if (boff != bcur) {         /* b changes only with the batch */
-            bp = npu_mm_view(&job->b, boff, k, n, &bpack, k * n, &ldb, &tb);
+        if (job->bpacked) {
+            bp = job->bpacked;
+            ldb = job->bld;
+            tb = job->btrans;
+        } else if (boff != bcur) {  /* b changes only with the batch */
+            bp = npu_mm_view(&job->b, boff, k, n, &bpack, k * n, 0, &ldb, &tb);
             bcur = boff;
         }
         ap = npu_mm_view(&job->a, aoff + m0 * job->a.rs, rows, k, &apack,
-                         job->mb * k, &lda, &ta);
+                         job->mb * k, job->zp, &lda, &ta);
+        if (job->quant) {
+            if (!ctile) {
+                ctile = g_try_malloc(job->mb * n * sizeof(float));
+                itile = g_try_malloc(job->mb * n * sizeof(int32_t));
+            }
+            if (!ap || !bp || !ctile || !itile) {
+                st = NPU_ST_NO_MEMORY;
+                break;
+            }
+            npu_mm_int_product(job, ap, lda, ta, bp, ldb, tb, rows, ctile,
+                               itile);
+            npu_mm_int_store(job, itile, rows, job->out + o * job->osize);
+            continue;
+        }
         if (job->direct_out) {
             c = (float *)job->out + o;
         } else {
@@ -194,6 +297,7 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     g_free(apack);
     g_free(bpack);
     g_free(ctile);
+    g_free(itile);
     if (st != NPU_ST_OK) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: matmul %" PRIu64 "x%" PRIu64
                       "x%" PRIu64 ": out of device memory\n", job->m, k, n);
@@ -234,9 +338,13 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         .out = out, .out_va = o->va, .odtype = o->dtype,
         .osize = npu_dtype_size(o->dtype),
         .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+        .quant = p->t[0].dtype == NPU_DTYPE_INT8,
+        .zp = (int32_t)p->params[NPU_MM_P_IN_ZP],
     };
     uint64_t batch = 1, flop, units, grain;
-    float *bias = NULL;
+    float *bias = NULL, *bpack = NULL;
+    int32_t *ibias = NULL;
+    bool bshared;
 
     npu_mm_op_init(&job.a, &p->t[0], bufs[0]);
     npu_mm_op_init(&job.b, &p->t[1], bufs[1]);
@@ -244,7 +352,35 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         job.bshape[d] = o->shape[d];
         batch *= o->shape[d];
     }
-    if (opcode == NPU_OP_LINEAR) {
+    job.kb = npu_int8_kblock(job.zp);
+    /* An int8 b without batch dims is widened once, not once per tile. */
+    bshared = job.quant;
+    for (d = 0; d < job.nb; d++) {
+        bshared = bshared && !job.b.bstride[d];
+    }
+    if (bshared) {
+        job.bpacked = npu_mm_view(&job.b, 0, job.k, job.n, &bpack,
+                                  job.k * job.n, 0, &job.bld, &job.btrans);
+        if (!job.bpacked) {
+            return NPU_ST_NO_MEMORY;
+        }
+    }
+    if (opcode == NPU_OP_LINEAR && job.quant) {
+        const struct npu_hw_tensor *bt = &p->t[2];
+        const int32_t *v;
+
+        ibias = g_try_malloc(job.n * sizeof(int32_t));
+        if (!ibias) {
+            g_free(bpack);
+            return NPU_ST_NO_MEMORY;
+        }
+        v = npu_load_i32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
+                         bt->dtype, ibias, job.n);
+        if (v != ibias) {
+            memcpy(ibias, v, job.n * sizeof(int32_t));
+        }
+        job.ibias = ibias;
+    } else if (opcode == NPU_OP_LINEAR) {
         const struct npu_hw_tensor *bt = &p->t[2];
         const float *v;
 
@@ -261,7 +397,8 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
     }
 
     /* Row blocks bounded in size; large ops: at least two per core. */
-    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS / (job.k + job.n), 1));
+    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS /
+                            (job.k + (job.quant ? 2 : 1) * job.n), 1));
     flop = batch * job.m * job.n * job.k;
     if (flop >= NPU_MM_TILE_MIN_FLOP && cores > 1 &&
         batch * DIV_ROUND_UP(job.m, job.mb) < cores * 2) {
@@ -273,6 +410,8 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
             DIV_ROUND_UP(units, cores * 2);
     st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
     g_free(bias);
+    g_free(ibias);
+    g_free(bpack);
     return st;
 }
 
@@ -290,17 +429,27 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
  * rounded once to the output dtype. A block's columns and result together
  * hold at most NPU_MM_BLOCK_ELEMS fp32 values (at least one position).
  * Each unit writes back its O/g runs of the output (one per channel).
+ *
+ * Integer (int8) CONV2D fills the columns with in - in_zp (padding stays
+ * 0, i.e. reads in_zp) and multiplies in K blocks summed exactly into
+ * int32, as integer MATMUL does; then the int32 bias, RELU and the store
+ * as the output dtype.
  */
 typedef struct NpuConvJob {
     NpuWalk walk;           /* snapshot; each tile walks with its own copy */
     const uint8_t *in;      /* host copy of the input's extent */
-    uint32_t dtype, size, kind;
+    uint32_t dtype, size, kind;     /* dtype, size: of the input and weights */
+    uint32_t odtype;
     uint64_t is[4];         /* input strides, elements; 0 for size-1 dims */
     uint64_t c, h, w, o, kh, kw, oh, ow, ohw;
     uint64_t sh, sw, ph, pw, dh, dw;
     uint64_t g, cg, og, kk; /* groups, C / g, O / g, C / g * KH * KW */
     const float *wt;        /* weights as fp32 [O, kk] */
     const float *bias;      /* O values */
+    const int32_t *ibias;   /* O values (integer ops) */
+    bool quant;             /* int8 operands, int32 accumulation */
+    int32_t zp;             /* input zero point (integer ops) */
+    uint64_t kb;            /* K terms per exact fp32 block (integer ops) */
     uint64_t pb, nblk;      /* positions per unit, units per (image, group) */
     uint8_t *out;           /* host output buffer, contiguous */
     uint64_t out_va;
@@ -349,9 +498,45 @@ static void npu_conv_im2col_row(const NpuConvJob *job, uint64_t img,
             if (v != d + lo - ow0) {
                 memcpy(d + lo - ow0, v, (hi - lo) * sizeof(float));
             }
+            if (job->zp) {
+                for (iw = lo; iw < hi; iw++) {
+                    d[iw - ow0] -= (float)job->zp;
+                }
+            }
         }
         memset(d + hi - ow0, 0, (ow1 - hi) * sizeof(float));
         p += ow1 - ow0;
+    }
+}
+
+/*
+ * Integer unit of group @grp over @n positions: acc [O/g, n] = the K
+ * blocks of weights @ columns (fp32 scratch @c) summed in int32, plus the
+ * bias, then RELU.
+ */
+static void npu_conv_int_unit(const NpuConvJob *job, uint64_t grp,
+                              uint64_t n, const float *col, float *c,
+                              int32_t *acc)
+{
+    const float *wt = job->wt + grp * job->og * job->kk;
+    uint64_t k0, kc, oc, i;
+
+    for (k0 = 0; k0 < job->kk; k0 += kc) {
+        kc = MIN(job->kb, job->kk - k0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, job->og, n,
+                    kc, 1.0f, wt + k0, job->kk, col + k0 * n, n, 0.0f, c, n);
+        npu_acc_block(acc, c, job->og * n, !k0);
+    }
+    for (oc = 0; oc < job->og; oc++) {
+        uint32_t b = job->ibias[grp * job->og + oc];
+        int32_t *row = acc + oc * n;
+
+        for (i = 0; i < n; i++) {
+            row[i] = (uint32_t)row[i] + b;
+            if (job->kind == NPU_ACT_RELU && row[i] < 0) {
+                row[i] = 0;
+            }
+        }
     }
 }
 
@@ -361,12 +546,14 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
     const NpuConvJob *job = opaque;
     NpuWalk w = job->walk;
     float *col = g_try_malloc(job->kk * job->pb * sizeof(float));
-    float *cbuf = job->direct_out ? NULL :
+    float *cbuf = job->direct_out && !job->quant ? NULL :
                   g_try_malloc(job->og * job->pb * sizeof(float));
+    int32_t *ibuf = job->quant ?
+                    g_try_malloc(job->og * job->pb * sizeof(int32_t)) : NULL;
     uint32_t st = NPU_ST_OK;
     uint64_t u, k, oc;
 
-    if (!col || (!job->direct_out && !cbuf)) {
+    if (!col || !(job->direct_out || cbuf) || (job->quant && !ibuf)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
@@ -381,6 +568,19 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
 
         for (k = 0; k < job->kk; k++) {
             npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
+        }
+        if (job->quant) {
+            npu_conv_int_unit(job, grp, n, col, cbuf, ibuf);
+            for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
+                uint64_t off = first + oc * job->ohw;
+
+                npu_store_i32(job->out + off * job->osize, job->odtype,
+                              ibuf + oc * n, n);
+                st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
+                                   job->out + off * job->osize,
+                                   n * job->osize);
+            }
+            continue;
         }
         if (job->direct_out) {
             c = (float *)job->out + first;
@@ -403,7 +603,7 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
                 npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
                               NPU_UNARY_GELU, row, row, n);
             }
-            npu_store_f32(job->out + off * job->osize, job->dtype, row, n);
+            npu_store_f32(job->out + off * job->osize, job->odtype, row, n);
             st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
                                job->out + off * job->osize, n * job->osize);
         }
@@ -411,6 +611,7 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
 out:
     g_free(col);
     g_free(cbuf);
+    g_free(ibuf);
     return st;
 }
 
@@ -436,8 +637,8 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     const uint32_t *q = p->params;
     uint32_t cores = MAX(s->cores.n, 1), d, st;
     NpuConvJob job = {
-        .walk = *w, .in = bufs[0], .dtype = o->dtype,
-        .size = npu_dtype_size(o->dtype), .kind = kind,
+        .walk = *w, .in = bufs[0], .dtype = in->dtype,
+        .size = npu_dtype_size(in->dtype), .odtype = o->dtype, .kind = kind,
         .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
         .o = o->shape[1], .kh = wt->shape[2], .kw = wt->shape[3],
         .oh = o->shape[2], .ow = o->shape[3],
@@ -447,9 +648,12 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         .g = q[NPU_CONV_P_GROUPS],
         .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
         .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+        .quant = in->dtype == NPU_DTYPE_INT8,
+        .zp = (int32_t)q[NPU_CONV_P_IN_ZP],
     };
     uint64_t batch = in->shape[0], flop, units, grain, r, i, j;
     float *wpack = NULL, *bias;
+    int32_t *ibias;
 
     for (d = 0; d < 4; d++) {
         job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
@@ -460,6 +664,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     job.kk = job.cg * job.kh * job.kw;
 
     bias = g_try_malloc(job.o * sizeof(float));
+    ibias = job.quant ? g_try_malloc(job.o * sizeof(int32_t)) : NULL;
     if (!HOST_BIG_ENDIAN && wt->dtype == NPU_DTYPE_FP32 &&
         npu_tensor_is_contiguous(wt)) {
         job.wt = (const float *)bufs[1];
@@ -468,7 +673,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         wpack = g_try_malloc(job.o * job.kk * sizeof(float));
         job.wt = wpack;
     }
-    if (!bias || !job.wt) {
+    if (!bias || !job.wt || (job.quant && !ibias)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
@@ -486,12 +691,24 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
                             job.kw);
         }
     }
-    npu_load_f32_to(bias, bufs[2], job.o > 1 ? bt->strides[1] : 0,
-                    bt->dtype, job.o);
+    if (job.quant) {
+        const int32_t *v = npu_load_i32(bufs[2], job.o > 1 ? bt->strides[1] : 0,
+                                        bt->dtype, ibias, job.o);
+
+        if (v != ibias) {
+            memcpy(ibias, v, job.o * sizeof(int32_t));
+        }
+        job.ibias = ibias;
+        job.kb = npu_int8_kblock(job.zp);
+    } else {
+        npu_load_f32_to(bias, bufs[2], job.o > 1 ? bt->strides[1] : 0,
+                        bt->dtype, job.o);
+    }
     job.bias = bias;
 
     /* Position blocks bounded in size; large ops: two units per core. */
-    job.pb = MIN(job.ohw, MAX(NPU_MM_BLOCK_ELEMS / (job.kk + job.og), 1));
+    job.pb = MIN(job.ohw, MAX(NPU_MM_BLOCK_ELEMS /
+                              (job.kk + (job.quant ? 2 : 1) * job.og), 1));
     flop = batch * job.o * job.ohw * job.kk;
     j = batch * job.g;
     if (flop >= NPU_CONV_TILE_MIN_FLOP && cores > 1 &&
@@ -506,6 +723,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
 out:
     g_free(wpack);
     g_free(bias);
+    g_free(ibias);
     return st;
 }
 
@@ -616,4 +834,118 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
     grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
     return npu_run_tiles(s, npu_pool_tile, &job, units, grain);
+}
+
+/* ---------------------------------------------------------------------- */
+/* REQUANT */
+
+/*
+ * out = clamp(rne(acc * scale) + zp, lo, 127) with the product exact: a
+ * finite fp32 scale is m * 2^e with an integer m < 2^24, so acc * m is
+ * an exact int64 (below 2^55 in magnitude) and the scaling by 2^e is a
+ * shift that rounds to nearest, ties to even. The units of the tiles are
+ * whole rows of the output's last dim; every scale element the op reads
+ * is checked before anything is written.
+ */
+typedef struct NpuRqJob {
+    NpuWalk walk;
+    const uint8_t *acc, *scale;     /* host copies of the inputs' extents */
+    uint32_t ndim;
+    uint64_t shape[NPU_MAX_RANK];
+    uint64_t as[NPU_MAX_RANK], ss[NPU_MAX_RANK];   /* strides; 0: broadcast */
+    int32_t zp, lo;
+    uint8_t *out;
+    uint64_t out_va;
+} NpuRqJob;
+
+/* One element; @sbits is a finite fp32 above zero. */
+static int8_t npu_requant1(int32_t acc, uint32_t sbits, int32_t zp, int32_t lo)
+{
+    uint32_t e = (sbits >> 23) & 0xff;
+    int64_t m = (sbits & 0x7fffff) | (e ? 0x800000 : 0);
+    int32_t sh = e ? (int32_t)e - 150 : -149;       /* scale = m * 2^sh */
+    int64_t prod = acc * m, q, rem, half;
+
+    if (sh >= 0) {
+        /* |prod| >= 1 times 2^9 saturates whatever the zero point. */
+        q = sh > 8 && prod ? (prod < 0 ? -1024 : 1024) : prod * (1ll << sh);
+    } else if (sh < -62) {
+        q = 0;                      /* |prod| < 2^55: below half of 2^-sh */
+    } else {
+        q = prod >> -sh;            /* floor (arithmetic shift) */
+        rem = prod - q * (1ll << -sh);
+        half = 1ll << (-sh - 1);
+        if (rem > half || (rem == half && (q & 1))) {
+            q++;
+        }
+    }
+    q += zp;
+    return q < lo ? lo : q > INT8_MAX ? INT8_MAX : q;
+}
+
+static uint32_t npu_rq_tile(NpuCore *core, void *opaque, uint64_t begin,
+                            uint64_t end)
+{
+    const NpuRqJob *job = opaque;
+    NpuWalk w = job->walk;
+    uint32_t last = job->ndim - 1, d;
+    uint64_t len = job->shape[last], u, j;
+
+    for (u = begin; u < end; u++) {
+        uint64_t rest = u, ao = 0, so = 0;
+        uint8_t *dst = job->out + u * len;
+
+        for (d = last; d-- > 0;) {
+            uint64_t i = rest % job->shape[d];
+
+            rest /= job->shape[d];
+            ao += i * job->as[d];
+            so += i * job->ss[d];
+        }
+        for (j = 0; j < len; j++) {
+            int32_t acc = ldl_le_p(job->acc + (ao + j * job->as[last]) * 4);
+            uint32_t sb = ldl_le_p(job->scale + (so + j * job->ss[last]) * 4);
+
+            dst[j] = npu_requant1(acc, sb, job->zp, job->lo);
+        }
+    }
+    return npu_mem_write(core->s, &w, job->out_va + begin * len,
+                         job->out + begin * len, (end - begin) * len);
+}
+
+/* A checked REQUANT whose inputs are in @bufs. */
+uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
+                          const struct npu_tensor_params *p, uint32_t kind,
+                          uint8_t *const *bufs, uint8_t *out)
+{
+    const struct npu_hw_tensor *sc = &p->t[1], *o = &p->t[2];
+    int32_t zp = (int32_t)p->params[NPU_REQUANT_P_OUT_ZP];
+    NpuRqJob job = {
+        .walk = *w, .acc = bufs[0], .scale = bufs[1], .ndim = o->ndim,
+        .zp = zp, .lo = kind == NPU_ACT_RELU ? zp : INT8_MIN,
+        .out = out, .out_va = o->va,
+    };
+    uint64_t numel = npu_tensor_numel(o), units, grain, i, rest, off;
+    uint32_t d;
+
+    for (i = 0; i < npu_tensor_numel(sc); i++) {
+        for (d = sc->ndim, rest = i, off = 0; d-- > 0;) {
+            off += rest % sc->shape[d] * sc->strides[d];
+            rest /= sc->shape[d];
+        }
+        if (!npu_f32_bits_positive_finite(ldl_le_p(bufs[1] + off * 4))) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: requant: scale element %"
+                          PRIu64 " is not a finite fp32 above zero\n", i);
+            return NPU_ST_BAD_QUANT;
+        }
+    }
+    for (d = 0; d < o->ndim; d++) {
+        job.shape[d] = o->shape[d];
+        job.as[d] = o->shape[d] > 1 ? p->t[0].strides[d] : 0;
+        job.ss[d] = sc->shape[d] > 1 ? sc->strides[d] : 0;
+    }
+    units = numel / job.shape[o->ndim - 1];
+    grain = numel < NPU_TENSOR_TILE_MIN ? units :
+            DIV_ROUND_UP(units, MAX(s->cores.n, 1) * 2);
+    return npu_run_tiles(s, npu_rq_tile, &job, units, grain);
 }

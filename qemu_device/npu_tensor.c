@@ -1,6 +1,6 @@
 /*
  * NPU tensor ops: ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
- * MATMUL, LINEAR, CONV2D and POOL2D.
+ * MATMUL, LINEAR, CONV2D, POOL2D and REQUANT.
  *
  * The command processor reads the op's 256-byte parameter block once,
  * validates it with npu_tensor_op_check() (include/npu_tensor.h, the same
@@ -11,7 +11,9 @@
  *
  * Element arithmetic: float dtypes (FP32, FP16, BF16) compute in fp32 and
  * round once to the output dtype; INT8 and INT32 compute in 32-bit two's
- * complement and wrap to the output dtype, as numpy does.
+ * complement and wrap to the output dtype, as numpy does. Integer
+ * MATMUL/LINEAR/CONV2D sum int8 products exactly in int32 (K blocks of
+ * cblas_sgemm, each exact in fp32); REQUANT rounds int32 * fp32 exactly.
  *
  * This file holds the common part (parameter block, validation, gather of
  * the inputs, dispatch) and ELTWISE, UNARY and CONVERT. The other ops are
@@ -510,6 +512,7 @@ static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
     [NPU_OP_CONV2D] = { "conv2d in", "conv2d weight", "conv2d bias",
                         "conv2d out" },
     [NPU_OP_POOL2D] = { "pool2d in", "pool2d out" },
+    [NPU_OP_REQUANT] = { "requant acc", "requant scale", "requant out" },
 };
 
 /* The parameter block in host byte order. */
@@ -614,6 +617,10 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     }
     if (opcode == NPU_OP_POOL2D) {
         st = npu_exec_pool(s, w, &p, kind, bufs, job.out);
+        goto out;
+    }
+    if (opcode == NPU_OP_REQUANT) {
+        st = npu_exec_requant(s, w, &p, kind, bufs, job.out);
         goto out;
     }
     if (opcode >= NPU_OP_REDUCE) {

@@ -201,5 +201,8 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
 uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
                        const struct npu_tensor_params *p, uint32_t kind,
                        uint8_t *const *bufs, uint8_t *out);
+uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
+                          const struct npu_tensor_params *p, uint32_t kind,
+                          uint8_t *const *bufs, uint8_t *out);
 
 #endif

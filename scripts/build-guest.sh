@@ -29,7 +29,7 @@ if [ ! -f "$top/.done" ]; then
 	log "guest: installing pip-only packages into the image"
 	pyver=$(find "$root/usr/lib" -maxdepth 1 -name 'python3.*' -printf '%f\n' |
 		grep -E '^python3\.[0-9]+$' | sort -V | tail -n1)
-	"$NPU_VENV/bin/pip" install -q --no-compile --target "$root/usr/local/lib/$pyver/dist-packages" \
+	"$NPU_VENV/bin/pip" install -q --no-compile --no-deps --target "$root/usr/local/lib/$pyver/dist-packages" \
 		-r "$g/requirements.txt"
 
 	log "guest: configuring the image"

@@ -18,12 +18,13 @@ Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
 (numpy-level functions), :mod:`npu.dtypes` (tensor dtypes, bfloat16),
 :mod:`npu.tensor` (device-resident :class:`Tensor`: ``npu.tensor(x) + 1``
 stays on the device until ``.numpy()``) and its ops in :mod:`npu.elementwise`,
-:mod:`npu.reduce` and :mod:`npu.nn`. See docs/runtime.md.
+:mod:`npu.reduce`, :mod:`npu.nn` and :mod:`npu.quant` (int8). See docs/runtime.md.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from . import ops
 from ._abi import (
@@ -38,6 +39,13 @@ from ._abi import (
     Status,
     UnaryKind,
     status_name,
+)
+from .allocator import (
+    empty_cache,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_peak_memory_stats,
 )
 from .api import copy_array, fill, matmul
 from .buffer import Buffer
@@ -72,8 +80,12 @@ from .elementwise import (
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
 from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
+from .quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
 from .tensor import Tensor, permute, tensor
+
+if TYPE_CHECKING:
+    from .inference import InferenceSession, ModelError
 
 __version__ = "0.1.0"
 
@@ -89,6 +101,8 @@ __all__ = [
     "DeviceInfo",
     "DeviceNotFoundError",
     "EltwiseKind",
+    "InferenceSession",
+    "ModelError",
     "NpuDeviceError",
     "NpuError",
     "NpuTimeoutError",
@@ -114,6 +128,7 @@ __all__ = [
     "default_device",
     "devices",
     "divide",
+    "empty_cache",
     "exp",
     "fill",
     "float32_to_bf16",
@@ -128,6 +143,9 @@ __all__ = [
     "max_pool2d",
     "maximum",
     "mean",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
     "min",
     "minimum",
     "multiply",
@@ -135,7 +153,11 @@ __all__ = [
     "open_device",
     "ops",
     "permute",
+    "quantized_conv2d",
+    "quantized_linear",
+    "quantized_matmul",
     "relu",
+    "reset_peak_memory_stats",
     "result_type",
     "set_default_device",
     "sigmoid",
@@ -149,3 +171,14 @@ __all__ = [
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# The model runner imports onnx (slow under emulation): load it on first use.
+_LAZY = {"InferenceSession", "ModelError"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import inference
+
+        return getattr(inference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

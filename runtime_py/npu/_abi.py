@@ -49,6 +49,7 @@ NPU_CAP_TENSOR: Final = 1 << 6
 NPU_CAP_REDUCE: Final = 1 << 7
 NPU_CAP_MATMUL: Final = 1 << 8
 NPU_CAP_CONV: Final = 1 << 9
+NPU_CAP_QUANT: Final = 1 << 10
 
 NPU_NUM_QUEUES: Final = 1
 NPU_MAX_QUEUES: Final = 16
@@ -68,7 +69,8 @@ NPU_OP_MATMUL: Final = 10
 NPU_OP_LINEAR: Final = 11
 NPU_OP_CONV2D: Final = 12
 NPU_OP_POOL2D: Final = 13
-NPU_OP_COUNT: Final = 14
+NPU_OP_REQUANT: Final = 14
+NPU_OP_COUNT: Final = 15
 
 NPU_CONV_P_STRIDE_H: Final = 0
 NPU_CONV_P_STRIDE_W: Final = 1
@@ -77,7 +79,13 @@ NPU_CONV_P_PAD_W: Final = 3
 NPU_CONV_P_DIL_H: Final = 4
 NPU_CONV_P_DIL_W: Final = 5
 NPU_CONV_P_GROUPS: Final = 6
+NPU_CONV_P_IN_ZP: Final = 7
 NPU_MAX_PAD: Final = 65535
+
+NPU_MM_P_IN_ZP: Final = 0
+NPU_ZP_MIN: Final = -128
+NPU_ZP_MAX: Final = 127
+NPU_REQUANT_P_OUT_ZP: Final = 0
 
 NPU_POOL_MAX: Final = 0
 NPU_POOL_AVG: Final = 1
@@ -160,7 +168,8 @@ NPU_ST_DMA_ERROR: Final = 6
 NPU_ST_ABORTED: Final = 7
 NPU_ST_NO_MEMORY: Final = 8
 NPU_ST_MMU_FAULT: Final = 9
-NPU_ST_COUNT: Final = 10
+NPU_ST_BAD_QUANT: Final = 10
+NPU_ST_COUNT: Final = 11
 
 NPU_ERR_NONE: Final = 0
 NPU_ERR_RING_OVERRUN: Final = 1
@@ -184,6 +193,7 @@ NPU_INFO_CAP_TENSOR: Final = 1 << 6
 NPU_INFO_CAP_REDUCE: Final = 1 << 7
 NPU_INFO_CAP_MATMUL: Final = 1 << 8
 NPU_INFO_CAP_CONV: Final = 1 << 9
+NPU_INFO_CAP_QUANT: Final = 1 << 10
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -213,6 +223,7 @@ class Opcode(enum.IntEnum):
     LINEAR = NPU_OP_LINEAR
     CONV2D = NPU_OP_CONV2D
     POOL2D = NPU_OP_POOL2D
+    REQUANT = NPU_OP_REQUANT
 
 
 class EltwiseKind(enum.IntEnum):
@@ -287,6 +298,7 @@ class Status(enum.IntEnum):
     ABORTED = NPU_ST_ABORTED
     NO_MEMORY = NPU_ST_NO_MEMORY
     MMU_FAULT = NPU_ST_MMU_FAULT
+    BAD_QUANT = NPU_ST_BAD_QUANT
 
 
 class DevError(enum.IntEnum):
@@ -312,6 +324,7 @@ class Cap(enum.IntFlag):
     REDUCE = NPU_INFO_CAP_REDUCE
     MATMUL = NPU_INFO_CAP_MATMUL
     CONV = NPU_INFO_CAP_CONV
+    QUANT = NPU_INFO_CAP_QUANT
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -322,7 +335,10 @@ class Cap(enum.IntFlag):
 class DType(enum.IntEnum):
     """Element types (``enum npu_dtype``): GEMM takes FP32, tensor ops all of them.
 
-    MATMUL, LINEAR, CONV2D and POOL2D take the float ones (FP32, FP16, BF16).
+    MATMUL, LINEAR, CONV2D and POOL2D take the float ones (FP32, FP16, BF16);
+    MATMUL, LINEAR and CONV2D also INT8 operands (``Cap.QUANT``: int32
+    accumulation, INT32 bias, INT32 or INT8 output), and REQUANT maps INT32
+    to INT8 with FP32 scales.
     """
 
     FP32 = NPU_DTYPE_FP32

@@ -27,12 +27,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, SupportsIndex
+from typing import TYPE_CHECKING, Final, SupportsIndex
 
 from . import _abi
 from .buffer import Buffer
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
 from .ops import AnyOp, Op, TensorOp
+
+if TYPE_CHECKING:
+    from .allocator import CachingAllocator
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -196,6 +199,13 @@ class Device:
         self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._inflight: dict[int, deque[_Submitted]] = {}
+        # Per queue: the last fence submitted, and the highest fence a WAIT
+        # saw complete (what the caching allocator checks before it lets the
+        # host write into a reused block).
+        self._submitted: dict[int, int] = {}
+        self._completed: dict[int, int] = {}
+        # The caching allocator of npu.allocator, created on first use.
+        self._allocator: CachingAllocator | None = None
         log.debug("opened %s (fd %d)", path, fd)
 
     # -- lifetime -----------------------------------------------------------
@@ -215,6 +225,7 @@ class Device:
         """Free the buffers still allocated from this device and close it. Idempotent."""
         if self.closed:
             return
+        self._allocator = None
         for buf in list(self._buffers):
             try:
                 buf.free()
@@ -396,6 +407,7 @@ class Device:
         with self._lock:
             history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
             history.append(_Submitted(fence - len(batch) + 1, fence, batch))
+            self._submitted[queue] = fence
         log.debug(
             "SUBMIT queue=%d num_ops=%d op_size=%d -> fence %d",
             queue,
@@ -462,7 +474,18 @@ class Device:
             history = self._inflight.get(queue)
             while history and history[0].last_fence <= fence:
                 history.popleft()
+            if fence > self._completed.get(queue, 0):
+                self._completed[queue] = fence
         log.debug("WAIT queue=%d fence=%d done", queue, fence)
+
+    def submitted_fences(self) -> dict[int, int]:
+        """The last fence submitted on each queue used so far (a copy)."""
+        with self._lock:
+            return dict(self._submitted)
+
+    def completed(self, queue: int, fence: int) -> bool:
+        """True if a WAIT has already seen ``fence`` complete on ``queue`` (no ioctl)."""
+        return self._completed.get(queue, 0) >= fence
 
     def run(
         self, ops: Sequence[AnyOp], queue: int = 0, timeout_s: float | None = DEFAULT_TIMEOUT_S

@@ -102,6 +102,7 @@ def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
             trans_b,
             a_offset=ga._offset * 4,
             b_offset=gb._offset * 4,
+            c_offset=out._offset * 4,
         )
     )
     return _launch(batch, out, a, b)
@@ -208,8 +209,10 @@ def matmul(x: Any, y: Any) -> Tensor:
     1-D ``x`` is treated as ``(1, K)`` and a 1-D ``y`` as ``(K, 1)``, the
     added axis being dropped from the result; the batch dims (all but the
     last two) broadcast like numpy's. The result dtype is the operands'
-    common float dtype (:func:`result_type`; integer results become
-    float32). Transposed and other strided views are read in place.
+    common float dtype (:func:`result_type`); two int8 operands give int8
+    like numpy (products summed exactly in int32 on a ``Cap.QUANT`` device,
+    the result wrapping), other integer results become float32. Transposed
+    and other strided views are read in place.
 
     On a device without ``Cap.MATMUL``, 2-D operands fall back to the v1
     fp32 GEMM (the result is then float32).
@@ -226,7 +229,8 @@ def matmul(x: Any, y: Any) -> Tensor:
     a = _matmul_operand(x, dev, what)
     b = _matmul_operand(y, dev, what)
     dtype = _promote(a._dtype, b._dtype)
-    if not dtype.is_float:
+    # int8 @ int8: the integer MATMUL (exact int32 sums, int8 wrap-around).
+    if not dtype.is_float and not (dtype is DType.INT8 and dev.info.has(_abi.Cap.QUANT)):
         dtype = DType.FP32
     if not dev.info.has(_abi.Cap.MATMUL):
         if a.ndim != 2 or b.ndim != 2:

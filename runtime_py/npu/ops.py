@@ -3,7 +3,7 @@
 Each builder validates its arguments in Python (raising :class:`ValueError`)
 and returns an immutable :class:`Op` (NOP, COPY, FILL, GEMM) or
 :class:`TensorOp` (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
-MATMUL, LINEAR, CONV2D, POOL2D);
+MATMUL, LINEAR, CONV2D, POOL2D, REQUANT);
 :meth:`npu.Device.submit` packs
 a sequence of them into arrays of ``struct npu_op`` / ``struct npu_tensor_op``.
 
@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, SupportsIndex, TypeAlias
 
 from . import _abi
-from .validate import check_tensor_op, f32_bits, tensor_op_supported, window_out
+from .validate import (
+    check_tensor_op,
+    f32_bits,
+    tensor_op_supported,
+    window_out,
+    zero_point_word,
+)
 
 __all__ = [
     "AnyOp",
@@ -54,11 +60,13 @@ __all__ = [
     "nop",
     "pool2d_op",
     "reduce",
+    "requant_op",
     "softmax",
     "tensor_op_supported",
     "tensor_ref",
     "unary",
     "window_out",
+    "zero_point_word",
 ]
 
 _FP32_BYTES = 4
@@ -389,17 +397,21 @@ class TensorOp:
     ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
     (ELTWISE: a, b, out; UNARY, CONVERT, REDUCE, SOFTMAX: in, out;
     LAYERNORM: in, gamma, beta, out; MATMUL: a, b, out; LINEAR: a, b, bias,
-    out; CONV2D: in, weight, bias, out; POOL2D: in, out). ``kind`` is an
+    out; CONV2D: in, weight, bias, out; POOL2D: in, out; REQUANT: acc,
+    scale, out). ``kind`` is an
     :class:`npu.EltwiseKind`, :class:`npu.UnaryKind`,
     :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`, :class:`npu.ActKind`
-    (MATMUL, LINEAR, CONV2D), :class:`npu.PoolKind` (POOL2D) or 0 (CONVERT,
-    LAYERNORM). ``params`` are the op's 32-bit params
+    (MATMUL, LINEAR, CONV2D, REQUANT), :class:`npu.PoolKind` (POOL2D) or 0
+    (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
     (REDUCE: axes bit mask; SOFTMAX: axis; LAYERNORM: number of normalised
-    trailing axes, eps as fp32 bits; CONV2D and POOL2D: the seven
-    ``NPU_CONV_P_*`` / ``NPU_POOL_P_*`` values); the rest of the 12 are
+    trailing axes, eps as fp32 bits; MATMUL, LINEAR: the input zero point;
+    CONV2D: the seven ``NPU_CONV_P_*`` values and the input zero point;
+    POOL2D: the seven ``NPU_POOL_P_*`` values; REQUANT: the output zero
+    point; zero points as two's complement words); the rest of the 12 are
     packed as zero. Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
     :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op`,
-    :func:`linear_op`, :func:`conv2d_op` and :func:`pool2d_op`, which check the op
+    :func:`linear_op`, :func:`conv2d_op`, :func:`pool2d_op` and
+    :func:`requant_op`, which check the op
     with :func:`check_tensor_op`. ``buffers`` holds the buffer objects for
     :meth:`npu.Device.submit`'s checks; it is not part of equality.
     """
@@ -440,6 +452,7 @@ class TensorOp:
             _abi.Opcode.LINEAR: _abi.ActKind,
             _abi.Opcode.CONV2D: _abi.ActKind,
             _abi.Opcode.POOL2D: _abi.PoolKind,
+            _abi.Opcode.REQUANT: _abi.ActKind,
         }
         name = self.opcode.name
         kind_enum = kinds.get(self.opcode)
@@ -615,6 +628,7 @@ def matmul_op(
     out: TensorRef,
     act: _abi.ActKind = _abi.ActKind.NONE,
     buffers: tuple[BufferLike, ...] = (),
+    input_zero_point: int = 0,
 ) -> TensorOp:
     """Return a MATMUL op: ``out = act(a @ b)``, batched, fp32 accumulation.
 
@@ -624,10 +638,16 @@ def matmul_op(
     ``b`` may have any strides (a transposed operand is a strided view);
     ``out`` must be contiguous.
 
+    Integer form (``Cap.QUANT``): ``a`` and ``b`` INT8, ``out`` INT32 or
+    INT8; ``out = act((a - input_zero_point) @ b)`` summed exactly in int32
+    (wrapping), an INT8 ``out`` keeping the low 8 bits; ``act`` NONE or
+    RELU. ``input_zero_point`` (-128..127) must be 0 for float operands.
+
     Raises:
         ValueError: the op breaks a rule of :func:`check_tensor_op`.
     """
-    op = TensorOp(_abi.Opcode.MATMUL, int(act), (a, b, out), buffers)
+    params = (zero_point_word(input_zero_point),)
+    op = TensorOp(_abi.Opcode.MATMUL, int(act), (a, b, out), buffers, params)
     check_tensor_op(op)
     return op
 
@@ -639,16 +659,19 @@ def linear_op(
     out: TensorRef,
     act: _abi.ActKind = _abi.ActKind.NONE,
     buffers: tuple[BufferLike, ...] = (),
+    input_zero_point: int = 0,
 ) -> TensorOp:
     """Return a LINEAR op: ``out = act(a @ b + bias)`` (see :func:`matmul_op`).
 
     ``bias`` has ``out``'s rank and dtype, ``N`` in the last dim and 1
-    elsewhere (``[1, ..., 1, N]``); any strides.
+    elsewhere (``[1, ..., 1, N]``); any strides. In the integer form
+    ``bias`` is INT32, added to the int32 sums before ``act``.
 
     Raises:
         ValueError: the op breaks a rule of :func:`check_tensor_op`.
     """
-    op = TensorOp(_abi.Opcode.LINEAR, int(act), (a, b, bias, out), buffers)
+    params = (zero_point_word(input_zero_point),)
+    op = TensorOp(_abi.Opcode.LINEAR, int(act), (a, b, bias, out), buffers, params)
     check_tensor_op(op)
     return op
 
@@ -678,6 +701,7 @@ def conv2d_op(
     groups: SupportsIndex = 1,
     act: _abi.ActKind = _abi.ActKind.NONE,
     buffers: tuple[BufferLike, ...] = (),
+    input_zero_point: int = 0,
 ) -> TensorOp:
     """Return a CONV2D op: ``out = act(conv2d(x, weight) + bias)``, NCHW, fp32 accumulation.
 
@@ -688,6 +712,12 @@ def conv2d_op(
     ``padding`` and ``dilation`` are ints or ``(h, w)`` pairs; padding reads
     zeros. Inputs may have any strides; ``out`` must be contiguous.
 
+    Integer form (``Cap.QUANT``): ``x`` and ``weight`` INT8, ``bias`` INT32,
+    ``out`` INT32 or INT8, ``act`` NONE or RELU; the products of ``x -
+    input_zero_point`` and ``weight`` are summed exactly in int32 and the
+    padding reads ``input_zero_point`` (contributes 0), as in ONNX
+    ``ConvInteger``/``QLinearConv``.
+
     Raises:
         ValueError: a stride, dilation or ``groups`` below 1, or the op breaks
             a rule of :func:`check_tensor_op`.
@@ -696,7 +726,7 @@ def conv2d_op(
     ph, pw = _pair("CONV2D padding", padding, 0)
     dh, dw = _pair("CONV2D dilation", dilation, 1)
     g = _check_range("CONV2D groups", groups, 1, _abi.U32_MAX)
-    params = (sh, sw, ph, pw, dh, dw, g)
+    params = (sh, sw, ph, pw, dh, dw, g, zero_point_word(input_zero_point))
     op = TensorOp(_abi.Opcode.CONV2D, int(act), (x, weight, bias, out), buffers, params)
     check_tensor_op(op)
     return op
@@ -730,5 +760,32 @@ def pool2d_op(
     flags = _abi.NPU_POOL_F_COUNT_PAD if count_include_pad else 0
     params = (kh, kw, sh, sw, ph, pw, flags)
     op = TensorOp(_abi.Opcode.POOL2D, int(kind), (x, out), buffers, params)
+    check_tensor_op(op)
+    return op
+
+
+def requant_op(
+    acc: TensorRef,
+    scale: TensorRef,
+    out: TensorRef,
+    zero_point: int = 0,
+    act: _abi.ActKind = _abi.ActKind.NONE,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a REQUANT op: INT32 ``acc`` to INT8 ``out`` (``Cap.QUANT``).
+
+    ``out = clamp(round(acc * scale) + zero_point, lo, 127)``: the exact
+    product, rounded to the nearest integer with ties to even; ``lo`` is
+    -128, or ``zero_point`` with ``act`` RELU. ``scale`` is FP32 and
+    broadcasts to ``out`` (all dims 1: per tensor; one dim not 1: per
+    channel along it); every scale element must be a finite fp32 above
+    zero, else the device fails the op with ``BAD_QUANT``. ``acc`` has
+    ``out``'s shape and any strides.
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    params = (zero_point_word(zero_point),)
+    op = TensorOp(_abi.Opcode.REQUANT, int(act), (acc, scale, out), buffers, params)
     check_tensor_op(op)
     return op

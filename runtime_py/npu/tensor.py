@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _abi, ops
+from .allocator import Allocation, allocator
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, default_device
 from .dtypes import (
@@ -157,8 +158,11 @@ class Tensor:
         offset: int = 0,
         fence: int | None = None,
         since: int | None = None,
+        allocation: Allocation | None = None,
     ) -> None:
         self._device = device
+        # Keeps the memory of the tensor and its views allocated.
+        self._allocation = allocation
         self._buffer = buffer
         self._dtype = dtype
         self._shape = shape
@@ -350,6 +354,7 @@ class Tensor:
             self._offset,
             self._fence,
             self._since,
+            self._allocation,
         )
 
     def _view_as(self, shape: tuple[int, ...]) -> Tensor:
@@ -363,6 +368,7 @@ class Tensor:
             self._offset,
             self._fence,
             self._since,
+            self._allocation,
         )
 
     def transpose(self, *axes: SupportsIndex | Sequence[SupportsIndex]) -> Tensor:
@@ -431,6 +437,7 @@ class Tensor:
             base._offset,
             base._fence,
             base._since,
+            base._allocation,
         )
 
     def astype(self, dtype: DTypeArg, copy: bool = True) -> Tensor:
@@ -586,13 +593,40 @@ def _empty(device: Device, dtype: DType, shape: tuple[int, ...]) -> Tensor:
     return Tensor(device, None, dtype, shape)
 
 
-def _alloc(device: Device, dtype: DType, shape: tuple[int, ...]) -> Tensor:
-    """A new contiguous tensor with uninitialised data (an empty one has no buffer)."""
+def _wait_recording_failures(device: Device, queue: int, fence: int) -> None:
+    """Wait for ``fence``; a device error met on the way is kept for the tensors it concerns."""
+    failures = _FAILURES.setdefault(device, collections.deque(maxlen=_FAILURE_HISTORY))
+    while True:
+        try:
+            device.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
+        except NpuDeviceError as exc:
+            if any(f.fence == exc.fence for f in failures):
+                # Reported again: the queue is stopped at a failed op, so
+                # nothing queued after it will touch the memory.
+                return
+            failures.append(exc)
+            continue
+        return
+
+
+def _alloc(
+    device: Device, dtype: DType, shape: tuple[int, ...], host_write: bool = False
+) -> Tensor:
+    """A new contiguous tensor with uninitialised data (an empty one has no buffer).
+
+    The memory comes from the device's caching allocator; ``host_write``
+    says the host fills it (an upload), so a reused block is first waited for.
+    """
     _check_shape(shape, "tensor")
     size = math.prod(shape)
     if size == 0:
         return _empty(device, dtype, shape)
-    return Tensor(device, device.alloc(size * dtype.itemsize), dtype, shape)
+    mem = allocator(device).allocate(
+        size * dtype.itemsize, host_write=host_write, wait=_wait_recording_failures
+    )
+    return Tensor(
+        device, mem.buffer, dtype, shape, offset=mem.offset // dtype.itemsize, allocation=mem
+    )
 
 
 def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
@@ -610,9 +644,9 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
 def _upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:
     shape = tuple(int(d) for d in data.shape)
     _check_shape(shape, "tensor")
-    out = _alloc(device, dtype, shape)
+    out = _alloc(device, dtype, shape, host_write=True)
     if out._buffer is not None:
-        out._buffer.write(_to_storage(data, dtype))
+        out._buffer.write(_to_storage(data, dtype), out._offset * dtype.itemsize)
     return out
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "f32_bits",
     "tensor_op_supported",
     "window_out",
+    "zero_point_word",
 ]
 
 _OPERANDS = {
@@ -34,14 +35,18 @@ _OPERANDS = {
     _abi.Opcode.LINEAR: 4,
     _abi.Opcode.CONV2D: 4,
     _abi.Opcode.POOL2D: 2,
+    _abi.Opcode.REQUANT: 3,
 }
 # Params each opcode uses (npu_tensor_op_params); the others must be zero.
 _PARAMS = {
     _abi.Opcode.REDUCE: 1,
     _abi.Opcode.SOFTMAX: 1,
     _abi.Opcode.LAYERNORM: 2,
-    _abi.Opcode.CONV2D: 7,
+    _abi.Opcode.MATMUL: 1,
+    _abi.Opcode.LINEAR: 1,
+    _abi.Opcode.CONV2D: 8,
     _abi.Opcode.POOL2D: 7,
+    _abi.Opcode.REQUANT: 1,
 }
 # Capability bit each tensor opcode needs (npu_tensor_op_supported).
 _CAPS = {
@@ -55,6 +60,7 @@ _CAPS = {
     _abi.Opcode.LINEAR: _abi.Cap.MATMUL,
     _abi.Opcode.CONV2D: _abi.Cap.CONV,
     _abi.Opcode.POOL2D: _abi.Cap.CONV,
+    _abi.Opcode.REQUANT: _abi.Cap.QUANT,
 }
 
 
@@ -89,6 +95,51 @@ def f32_bits(value: float) -> int:
     return bits
 
 
+def zero_point_word(value: int) -> int:
+    """A zero point (-128..127) as the 32-bit two's complement params word.
+
+    Raises:
+        ValueError: ``value`` is outside ``NPU_ZP_MIN..NPU_ZP_MAX``.
+    """
+    if not _abi.NPU_ZP_MIN <= value <= _abi.NPU_ZP_MAX:
+        raise ValueError(
+            f"zero point {value} is outside the int8 range [{_abi.NPU_ZP_MIN}, {_abi.NPU_ZP_MAX}]"
+        )
+    return value & _abi.U32_MAX
+
+
+def _zp_ok(word: int) -> bool:
+    """``npu_zp_ok``: is the params word a zero point in -128..127?"""
+    return word <= _abi.NPU_ZP_MAX or word >= _abi.NPU_ZP_MIN & _abi.U32_MAX
+
+
+def _check_mm_dtypes(op: TensorOp, inputs: list[TensorRef], out: TensorRef, zp: int) -> None:
+    """``npu_tensor_mm_dtypes``: float (one dtype, no zero point) or int8 operands."""
+    name = op.opcode.name
+    if inputs[0].dtype is not _abi.DType.INT8:
+        if zp:
+            raise ValueError(f"{op}: {name} with float operands takes no zero point")
+        if any(t.dtype is not out.dtype for t in inputs):
+            raise ValueError(f"{op}: {name} operands must have one dtype")
+        _abi.ActKind(op.kind)  # ValueError if out of range
+        if not out.dtype.is_float:
+            raise ValueError(f"{op}: {name} takes float dtypes only, or int8 a and b")
+        return
+    if inputs[1].dtype is not _abi.DType.INT8:
+        raise ValueError(f"{op}: integer {name} takes int8 a (input) and b (weight)")
+    if op.opcode is not _abi.Opcode.MATMUL and inputs[2].dtype is not _abi.DType.INT32:
+        raise ValueError(f"{op}: integer {name} takes an int32 bias")
+    if out.dtype not in (_abi.DType.INT32, _abi.DType.INT8):
+        raise ValueError(f"{op}: integer {name} writes int32 or int8, not {out.dtype.name}")
+    if op.kind not in (_abi.ActKind.NONE, _abi.ActKind.RELU):
+        raise ValueError(f"{op}: integer {name} takes activation NONE or RELU only")
+
+
+def _check_zp(op: TensorOp, word: int) -> None:
+    if not _zp_ok(word):
+        raise ValueError(f"{op}: zero point word {word:#x} is not in -128..127")
+
+
 def _positive_finite_f32(bits: int) -> bool:
     """``npu_f32_bits_positive_finite``: a finite fp32 above zero."""
     return not bits & 0x80000000 and bits != 0 and (bits & 0x7F800000) != 0x7F800000
@@ -101,8 +152,10 @@ def check_tensor_op(op: TensorOp) -> None:
         ValueError: the driver would reject the op with ``EINVAL``: wrong
             operand count, nonzero unused params, non-contiguous output,
             dtype or shape mismatch, a kind out of range, a float-only kind
-            on an integer dtype, bad REDUCE/SOFTMAX/LAYERNORM params, or
-            MATMUL/LINEAR shapes that do not chain (see :func:`matmul_op`).
+            on an integer dtype, bad REDUCE/SOFTMAX/LAYERNORM params,
+            MATMUL/LINEAR shapes that do not chain (see :func:`matmul_op`),
+            a zero point outside -128..127 (or one on float operands), or a
+            REQUANT scale that does not broadcast to the output.
     """
     n = _OPERANDS.get(op.opcode)
     if n is None:
@@ -176,11 +229,13 @@ def check_tensor_op(op: TensorOp) -> None:
         if not _positive_finite_f32(params[1]):
             raise ValueError(f"{op}: eps (fp32 bits {params[1]:#x}) must be finite and > 0")
     elif op.opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR):
-        _check_matmul(op, inputs, out)
+        _check_matmul(op, inputs, out, params)
     elif op.opcode is _abi.Opcode.CONV2D:
         _check_conv(op, inputs, out, params)
     elif op.opcode is _abi.Opcode.POOL2D:
         _check_pool(op, inputs[0], out, params)
+    elif op.opcode is _abi.Opcode.REQUANT:
+        _check_requant(op, inputs, out, params)
     else:
         (t,) = inputs
         if op.kind != 0:
@@ -189,14 +244,11 @@ def check_tensor_op(op: TensorOp) -> None:
             raise ValueError(f"{op}: CONVERT input and output must have the same shape")
 
 
-def _check_matmul(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None:
+def _check_matmul(
+    op: TensorOp, inputs: list[TensorRef], out: TensorRef, params: tuple[int, ...]
+) -> None:
     """The MATMUL/LINEAR rules of ``npu_tensor_op_check`` (``npu_tensor_matmul_shapes``)."""
-    name = op.opcode.name
-    if any(t.dtype is not out.dtype for t in inputs):
-        raise ValueError(f"{op}: {name} operands must have one dtype")
-    _abi.ActKind(op.kind)  # ValueError if out of range
-    if not out.dtype.is_float:
-        raise ValueError(f"{op}: {name} takes float dtypes only")
+    _check_mm_dtypes(op, inputs, out, params[_abi.NPU_MM_P_IN_ZP])
     a, b = inputs[0], inputs[1]
     r = out.ndim
     if r < 2 or a.ndim != r or b.ndim != r:
@@ -215,6 +267,7 @@ def _check_matmul(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None
         want = (1,) * (r - 1) + (out.shape[-1],)
         if inputs[2].shape != want:
             raise ValueError(f"{op}: bias shape must be {want}, not {inputs[2].shape}")
+    _check_zp(op, params[_abi.NPU_MM_P_IN_ZP])
 
 
 def _check_conv(
@@ -222,11 +275,7 @@ def _check_conv(
 ) -> None:
     """The CONV2D rules of ``npu_tensor_op_check`` (``npu_tensor_conv_ok``)."""
     x, w, bias = inputs
-    if any(t.dtype is not out.dtype for t in inputs):
-        raise ValueError(f"{op}: CONV2D operands must have one dtype")
-    _abi.ActKind(op.kind)  # ValueError if out of range
-    if not out.dtype.is_float:
-        raise ValueError(f"{op}: CONV2D takes float dtypes only")
+    _check_mm_dtypes(op, inputs, out, params[_abi.NPU_CONV_P_IN_ZP])
     if any(t.ndim != 4 for t in op.operands):
         raise ValueError(f"{op}: CONV2D operands must all be 4-D (NCHW)")
     sh, sw, ph, pw, dh, dw, g = params[:7]
@@ -250,6 +299,25 @@ def _check_conv(
         raise ValueError(
             f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
         )
+    _check_zp(op, params[_abi.NPU_CONV_P_IN_ZP])
+
+
+def _check_requant(
+    op: TensorOp, inputs: list[TensorRef], out: TensorRef, params: tuple[int, ...]
+) -> None:
+    """The REQUANT rules of ``npu_tensor_op_check``."""
+    acc, scale = inputs
+    if op.kind not in (_abi.ActKind.NONE, _abi.ActKind.RELU):
+        raise ValueError(f"{op}: REQUANT takes activation NONE or RELU only")
+    if (acc.dtype, scale.dtype, out.dtype) != (_abi.DType.INT32, _abi.DType.FP32, _abi.DType.INT8):
+        raise ValueError(f"{op}: REQUANT takes an int32 acc and an fp32 scale to int8")
+    if acc.shape != out.shape:
+        raise ValueError(f"{op}: REQUANT acc and out must have one shape")
+    if scale.ndim != out.ndim or any(
+        d not in (o, 1) for d, o in zip(scale.shape, out.shape, strict=True)
+    ):
+        raise ValueError(f"{op}: scale shape {scale.shape} does not broadcast to {out.shape}")
+    _check_zp(op, params[_abi.NPU_REQUANT_P_OUT_ZP])
 
 
 def _check_pool(op: TensorOp, x: TensorRef, out: TensorRef, params: tuple[int, ...]) -> None:

@@ -304,8 +304,9 @@ MUTATIONS = {
     "linear kind 3": ("linear", lambda op: setattr(op, "kind", 3)),
     "matmul of int32": ("matmul", lambda op: _int_operands(op, 3)),
     "linear of int32": ("linear", lambda op: _int_operands(op, 4)),
-    "matmul of int8": ("matmul", lambda op: [setattr(op.t[i], "dtype", _abi.NPU_DTYPE_INT8)
-                                             for i in range(3)]),
+    "matmul of int8 to fp32": ("matmul", lambda op: [setattr(op.t[i], "dtype",
+                                                             _abi.NPU_DTYPE_INT8)
+                                                     for i in range(2)]),
     "matmul nonzero params[0]": ("matmul", lambda op: op.params.__setitem__(0, 1)),
     "matmul 4th operand": ("matmul", lambda op: setattr(op.t[3], "ndim", 1)),
     "matmul strided out": ("matmul", lambda op: op.t[2].strides.__setitem__(2, 2)),

@@ -8,7 +8,7 @@ numpy at submit time) and WAIT, including the -EIO path that fills in
 
 SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
 (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM, MATMUL, LINEAR, CONV2D,
-POOL2D). Tensor ops are validated like the driver does (an op the caps lack ->
+POOL2D, REQUANT). Tensor ops are validated like the driver does (an op the caps lack ->
 EOPNOTSUPP, ``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT,
 extent past the BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
 output dtype, integer math wrapping, float -> int truncating toward zero and
@@ -18,7 +18,10 @@ wrapping at the output dtype) and round once to the output dtype.
 MATMUL and LINEAR compute ``act(a @ b [+ bias])`` in float64 with numpy's
 batched matmul and round once to the output dtype. CONV2D (``conv2d_ref``:
 one tensordot per kernel tap over the zero-padded input, per group) and
-POOL2D compute in float64 too and round once.
+POOL2D compute in float64 too and round once. Their int8 forms sum
+``(a - in_zp) * b`` exactly (int64), add the int32 bias, wrap to int32, apply
+RELU and wrap to the output dtype; REQUANT rounds ``acc * scale`` exactly
+(``Fraction``, ties to even), adds the zero point and clamps.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -61,6 +65,7 @@ class FakeDriver:
         | _abi.NPU_INFO_CAP_REDUCE
         | _abi.NPU_INFO_CAP_MATMUL
         | _abi.NPU_INFO_CAP_CONV
+        | _abi.NPU_INFO_CAP_QUANT
     )
     calls: list[tuple[int, bytes]] = field(default_factory=list)
     submitted: list[_abi.NpuOp] = field(default_factory=list)
@@ -297,9 +302,7 @@ class FakeDriver:
             a, b, r = shape(ins[0]), shape(ins[1]), out.ndim
             o = shape(out)
             ok = (
-                op.kind < _abi.NPU_ACT_COUNT
-                and all(t.dtype == out.dtype for t in ins)
-                and is_float
+                _mm_dtypes_ok(op, ins, out, op.params[0])
                 and r >= 2
                 and len(a) == r
                 and len(b) == r
@@ -310,11 +313,8 @@ class FakeDriver:
                 and (op.opcode == _abi.NPU_OP_MATMUL or shape(ins[2]) == (1,) * (r - 1) + (o[-1],))
             )
         elif op.opcode == _abi.NPU_OP_CONV2D:
-            ok = (
-                op.kind < _abi.NPU_ACT_COUNT
-                and all(t.dtype == out.dtype for t in ins)
-                and is_float
-                and _conv_ok([shape(t) for t in (*ins, out)], list(op.params[:7]))
+            ok = _mm_dtypes_ok(op, ins, out, op.params[7]) and _conv_ok(
+                [shape(t) for t in (*ins, out)], list(op.params[:7])
             )
         elif op.opcode == _abi.NPU_OP_POOL2D:
             ok = (
@@ -322,6 +322,16 @@ class FakeDriver:
                 and ins[0].dtype == out.dtype
                 and is_float
                 and _pool_ok(shape(ins[0]), shape(out), list(op.params[:7]))
+            )
+        elif op.opcode == _abi.NPU_OP_REQUANT:
+            ok = (
+                op.kind in (_abi.NPU_ACT_NONE, _abi.NPU_ACT_RELU)
+                and (ins[0].dtype, ins[1].dtype, out.dtype)
+                == (_abi.NPU_DTYPE_INT32, _abi.NPU_DTYPE_FP32, _abi.NPU_DTYPE_INT8)
+                and shape(ins[0]) == shape(out)
+                and ins[1].ndim == out.ndim
+                and all(s in (o, 1) for s, o in zip(shape(ins[1]), shape(out), strict=True))
+                and _signed(op.params[0]) in range(-128, 128)
             )
         else:
             ok = op.kind == 0 and shape(ins[0]) == shape(out)
@@ -372,6 +382,26 @@ class FakeDriver:
         else:  # integer math wraps
             dst[...] = values.astype(np.int64).astype(_STORAGE[t.dtype])
 
+    def _execute_int(self, op: _abi.NpuTensorOp) -> None:
+        """Integer MATMUL/LINEAR/CONV2D: exact sums, int32 wrap, RELU, wrap to the output."""
+        x = self._load(op.t[0])
+        w = self._load(op.t[1])
+        if op.opcode == _abi.NPU_OP_CONV2D:
+            zp = _signed(op.params[7])
+            y = np.rint(conv2d_ref((x - zp).astype(np.float64), w.astype(np.float64),
+                                   list(op.params[:7]))).astype(np.int64)  # fmt: skip
+            y = y + self._load(op.t[2])
+            out = op.t[3]
+        else:
+            y = np.matmul(x - _signed(op.params[0]), w)
+            if op.opcode == _abi.NPU_OP_LINEAR:
+                y = y + self._load(op.t[2])
+            out = op.t[3 if op.opcode == _abi.NPU_OP_LINEAR else 2]
+        y = (y + (1 << 31)) % (1 << 32) - (1 << 31)
+        if op.kind == _abi.NPU_ACT_RELU:
+            y = np.maximum(y, 0)
+        self._store(out, y)
+
     def _execute_tensor(self, op: _abi.NpuTensorOp) -> None:
         if op.opcode == _abi.NPU_OP_CONVERT:
             self._store(op.t[1], self._load(op.t[0]))
@@ -406,6 +436,24 @@ class FakeDriver:
             mu = x.mean(axis=axes, keepdims=True)
             var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
             self._store(op.t[3], (x - mu) / np.sqrt(var + _f32(op.params[1])) * g + b)
+            return
+        if op.opcode == _abi.NPU_OP_REQUANT:
+            acc, scale = np.broadcast_arrays(self._load(op.t[0]), self._load(op.t[1]))
+            zp = _signed(op.params[0])
+            lo = zp if op.kind == _abi.NPU_ACT_RELU else -128
+            if not np.all(np.isfinite(scale) & (scale > 0)):
+                self.failed = (self.fence, _abi.NPU_ST_BAD_QUANT)
+                return
+            q = [
+                min(max(round(Fraction(int(x)) * Fraction(float(s))) + zp, lo), 127)
+                for x, s in zip(acc.ravel(), scale.ravel(), strict=True)
+            ]
+            self._store(op.t[2], np.array(q, np.int64).reshape(acc.shape))
+            return
+        if op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR, _abi.NPU_OP_CONV2D) and (
+            op.t[0].dtype == _abi.NPU_DTYPE_INT8
+        ):
+            self._execute_int(op)
             return
         if op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR):
             a = self._load(op.t[0]).astype(np.float64)
@@ -516,6 +564,29 @@ def pool2d_ref(x: np.ndarray[Any, Any], kind: int, p: list[int]) -> Any:
     return acc / (kh * kw if flags & _abi.NPU_POOL_F_COUNT_PAD else cnt)
 
 
+def _signed(word: int) -> int:
+    """A params word as a signed 32-bit value (zero points)."""
+    return word - (1 << 32) if word & 0x8000_0000 else word
+
+
+def _mm_dtypes_ok(op: _abi.NpuTensorOp, ins: list[Any], out: Any, zp: int) -> bool:
+    """Float (one dtype, zero point 0) or int8 MATMUL/LINEAR/CONV2D operands."""
+    if ins[0].dtype != _abi.NPU_DTYPE_INT8:
+        return (
+            zp == 0
+            and op.kind < _abi.NPU_ACT_COUNT
+            and all(t.dtype == out.dtype for t in ins)
+            and out.dtype in _FLOATS
+        )
+    return (
+        ins[1].dtype == _abi.NPU_DTYPE_INT8
+        and (op.opcode == _abi.NPU_OP_MATMUL or ins[2].dtype == _abi.NPU_DTYPE_INT32)
+        and out.dtype in (_abi.NPU_DTYPE_INT32, _abi.NPU_DTYPE_INT8)
+        and op.kind in (_abi.NPU_ACT_NONE, _abi.NPU_ACT_RELU)
+        and _signed(zp) in range(-128, 128)
+    )
+
+
 def _f32(bits: int) -> float:
     value: float = struct.unpack("<f", struct.pack("<I", bits))[0]
     return value
@@ -532,13 +603,17 @@ _N_OPERANDS = {
     _abi.NPU_OP_LINEAR: 4,
     _abi.NPU_OP_CONV2D: 4,
     _abi.NPU_OP_POOL2D: 2,
+    _abi.NPU_OP_REQUANT: 3,
 }
 _N_PARAMS = {
     _abi.NPU_OP_REDUCE: 1,
     _abi.NPU_OP_SOFTMAX: 1,
     _abi.NPU_OP_LAYERNORM: 2,
-    _abi.NPU_OP_CONV2D: 7,
+    _abi.NPU_OP_MATMUL: 1,
+    _abi.NPU_OP_LINEAR: 1,
+    _abi.NPU_OP_CONV2D: 8,
     _abi.NPU_OP_POOL2D: 7,
+    _abi.NPU_OP_REQUANT: 1,
 }
 _SUPPORTED_BY = {
     **dict.fromkeys(
@@ -549,6 +624,7 @@ _SUPPORTED_BY = {
     ),
     **dict.fromkeys((_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR), _abi.NPU_INFO_CAP_MATMUL),
     **dict.fromkeys((_abi.NPU_OP_CONV2D, _abi.NPU_OP_POOL2D), _abi.NPU_INFO_CAP_CONV),
+    _abi.NPU_OP_REQUANT: _abi.NPU_INFO_CAP_QUANT,
 }
 _REDUCE: dict[int, Any] = {
     _abi.NPU_REDUCE_SUM: np.sum,

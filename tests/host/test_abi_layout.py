@@ -56,12 +56,15 @@ CONSTANTS = [
     "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
     "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
     "NPU_CAP_MMU", "NPU_CAP_TENSOR", "NPU_CAP_REDUCE", "NPU_CAP_MATMUL", "NPU_CAP_CONV",
+    "NPU_CAP_QUANT",
     "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
     "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_ELTWISE",
     "NPU_OP_UNARY", "NPU_OP_CONVERT", "NPU_OP_REDUCE", "NPU_OP_SOFTMAX", "NPU_OP_LAYERNORM",
-    "NPU_OP_MATMUL", "NPU_OP_LINEAR", "NPU_OP_CONV2D", "NPU_OP_POOL2D", "NPU_OP_COUNT",
+    "NPU_OP_MATMUL", "NPU_OP_LINEAR", "NPU_OP_CONV2D", "NPU_OP_POOL2D", "NPU_OP_REQUANT",
+    "NPU_OP_COUNT",
     "NPU_CONV_P_STRIDE_H", "NPU_CONV_P_STRIDE_W", "NPU_CONV_P_PAD_H", "NPU_CONV_P_PAD_W",
-    "NPU_CONV_P_DIL_H", "NPU_CONV_P_DIL_W", "NPU_CONV_P_GROUPS", "NPU_MAX_PAD",
+    "NPU_CONV_P_DIL_H", "NPU_CONV_P_DIL_W", "NPU_CONV_P_GROUPS", "NPU_CONV_P_IN_ZP",
+    "NPU_MAX_PAD", "NPU_MM_P_IN_ZP", "NPU_ZP_MIN", "NPU_ZP_MAX", "NPU_REQUANT_P_OUT_ZP",
     "NPU_POOL_MAX", "NPU_POOL_AVG", "NPU_POOL_COUNT",
     "NPU_POOL_P_KH", "NPU_POOL_P_KW", "NPU_POOL_P_STRIDE_H", "NPU_POOL_P_STRIDE_W",
     "NPU_POOL_P_PAD_H", "NPU_POOL_P_PAD_W", "NPU_POOL_P_FLAGS", "NPU_POOL_F_COUNT_PAD",
@@ -81,13 +84,13 @@ CONSTANTS = [
     "NPU_MAX_ELEMS", "NPU_MAX_XFER", "NPU_MAX_DIM", "NPU_MAX_LD",
     "NPU_ST_OK", "NPU_ST_BAD_OPCODE", "NPU_ST_BAD_FLAGS", "NPU_ST_BAD_RESERVED",
     "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
-    "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_COUNT",
+    "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_BAD_QUANT", "NPU_ST_COUNT",
     "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
     "NPU_ERR_BAD_RING",
     "NPU_IOCTL_BASE",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
     "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU", "NPU_INFO_CAP_TENSOR", "NPU_INFO_CAP_REDUCE",
-    "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV",
+    "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV", "NPU_INFO_CAP_QUANT",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
     "NPU_IOCTL_WAIT",
@@ -218,7 +221,9 @@ def test_every_header_struct_is_mirrored() -> None:
 
 @pytest.mark.parametrize("name", CONSTANTS)
 def test_constant_matches_c(name: str, c_layout: dict[tuple[str, ...], int]) -> None:
-    assert getattr(_abi, name) == c_layout[("const", name)]
+    # The program prints every constant as unsigned long long: NPU_ZP_MIN
+    # (-128) comes out modulo 2^64.
+    assert getattr(_abi, name) % (1 << 64) == c_layout[("const", name)]
 
 
 def test_every_constant_of_the_headers_is_checked() -> None:
@@ -256,6 +261,9 @@ def test_every_enum_kind_is_mirrored() -> None:
     assert [k.value for k in _abi.PoolKind] == list(range(_abi.NPU_POOL_COUNT))
     assert _abi.Cap.CONV == _abi.NPU_CAP_CONV == _abi.NPU_INFO_CAP_CONV
     assert _abi.Opcode.CONV2D == _abi.NPU_OP_CONV2D and _abi.Opcode.POOL2D == _abi.NPU_OP_POOL2D
+    assert _abi.Cap.QUANT == _abi.NPU_CAP_QUANT == _abi.NPU_INFO_CAP_QUANT
+    assert _abi.Opcode.REQUANT == _abi.NPU_OP_REQUANT
+    assert [s.value for s in _abi.Status] == list(range(_abi.NPU_ST_COUNT))
 
 
 def test_cmd_is_128_bytes_as_the_ring_requires() -> None:

@@ -1444,9 +1444,9 @@ def mm_block(sa: Sequence[int] = (2, 3), sb: Sequence[int] = (3, 4),
 
 
 _M, _LIN = hw.OP_MATMUL, hw.OP_LINEAR
-_I8, _I32 = (INT8,) * 4, (INT32,) * 4
+_I32 = (INT32,) * 4
 BAD_MM: dict[str, tuple[int, int, bytes, str]] = {
-    "int8": (_M, 0, mm_block(dtypes=_I8), "BAD_ARGS"),
+    "int8-out-fp32": (_M, 0, mm_block(dtypes=(INT8, INT8, INT8, FP32)), "BAD_ARGS"),
     "int32": (_M, 0, mm_block(dtypes=_I32), "BAD_ARGS"),
     "linear-int32": (_LIN, 0, mm_block(bias=(1, 4), dtypes=_I32), "BAD_ARGS"),
     "mixed-a-fp16": (_M, 0, mm_block(dtypes=(FP16, FP32, FP32, FP32)), "BAD_ARGS"),
@@ -1804,7 +1804,7 @@ BAD_CONV: dict[str, tuple[int, int, bytes, str]] = {
     "conv-pad-over-max": (_CV, 0, conv_block(so=(1, 4, 5 + 2 * 65536 - 2, 5),
                                              params=(1, 1, hw.MAX_PAD + 1, 1, 1, 1, 1)),
                           "BAD_ARGS"),
-    "conv-int8": (_CV, 0, conv_block(dtypes=(INT8,) * 4), "BAD_ARGS"),
+    "conv-int8-bias-int8": (_CV, 0, conv_block(dtypes=(INT8,) * 4), "BAD_ARGS"),
     "conv-int32": (_CV, 0, conv_block(dtypes=(INT32,) * 4), "BAD_ARGS"),
     "conv-mixed-bias": (_CV, 0, conv_block(dtypes=(FP32, FP32, FP16, FP32)), "BAD_ARGS"),
     "conv-mixed-out": (_CV, 0, conv_block(dtypes=(FP32, FP32, FP32, BF16)), "BAD_ARGS"),

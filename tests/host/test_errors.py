@@ -94,4 +94,5 @@ def test_status_name_uses_the_c_names() -> None:
         "NPU_ST_ABORTED",
         "NPU_ST_NO_MEMORY",
         "NPU_ST_MMU_FAULT",
+        "NPU_ST_BAD_QUANT",
     ]

@@ -1,0 +1,520 @@
+"""Caching allocator: device memory for tensors without an ioctl per allocation.
+
+Every :class:`npu.Tensor` gets its memory from the :class:`CachingAllocator`
+of its device, in the manner of PyTorch's CUDA caching allocator:
+
+- Requests are rounded up to :data:`ALIGN` bytes. Requests of at most
+  :data:`SMALL_REQUEST` bytes come from the *small pool*, whose segments (buffer
+  objects) are :data:`SMALL_SEGMENT` bytes; larger ones from the *large pool*,
+  whose segments are the request rounded up to :data:`LARGE_ROUND`.
+- A request takes the smallest cached free block that fits (best fit) and
+  splits off the rest when enough remains (any remainder in the small pool,
+  at least :data:`LARGE_MIN_SPLIT` in the large pool). Only when nothing fits
+  is a new segment created with BO_CREATE.
+- A freed block (its last tensor and view garbage-collected) goes back to the
+  pool and merges with free neighbours of its segment. Segments are returned
+  to the driver only by :meth:`CachingAllocator.empty_cache`, or when
+  BO_CREATE fails with ``ENOMEM`` (the cache is emptied and the request
+  retried once).
+
+**Reuse is ordered by the queue.** A freed block may be handed to a new
+tensor while ops that read or wrote the old one are still queued: every
+tensor op goes to queue 0 and runs in order, so a new op on the block runs
+after them. The host is not ordered with the queue, so a block that the host
+is about to write (an upload) must be idle: each free block remembers the
+last fence submitted on each queue when it was freed, and an upload takes
+only blocks whose fences a WAIT has already seen complete. If none fits, it
+gets fresh memory; only when BO_CREATE fails with ``ENOMEM`` does it wait
+for a busy block (``num_host_waits`` counts those waits).
+
+``NPU_NO_MEMORY_CACHING=1`` in the environment turns caching off: every
+allocation is its own buffer object, destroyed when freed (for debugging,
+like ``PYTORCH_NO_CUDA_MEMORY_CACHING``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import errno
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from .errors import NpuError
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+    from .device import Device
+
+__all__ = [
+    "ALIGN",
+    "LARGE_MIN_SPLIT",
+    "LARGE_ROUND",
+    "NO_CACHING_ENV",
+    "SMALL_REQUEST",
+    "SMALL_SEGMENT",
+    "Allocation",
+    "CachingAllocator",
+    "allocator",
+    "empty_cache",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every block starts and ends on this many bytes.
+ALIGN: Final = 512
+#: Largest request served from the small pool.
+SMALL_REQUEST: Final = 1 << 20
+#: Size of a small-pool segment.
+SMALL_SEGMENT: Final = 2 << 20
+#: Large-pool segments are multiples of this.
+LARGE_ROUND: Final = 2 << 20
+#: A large block is split only if at least this much would remain free.
+LARGE_MIN_SPLIT: Final = 1 << 20
+#: Set to ``1`` to allocate (and destroy) one buffer object per allocation.
+NO_CACHING_ENV: Final = "NPU_NO_MEMORY_CACHING"
+
+#: Waits for ``fence`` on ``queue`` of the device (may raise on a timeout).
+Waiter = Callable[["Device", int, int], None]
+
+#: How many fitting free blocks an upload looks at for one no queued op uses.
+_IDLE_SCAN: Final = 64
+
+_POOLS: Final = ("small_pool", "large_pool")
+_ALL_POOLS: Final = ("all", *_POOLS)
+_STATS: Final = ("allocation", "segment", "allocated_bytes", "reserved_bytes", "requested_bytes")
+
+
+def _round_up(value: int, step: int) -> int:
+    return (value + step - 1) // step * step
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One buffer object of a pool."""
+
+    buffer: Buffer
+    pool: str
+    size: int
+
+
+@dataclass(eq=False)
+class _Block:
+    """A byte range of a segment, free or allocated."""
+
+    segment: _Segment
+    offset: int
+    size: int
+    seq: int
+    allocated: bool = False
+    requested: int = 0
+    prev: _Block | None = None
+    next: _Block | None = None
+    # queue -> last fence submitted there when the block was freed
+    fences: dict[int, int] = field(default_factory=dict)
+
+    def key(self) -> tuple[int, int]:
+        return (self.size, self.seq)
+
+
+@dataclass
+class _Counter:
+    current: int = 0
+    peak: int = 0
+    allocated: int = 0
+    freed: int = 0
+
+    def add(self, amount: int) -> None:
+        self.current += amount
+        self.allocated += amount
+        self.peak = max(self.peak, self.current)
+
+    def sub(self, amount: int) -> None:
+        self.current -= amount
+        self.freed += amount
+
+
+class Allocation:
+    """Device memory handed out by a :class:`CachingAllocator`.
+
+    ``buffer`` is the segment's :class:`npu.Buffer`; the allocation is the
+    ``size`` bytes at byte ``offset`` of it. The memory goes back to the
+    allocator when the allocation is garbage-collected or :meth:`release`
+    is called (after which it must not be used).
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "buffer", "offset", "size")
+
+    def __init__(self, buffer: Buffer, offset: int, size: int) -> None:
+        self.buffer = buffer
+        self.offset = offset
+        self.size = size
+        self._finalizer: weakref.finalize[[_Block], Allocation] | None = None
+
+    def release(self) -> None:
+        """Give the memory back now instead of at garbage collection. Idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        return (
+            f"<npu.Allocation handle={self.buffer._handle} offset={self.offset} size={self.size}>"
+        )
+
+
+class CachingAllocator:
+    """The caching allocator of one device (see the module documentation).
+
+    Get a device's allocator with :func:`allocator`. Thread-safe: frees
+    arriving from garbage collection (any thread, any moment) are queued and
+    processed at the next call under the allocator's lock.
+    """
+
+    def __init__(self, device: Device, caching: bool | None = None) -> None:
+        self.device = device
+        self.caching = (
+            os.environ.get(NO_CACHING_ENV, "") not in ("1", "true", "yes")
+            if caching is None
+            else caching
+        )
+        # Protects the pools, the segments and the counters.
+        self._lock = threading.Lock()
+        # Blocks freed by finalizers, processed under _lock by the next call.
+        self._pending: collections.deque[tuple[_Block, dict[int, int]]] = collections.deque()
+        self._free: dict[str, list[tuple[int, int, _Block]]] = {p: [] for p in _POOLS}
+        self._segments: list[_Segment] = []
+        self._seq = itertools.count()
+        self._stats = {(s, p): _Counter() for s in _STATS for p in _ALL_POOLS}
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_host_waits = 0
+
+    # -- allocation -----------------------------------------------------------
+
+    def allocate(
+        self, size: int, host_write: bool = False, wait: Waiter | None = None
+    ) -> Allocation:
+        """Return ``size`` bytes (``size`` > 0) of device memory.
+
+        Args:
+            size: bytes wanted.
+            host_write: the host writes the memory before any new op uses it;
+                wait for the ops that used a reused block first.
+            wait: how to wait for a fence (default :meth:`npu.Device.wait`).
+
+        Raises:
+            ValueError: ``size`` is not positive.
+            NpuError: BO_CREATE failed (``ENOMEM`` after emptying the cache
+                and retrying once).
+        """
+        if size <= 0:
+            raise ValueError(f"allocate: size={size} must be positive")
+        rounded = _round_up(size, ALIGN)
+        pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
+        fences: dict[int, int] = {}
+        with self._lock:
+            self._drain()
+            block = self._take_free(pool, rounded, host_write) if self.caching else None
+            if block is None:
+                try:
+                    block = self._new_segment(pool, rounded)
+                except NpuError as exc:
+                    # Out of memory: a block still in use by queued ops will do
+                    # after a wait.
+                    block = self._take_free(pool, rounded, False) if host_write else None
+                    if block is None or exc.errno != errno.ENOMEM:
+                        raise
+            block.allocated = True
+            block.requested = size
+            if host_write:
+                fences = block.fences
+            block.fences = {}
+            self._count(pool, "allocation", 1)
+            self._count(pool, "allocated_bytes", block.size)
+            self._count(pool, "requested_bytes", size)
+        self._wait_fences(fences, wait)
+        alloc = Allocation(block.segment.buffer, block.offset, size)
+        alloc._finalizer = weakref.finalize(alloc, self._queue_free, block)
+        alloc._finalizer.atexit = False
+        return alloc
+
+    def _queue_free(self, block: _Block) -> None:
+        """Finalizer of an :class:`Allocation`: no locks here, only a queue append."""
+        # A plain dict copy: taking the device's lock here could deadlock if
+        # the collection ran inside one of its critical sections.
+        self._pending.append((block, dict(self.device._submitted)))
+
+    def _wait_fences(self, fences: dict[int, int], wait: Waiter | None) -> None:
+        for queue, fence in fences.items():
+            if self.device.completed(queue, fence):
+                continue
+            self.num_host_waits += 1
+            if wait is not None:
+                wait(self.device, queue, fence)
+            else:
+                self.device.wait(fence, queue=queue)
+
+    def _take_free(self, pool: str, size: int, idle_only: bool) -> _Block | None:
+        """Best fit from the pool's free list, split if worth it (lock held).
+
+        With ``idle_only`` only blocks that no queued op can still use are
+        taken (the host is about to write them).
+        """
+        free = self._free[pool]
+        i = bisect.bisect_left(free, (size, -1))
+        if idle_only:
+            end = min(len(free), i + _IDLE_SCAN)
+            while i < end and not self._idle(free[i][2]):
+                i += 1
+            if i == end:
+                return None
+        if i == len(free):
+            return None
+        block = free.pop(i)[2]
+        rest = block.size - size
+        if rest >= (ALIGN if pool == "small_pool" else LARGE_MIN_SPLIT):
+            tail = _Block(
+                block.segment,
+                block.offset + size,
+                rest,
+                next(self._seq),
+                prev=block,
+                next=block.next,
+                fences=dict(block.fences),
+            )
+            if block.next is not None:
+                block.next.prev = tail
+            block.next = tail
+            block.size = size
+            self._insert_free(tail)
+        return block
+
+    def _idle(self, block: _Block) -> bool:
+        """True if every op submitted before the block was freed has completed."""
+        return all(self.device.completed(q, f) for q, f in block.fences.items())
+
+    def _new_segment(self, pool: str, size: int) -> _Block:
+        """A new buffer object holding one block of ``size`` bytes (lock held)."""
+        if not self.caching:
+            seg_size = size
+        elif pool == "small_pool":
+            seg_size = SMALL_SEGMENT
+        else:
+            seg_size = _round_up(size, LARGE_ROUND)
+        try:
+            buffer = self.device.alloc(seg_size)
+        except NpuError as exc:
+            if exc.errno != errno.ENOMEM or not self._segments:
+                if exc.errno == errno.ENOMEM:
+                    self.num_ooms += 1
+                raise
+            self.num_alloc_retries += 1
+            log.info("BO_CREATE(%d) failed with ENOMEM; emptying the cache and retrying", seg_size)
+            self._release_free_segments()
+            try:
+                buffer = self.device.alloc(seg_size)
+            except NpuError as again:
+                if again.errno == errno.ENOMEM:
+                    self.num_ooms += 1
+                raise
+        segment = _Segment(buffer, pool, seg_size)
+        self._segments.append(segment)
+        self._count(pool, "segment", 1)
+        self._count(pool, "reserved_bytes", seg_size)
+        block = _Block(segment, 0, seg_size, next(self._seq))
+        if seg_size > size:
+            tail = _Block(segment, size, seg_size - size, next(self._seq), prev=block)
+            block.next = tail
+            block.size = size
+            self._insert_free(tail)
+        return block
+
+    # -- freeing --------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Process the frees queued by finalizers (lock held)."""
+        while self._pending:
+            block, fences = self._pending.popleft()
+            self._free_block(block, fences)
+
+    def _free_block(self, block: _Block, fences: dict[int, int]) -> None:
+        pool = block.segment.pool
+        block.allocated = False
+        self._uncount(pool, "allocation", 1)
+        self._uncount(pool, "allocated_bytes", block.size)
+        self._uncount(pool, "requested_bytes", block.requested)
+        block.requested = 0
+        block.fences = fences
+        if not self.caching or block.segment.buffer.freed:
+            self._drop_segment(block.segment)
+            return
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                self._remove_free(neighbour)
+                block = self._merge(block, neighbour)
+        self._insert_free(block)
+
+    def _merge(self, block: _Block, other: _Block) -> _Block:
+        """Merge two adjacent free blocks into the first of them."""
+        first, second = (block, other) if block.offset < other.offset else (other, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        for queue, fence in second.fences.items():
+            first.fences[queue] = max(fence, first.fences.get(queue, 0))
+        return first
+
+    def _insert_free(self, block: _Block) -> None:
+        bisect.insort(self._free[block.segment.pool], (block.size, block.seq, block))
+
+    def _remove_free(self, block: _Block) -> None:
+        free = self._free[block.segment.pool]
+        i = bisect.bisect_left(free, (block.size, block.seq))
+        if i < len(free) and free[i][2] is block:
+            del free[i]
+
+    def _drop_segment(self, segment: _Segment) -> None:
+        """Destroy a segment's buffer object (lock held)."""
+        self._segments.remove(segment)
+        self._uncount(segment.pool, "segment", 1)
+        self._uncount(segment.pool, "reserved_bytes", segment.size)
+        try:
+            segment.buffer.free()
+        except NpuError as exc:
+            log.warning("freeing segment %r failed: %s", segment.buffer, exc)
+
+    def _release_free_segments(self) -> int:
+        """Destroy every segment that is one free block; return the bytes released."""
+        released = 0
+        for pool in _POOLS:
+            keep = []
+            for entry in self._free[pool]:
+                block = entry[2]
+                if block.prev is None and block.next is None:
+                    released += block.segment.size
+                    self._drop_segment(block.segment)
+                else:
+                    keep.append(entry)
+            self._free[pool] = keep
+        return released
+
+    def empty_cache(self) -> int:
+        """Return every wholly free segment to the driver; return the bytes released.
+
+        Segments still holding an allocation stay. Buffer objects still used by
+        queued ops stay alive in the driver until those ops retire.
+        """
+        with self._lock:
+            self._drain()
+            released = self._release_free_segments()
+        log.debug("empty_cache released %d bytes", released)
+        return released
+
+    # -- statistics -----------------------------------------------------------
+
+    def _count(self, pool: str, stat: str, amount: int) -> None:
+        self._stats[(stat, pool)].add(amount)
+        self._stats[(stat, "all")].add(amount)
+
+    def _uncount(self, pool: str, stat: str, amount: int) -> None:
+        self._stats[(stat, pool)].sub(amount)
+        self._stats[(stat, "all")].sub(amount)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Counters with PyTorch's key names, e.g. ``allocated_bytes.all.current``.
+
+        For each of ``allocation``, ``segment``, ``allocated_bytes``,
+        ``reserved_bytes`` and ``requested_bytes``, and each of ``all``,
+        ``small_pool`` and ``large_pool``: ``current``, ``peak``,
+        ``allocated`` and ``freed``; plus ``num_alloc_retries``, ``num_ooms``
+        and ``num_host_waits`` (allocations for an upload that had to wait
+        for queued ops).
+        """
+        with self._lock:
+            self._drain()
+            out: dict[str, int] = {}
+            for (stat, pool), c in self._stats.items():
+                out[f"{stat}.{pool}.current"] = c.current
+                out[f"{stat}.{pool}.peak"] = c.peak
+                out[f"{stat}.{pool}.allocated"] = c.allocated
+                out[f"{stat}.{pool}.freed"] = c.freed
+            out["num_alloc_retries"] = self.num_alloc_retries
+            out["num_ooms"] = self.num_ooms
+            out["num_host_waits"] = self.num_host_waits
+        return dict(sorted(out.items()))
+
+    def reset_peak_stats(self) -> None:
+        """Set every ``peak`` to its ``current`` value."""
+        with self._lock:
+            self._drain()
+            for c in self._stats.values():
+                c.peak = c.current
+
+    def memory_allocated(self) -> int:
+        """Bytes in live allocations (``allocated_bytes.all.current``)."""
+        with self._lock:
+            self._drain()
+            return self._stats[("allocated_bytes", "all")].current
+
+    def memory_reserved(self) -> int:
+        """Bytes in segments held from the driver (``reserved_bytes.all.current``)."""
+        with self._lock:
+            self._drain()
+            return self._stats[("reserved_bytes", "all")].current
+
+
+_create_lock = threading.Lock()
+
+
+def allocator(device: Device) -> CachingAllocator:
+    """The caching allocator of ``device`` (created on first use; a new one after close)."""
+    alloc = device._allocator
+    if alloc is None:
+        with _create_lock:
+            alloc = device._allocator
+            if alloc is None:
+                alloc = CachingAllocator(device)
+                device._allocator = alloc
+    return alloc
+
+
+def _resolve(device: Device | None) -> Device:
+    from .device import default_device
+
+    return default_device() if device is None else device
+
+
+def memory_stats(device: Device | None = None) -> dict[str, int]:
+    """:meth:`CachingAllocator.memory_stats` of ``device`` (default: the default device)."""
+    return allocator(_resolve(device)).memory_stats()
+
+
+def memory_allocated(device: Device | None = None) -> int:
+    """Bytes held by live tensors on ``device``."""
+    return allocator(_resolve(device)).memory_allocated()
+
+
+def memory_reserved(device: Device | None = None) -> int:
+    """Bytes the caching allocator holds from the driver on ``device``."""
+    return allocator(_resolve(device)).memory_reserved()
+
+
+def reset_peak_memory_stats(device: Device | None = None) -> None:
+    """Reset the ``peak`` counters of ``device``'s allocator."""
+    allocator(_resolve(device)).reset_peak_stats()
+
+
+def empty_cache(device: Device | None = None) -> int:
+    """Return the cached free segments of ``device`` to the driver; bytes released."""
+    return allocator(_resolve(device)).empty_cache()

@@ -1,0 +1,779 @@
+"""The NPU provider: weights kept on the device and compiled per-shape execution plans.
+
+At session creation :class:`NpuProvider` uploads every constant the NPU
+nodes read (plus the zero biases CONV2D/LAYERNORM need) into one buffer
+object, once. The first run for a given input-shape signature builds, per
+NPU partition, a :class:`PartitionPlan` (like a captured CUDA graph):
+
+1. every tensor of the partition gets a :class:`Storage` (views - Reshape,
+   Flatten, Squeeze, Unsqueeze, Identity, a same-type Cast - share their
+   input's storage, zero-copy);
+2. the storages get offsets in one arena buffer by a liveness-based
+   first-fit (a storage is free again after the last op that reads it;
+   tensors read after the partition, by the CPU or a later partition, stay
+   live to its end);
+3. every ``TensorOp`` is built once with the :mod:`npu.ops` builders.
+
+A run then only copies the partition's host inputs into their mapped
+buffers, SUBMITs the prebuilt ops (at most ``NPU_SUBMIT_MAX_OPS`` per
+SUBMIT), waits once, and hands the tensors other partitions read out as
+numpy views of the arena (later NPU partitions read them in place).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from .. import _abi, ops
+from ..buffer import Buffer
+from ..device import Device
+from ..errors import NpuDeviceError, NpuError
+from ..ops import TensorOp
+from ..validate import window_out
+from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
+from .graph import Graph, ModelError, Node
+from .partition import ELTWISE_OPS, NPU_DTYPES, UNARY_OPS, VIEW_OPS
+
+__all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
+
+log = logging.getLogger(__name__)
+
+_ALIGN: Final = 64
+_LIVE_FOREVER: Final = 1 << 62
+#: WAIT timeout of one partition (TCG emulation is slow).
+WAIT_TIMEOUT_S: Final = 120.0
+_ACT = {"": _abi.ActKind.NONE, "Relu": _abi.ActKind.RELU, "Gelu": _abi.ActKind.GELU}
+_REDUCE = {
+    "ReduceSum": _abi.ReduceKind.SUM,
+    "ReduceMean": _abi.ReduceKind.MEAN,
+    "ReduceMax": _abi.ReduceKind.MAX,
+    "ReduceMin": _abi.ReduceKind.MIN,
+}
+# Inputs of these ops that are static parameters, not device tensors.
+_PARAM_INPUTS: Final = {
+    "Reshape": {1},
+    "Squeeze": {1},
+    "Unsqueeze": {1},
+    **{op: {1} for op in _REDUCE},
+}
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out: list[int] = []
+    acc = 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+@dataclass(eq=False)
+class Storage:
+    """Device memory of one or more tensors (a tensor and its views).
+
+    ``first``/``last`` are the indices of the first op writing and the last
+    op reading it within its partition (``-1`` = written by the host before
+    the partition). ``fixed`` storages (weights, earlier partitions' tensors)
+    already have their buffer and offset.
+    """
+
+    nbytes: int
+    first: int = _LIVE_FOREVER
+    last: int = -1
+    buf: Buffer | None = None
+    offset: int = 0
+    fixed: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Val:
+    """A tensor in device memory: a contiguous ``shape`` of ``dtype`` at ``storage + offset``."""
+
+    storage: Storage
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def numpy(self) -> Array:
+        """A numpy view of the tensor's bytes (the storage must be placed)."""
+        assert self.storage.buf is not None
+        flat = self.storage.buf.numpy(self.dtype, (self.numel,), self.storage.offset + self.offset)
+        return flat.reshape(self.shape)
+
+
+@dataclass
+class PartitionPlan:
+    """The compiled form of one NPU partition for one input signature."""
+
+    tensor_ops: list[TensorOp]
+    chunks: list[list[TensorOp]]
+    host_inputs: list[tuple[str, Array]]
+    outputs: list[tuple[str, Array]]
+    op_nodes: dict[int, Node]
+    arena: Buffer | None
+    arena_bytes: int
+    vals: dict[str, Val] = field(default_factory=dict)
+
+
+class _Builder:
+    """Plans one partition: values, storages, op recipes; then places and builds."""
+
+    def __init__(
+        self,
+        provider: NpuProvider,
+        nodes: list[Node],
+        known: dict[str, Val],
+        host: dict[str, tuple[tuple[int, ...], np.dtype[Any]]],
+        escapes: set[str],
+    ) -> None:
+        self.p = provider
+        self.g = provider.graph
+        self.nodes = nodes
+        self.known = known
+        self.host = host
+        self.escapes = escapes
+        self.vals: dict[str, Val] = {}
+        self.storages: list[Storage] = []
+        self.host_inputs: list[tuple[str, Val]] = []
+        self.steps: list[tuple[Node, Callable[[], ops.TensorOp]]] = []
+        self.node: Node | None = None
+
+    # -- values ---------------------------------------------------------------
+
+    def get(self, name: str) -> Val:
+        if name in self.vals:
+            return self.vals[name]
+        if name in self.known:
+            return self.known[name]
+        if name not in self.host:
+            raise ModelError(f"{self.g.source}: tensor {name!r} is not available to the NPU")
+        shape, dtype = self.host[name]
+        st = Storage(max(1, math.prod(shape)) * dtype.itemsize, first=-1, last=-1)
+        self.storages.append(st)
+        v = Val(st, shape, dtype)
+        self.vals[name] = v
+        self.host_inputs.append((name, v))
+        return v
+
+    def new(self, name: str, shape: Sequence[int], dtype: np.dtype[Any]) -> Val:
+        shp = tuple(int(d) for d in shape)
+        st = Storage(max(1, math.prod(shp)) * dtype.itemsize)
+        self.storages.append(st)
+        v = Val(st, shp, dtype)
+        if name:
+            self.vals[name] = v
+        return v
+
+    def alias(self, name: str, base: Val, shape: Sequence[int]) -> Val:
+        shp = tuple(int(d) for d in shape)
+        if math.prod(shp) != base.numel:
+            raise ModelError(f"{self.g.source}: view {name!r} {shp} of {base.shape} changes size")
+        v = Val(base.storage, shp, base.dtype, base.offset)
+        self.vals[name] = v
+        return v
+
+    def emit(
+        self, reads: Sequence[Val], writes: Sequence[Val], make: Callable[[], ops.TensorOp]
+    ) -> None:
+        i = len(self.steps)
+        for v in reads:
+            st = v.storage
+            if not st.fixed:
+                st.last = max(st.last, i)
+        for v in writes:
+            st = v.storage
+            st.first = min(st.first, i)
+            st.last = max(st.last, i)
+        assert self.node is not None
+        self.steps.append((self.node, make))
+
+    @staticmethod
+    def ref(
+        v: Val, shape: Sequence[int] | None = None, strides: Sequence[int] | None = None
+    ) -> ops.TensorRef:
+        shp = tuple(shape) if shape is not None else (v.shape or (1,))
+        st = v.storage
+        assert st.buf is not None
+        return ops.tensor_ref(
+            st.buf,
+            NPU_DTYPES[v.dtype],
+            shp,
+            strides if strides is not None else _strides(shp),
+            st.offset + v.offset,
+        )
+
+    # -- placement --------------------------------------------------------------
+
+    def place(self) -> tuple[Buffer | None, int]:
+        for name, v in self.vals.items():
+            if name in self.escapes and not v.storage.fixed:
+                v.storage.last = _LIVE_FOREVER
+        todo = [s for s in self.storages if not s.fixed]
+        todo.sort(key=lambda s: (s.first, -s.nbytes))
+        active: list[Storage] = []
+        top = 0
+        for s in todo:
+            if s.last < s.first:  # never read (an unused output): still needs a place
+                s.last = s.first
+            active = [a for a in active if a.last >= s.first]
+            active.sort(key=lambda a: a.offset)
+            need = _align(s.nbytes)
+            off = 0
+            for a in active:
+                if off + need <= a.offset:
+                    break
+                off = max(off, a.offset + _align(a.nbytes))
+            s.offset = off
+            active.append(s)
+            top = max(top, off + need)
+        if not todo:
+            return None, 0
+        arena = self.p.alloc(top)
+        for s in todo:
+            s.buf = arena
+        return arena, top
+
+
+def _pad_to(shape: tuple[int, ...], r: int) -> tuple[int, ...]:
+    return (1,) * (r - len(shape)) + shape
+
+
+def _bcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
+    st = _strides(shape)
+    return tuple(0 if d == 1 and o != 1 else s for d, o, s in zip(shape, out, st, strict=True))
+
+
+class NpuProvider:
+    """Runs the NPU partitions of a graph on one device.
+
+    Args:
+        device: the device.
+        graph: the (rewritten) graph.
+        npu_nodes: the nodes the NPU runs.
+
+    The constructor uploads the weights; :meth:`build` compiles one
+    partition for an input signature; :meth:`run_plan` executes it.
+    """
+
+    def __init__(self, device: Device, graph: Graph, npu_nodes: list[Node]) -> None:
+        self.device = device
+        self.graph = graph
+        self.buffers: list[Buffer] = []
+        self.weights: dict[str, Val] = {}
+        self.weight_uploads = 0
+        self._upload_weights(npu_nodes)
+
+    # -- memory -------------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """Allocate a buffer this provider frees on :meth:`close`."""
+        if nbytes > self.device.info.max_bo_size:
+            raise ModelError(
+                f"{self.graph.source}: needs a buffer of {nbytes} bytes, more than the "
+                f"device's max_bo_size {self.device.info.max_bo_size}"
+            )
+        buf = self.device.alloc(max(nbytes, _ALIGN))
+        self.buffers.append(buf)
+        return buf
+
+    def close(self) -> None:
+        """Free every buffer (weights and plans)."""
+        free_buffers(self.buffers)
+
+    def _upload_weights(self, npu_nodes: list[Node]) -> None:
+        g = self.graph
+        consts: dict[str, Array] = {}
+        for node in npu_nodes:
+            params = _PARAM_INPUTS.get(node.op_type, set())
+            for i, name in enumerate(node.inputs):
+                if name and i not in params and name in g.initializers:
+                    consts[name] = np.ascontiguousarray(g.initializers[name])
+            zeros = self._zeros_for(node)
+            if zeros is not None:
+                consts.setdefault(zeros[0], zeros[1])
+        if not consts:
+            return
+        layout: dict[str, int] = {}
+        total = 0
+        for name, arr in consts.items():
+            layout[name] = total
+            total += _align(max(arr.nbytes, 1))
+        buf = self.alloc(total)
+        view = buf.numpy(np.uint8, (total,))
+        for name, arr in consts.items():
+            off = layout[name]
+            view[off : off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            st = Storage(arr.nbytes, buf=buf, offset=off, fixed=True)
+            self.weights[name] = Val(st, tuple(arr.shape), arr.dtype)
+        self.weight_uploads += 1
+        log.debug("%s: uploaded %d constants (%d bytes)", g.source, len(consts), total)
+
+    def _zeros_for(self, node: Node) -> tuple[str, Array] | None:
+        g = self.graph
+        if node.op_type == "Conv" and not node.input(2):
+            w = g.tensor_info(node.input(1)).static_shape
+            dt = g.tensor_info(node.input(0)).dtype
+            if w is not None and dt is not None:
+                return f"__zeros_{dt}_{w[0]}", np.zeros(w[0], dt)
+        if node.op_type == "LayerNormalization" and not node.input(2):
+            s = g.const(node.input(1))
+            if s is not None:
+                return f"__zeros_{s.dtype}_{s.size}", np.zeros(s.size, s.dtype)
+        return None
+
+    def _zeros(self, n: int, dtype: np.dtype[Any]) -> Val:
+        return self.weights[f"__zeros_{dtype}_{n}"]
+
+    # -- planning -----------------------------------------------------------------
+
+    def build(
+        self,
+        nodes: list[Node],
+        known: dict[str, Val],
+        host: dict[str, tuple[tuple[int, ...], np.dtype[Any]]],
+        escapes: set[str],
+    ) -> PartitionPlan:
+        """Compile one partition (``nodes`` in order) for concrete shapes.
+
+        ``known`` are device tensors from the weights and earlier partitions,
+        ``host`` the shapes and dtypes of the host arrays it reads, and
+        ``escapes`` the names read after the partition.
+        """
+        b = _Builder(self, nodes, known, host, escapes)
+        for node in nodes:
+            b.node = node
+            try:
+                self._plan_node(b, node)
+            except ModelError:
+                raise
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise ModelError(
+                    f"{self.graph.source}: {node.describe()}: cannot plan for the NPU: {exc}"
+                ) from exc
+        arena, size = b.place()
+        built: list[ops.TensorOp] = []
+        op_nodes: dict[int, Node] = {}
+        for node, make in b.steps:
+            try:
+                op = make()
+            except ValueError as exc:
+                raise ModelError(
+                    f"{self.graph.source}: {node.describe()}: the NPU op is invalid: {exc}"
+                ) from exc
+            built.append(op)
+            op_nodes[id(op)] = node
+        step = _abi.NPU_SUBMIT_MAX_OPS
+        chunks = [built[i : i + step] for i in range(0, len(built), step)]
+        host_inputs = [(name, v.numpy()) for name, v in b.host_inputs]
+        outputs = [(name, v.numpy()) for name, v in b.vals.items() if name in escapes]
+        for _, arr in outputs:
+            arr.flags.writeable = False
+        log.debug(
+            "%s: planned NPU partition of %d nodes: %d ops, arena %d bytes",
+            self.graph.source,
+            len(nodes),
+            len(built),
+            size,
+        )
+        return PartitionPlan(built, chunks, host_inputs, outputs, op_nodes, arena, size, b.vals)
+
+    def _plan_node(self, b: _Builder, node: Node) -> None:
+        op = node.op_type
+        g = self.graph
+        out = node.outputs[0]
+        R = b.ref
+        if op in VIEW_OPS or (
+            op == "Cast"
+            and np.dtype(_onnx_np(int(node.attrs["to"]))) == b.get(node.inputs[0]).dtype
+        ):
+            x = b.get(node.inputs[0])
+            if op == "Cast":
+                b.alias(out, x, x.shape)
+                return
+            params: list[Array | None] = [np.empty(x.shape, np.uint8)]
+            params += [g.const(i) for i in node.inputs[1:]]
+            shape = CPU_OPS[op](node, params, g.opset)[0].shape
+            b.alias(out, x, shape)
+            return
+        if op in ELTWISE_OPS:
+            a, c = b.get(node.inputs[0]), b.get(node.inputs[1])
+            oshape = tuple(np.broadcast_shapes(a.shape, c.shape))
+            o = b.new(out, oshape, a.dtype)
+            r = max(len(oshape), 1)
+            os_ = oshape or (1,)
+            pa, pc = _pad_to(a.shape, r), _pad_to(c.shape, r)
+            kind = ELTWISE_OPS[op]
+            b.emit(
+                [a, c],
+                [o],
+                lambda: ops.eltwise(
+                    kind,
+                    R(a, pa, _bcast_strides(pa, os_)),
+                    R(c, pc, _bcast_strides(pc, os_)),
+                    R(o, os_),
+                    _bufs(a, c, o),
+                ),
+            )
+            return
+        if op in UNARY_OPS:
+            x = b.get(node.inputs[0])
+            o = b.new(out, x.shape, x.dtype)
+            ukind = UNARY_OPS[op]
+            b.emit([x], [o], lambda: ops.unary(ukind, R(x), R(o), _bufs(x, o)))
+            return
+        if op == "Cast":
+            x = b.get(node.inputs[0])
+            o = b.new(out, x.shape, np.dtype(_onnx_np(int(node.attrs["to"]))))
+            b.emit([x], [o], lambda: ops.convert(R(x), R(o), _bufs(x, o)))
+            return
+        if op == "Transpose":
+            x = b.get(node.inputs[0])
+            perm = [int(p) for p in node.attrs.get("perm", range(len(x.shape) - 1, -1, -1))]
+            st = _strides(x.shape)
+            pshape = tuple(x.shape[p] for p in perm)
+            pstrides = tuple(st[p] for p in perm)
+            o = b.new(out, pshape, x.dtype)
+            b.emit(
+                [x],
+                [o],
+                lambda: ops.convert(R(x, pshape or (1,), pstrides or (1,)), R(o), _bufs(x, o)),
+            )
+            return
+        if op == "Conv":
+            self._plan_conv(b, node)
+            return
+        if op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+            self._plan_pool(b, node)
+            return
+        if op == "Gemm":
+            self._plan_gemm(b, node)
+            return
+        if op == "MatMul":
+            self._plan_matmul(b, node)
+            return
+        if op in ("Softmax", "LogSoftmax"):
+            x = b.get(node.inputs[0])
+            o = b.new(out, x.shape, x.dtype)
+            skind = _abi.SoftmaxKind.LOG if op == "LogSoftmax" else _abi.SoftmaxKind.SOFTMAX
+            r = len(x.shape)
+            if g.opset < 13:
+                axis = int(node.attrs.get("axis", 1)) % r
+                flat = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+                b.emit(
+                    [x],
+                    [o],
+                    lambda: ops.softmax(skind, R(x, flat), R(o, flat), 1, _bufs(x, o)),
+                )
+            else:
+                ax = int(node.attrs.get("axis", -1)) % r
+                b.emit([x], [o], lambda: ops.softmax(skind, R(x), R(o), ax, _bufs(x, o)))
+            return
+        if op == "LayerNormalization":
+            x = b.get(node.inputs[0])
+            r = len(x.shape)
+            axis = int(node.attrs.get("axis", -1)) % r
+            want = (1,) * axis + x.shape[axis:]
+            n = math.prod(x.shape[axis:])
+            gamma = b.get(node.inputs[1])
+            beta = b.get(node.input(2)) if node.input(2) else self._zeros(n, gamma.dtype)
+            o = b.new(out, x.shape, x.dtype)
+            eps = float(node.attrs.get("epsilon", 1e-5))
+            b.emit(
+                [x, gamma, beta],
+                [o],
+                lambda: ops.layernorm(
+                    R(x),
+                    R(gamma, want),
+                    R(beta, want),
+                    R(o),
+                    r - axis,
+                    eps,
+                    _bufs(x, gamma, beta, o),
+                ),
+            )
+            return
+        if op in _REDUCE:
+            x = b.get(node.inputs[0])
+            axes = reduce_axes(node, g.const(node.input(1)), len(x.shape), g.opset)
+            if axes is None:
+                b.alias(out, x, x.shape)
+                return
+            kshape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+            o = b.new("", kshape, x.dtype)
+            rkind = _REDUCE[op]
+            b.emit([x], [o], lambda: ops.reduce(rkind, R(x), R(o), axes, _bufs(x, o)))
+            keep = bool(node.attrs.get("keepdims", 1))
+            b.alias(
+                out, o, kshape if keep else tuple(s for d, s in enumerate(x.shape) if d not in axes)
+            )
+            return
+        raise ModelError(f"{g.source}: {node.describe()}: no NPU planner for {op}")
+
+    def _plan_conv(self, b: _Builder, node: Node) -> None:
+        x = b.get(node.inputs[0])
+        w = b.get(node.inputs[1])
+        o_ch, _, kh, kw = w.shape
+        bias = b.get(node.input(2)) if node.input(2) else self._zeros(o_ch, x.dtype)
+        a = node.attrs
+        sh, sw = (int(s) for s in a.get("strides", [1, 1]))
+        dh, dw = (int(d) for d in a.get("dilations", [1, 1]))
+        groups = int(a.get("group", 1))
+        pads = conv_pads(a, x.shape[2:], (kh, kw), (sh, sw), (dh, dw))
+        ph, pw = pads[0], pads[1]
+        oh = window_out(x.shape[2], kh, sh, ph, dh)
+        ow = window_out(x.shape[3], kw, sw, pw, dw)
+        o = b.new(node.outputs[0], (x.shape[0], o_ch, oh, ow), x.dtype)
+        act = _ACT[node.act]
+        R = b.ref
+        b.emit(
+            [x, w, bias],
+            [o],
+            lambda: ops.conv2d_op(
+                R(x),
+                R(w),
+                R(bias, (1, o_ch, 1, 1)),
+                R(o),
+                (sh, sw),
+                (ph, pw),
+                (dh, dw),
+                groups,
+                act,
+                _bufs(x, w, bias, o),
+            ),
+        )
+
+    def _plan_pool(self, b: _Builder, node: Node) -> None:
+        x = b.get(node.inputs[0])
+        a = node.attrs
+        op = node.op_type
+        kind = _abi.PoolKind.MAX if op in ("MaxPool", "GlobalMaxPool") else _abi.PoolKind.AVG
+        if op.startswith("Global"):
+            kh, kw = x.shape[2], x.shape[3]
+            sh = sw = 1
+            ph = pw = 0
+            count_pad = True
+        else:
+            kh, kw = (int(k) for k in a["kernel_shape"])
+            sh, sw = (int(s) for s in a.get("strides", [1, 1]))
+            pads = conv_pads(a, x.shape[2:], (kh, kw), (sh, sw), (1, 1))
+            ph, pw = pads[0], pads[1]
+            count_pad = bool(a.get("count_include_pad", 0))
+        oh = window_out(x.shape[2], kh, sh, ph)
+        ow = window_out(x.shape[3], kw, sw, pw)
+        o = b.new(node.outputs[0], (x.shape[0], x.shape[1], oh, ow), x.dtype)
+        R = b.ref
+        b.emit(
+            [x],
+            [o],
+            lambda: ops.pool2d_op(
+                kind, R(x), R(o), (kh, kw), (sh, sw), (ph, pw), count_pad, _bufs(x, o)
+            ),
+        )
+
+    def _plan_gemm(self, b: _Builder, node: Node) -> None:
+        a_v = b.get(node.inputs[0])
+        b_v = b.get(node.inputs[1])
+        ta, tb = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+        m, k = (a_v.shape[1], a_v.shape[0]) if ta else a_v.shape
+        n = b_v.shape[0] if tb else b_v.shape[1]
+        a_ref = ((m, k), (1, m)) if ta else ((m, k), (k, 1))
+        b_ref = ((k, n), (1, k)) if tb else ((k, n), (n, 1))
+        act = _ACT[node.act]
+        out = node.outputs[0]
+        R = b.ref
+        c_name = node.input(2)
+        c = b.get(c_name) if c_name else None
+        if c is not None and c.numel in (1, n) and (len(c.shape) < 2 or c.shape[0] == 1):
+            o = b.new(out, (m, n), a_v.dtype)
+            cstr = (0, 0) if c.numel == 1 and n != 1 else (0, 1)
+            b.emit(
+                [a_v, b_v, c],
+                [o],
+                lambda: ops.linear_op(
+                    R(a_v, *a_ref),
+                    R(b_v, *b_ref),
+                    R(c, (1, n), cstr),
+                    R(o),
+                    act,
+                    _bufs(a_v, b_v, c, o),
+                ),
+            )
+            return
+        if c is None:
+            o = b.new(out, (m, n), a_v.dtype)
+            b.emit(
+                [a_v, b_v],
+                [o],
+                lambda: ops.matmul_op(
+                    R(a_v, *a_ref), R(b_v, *b_ref), R(o), act, _bufs(a_v, b_v, o)
+                ),
+            )
+            return
+        # C of shape [M, N] or [M, 1]: MATMUL, then ADD (then the activation).
+        tmp = b.new("", (m, n), a_v.dtype)
+        b.emit(
+            [a_v, b_v],
+            [tmp],
+            lambda: ops.matmul_op(
+                R(a_v, *a_ref), R(b_v, *b_ref), R(tmp), _abi.ActKind.NONE, _bufs(a_v, b_v, tmp)
+            ),
+        )
+        pc = _pad_to(c.shape, 2)
+        summed = b.new(out if not node.act else "", (m, n), a_v.dtype)
+        b.emit(
+            [tmp, c],
+            [summed],
+            lambda: ops.eltwise(
+                _abi.EltwiseKind.ADD,
+                R(tmp),
+                R(c, pc, _bcast_strides(pc, (m, n))),
+                R(summed),
+                _bufs(tmp, c, summed),
+            ),
+        )
+        if node.act:
+            o = b.new(out, (m, n), a_v.dtype)
+            ukind = UNARY_OPS[node.act]
+            b.emit([summed], [o], lambda: ops.unary(ukind, R(summed), R(o), _bufs(summed, o)))
+
+    def _plan_matmul(self, b: _Builder, node: Node) -> None:
+        a_v = b.get(node.inputs[0])
+        b_v = b.get(node.inputs[1])
+        ash = a_v.shape if len(a_v.shape) > 1 else (1, *a_v.shape)
+        bsh = b_v.shape if len(b_v.shape) > 1 else (*b_v.shape, 1)
+        r = max(len(ash), len(bsh))
+        ash, bsh = _pad_to(ash, r), _pad_to(bsh, r)
+        batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+        m, n = ash[-2], bsh[-1]
+        dev_shape = (*batch, m, n)
+        onnx_shape = _matmul_shape(a_v.shape, b_v.shape)
+        o = b.new("", dev_shape, a_v.dtype)
+        act = _ACT[node.act]
+        R = b.ref
+        bias_name = node.input(2)
+        if bias_name:
+            bias = b.get(bias_name)
+            bshape = (1,) * (r - 1) + (n,)
+            b.emit(
+                [a_v, b_v, bias],
+                [o],
+                lambda: ops.linear_op(
+                    R(a_v, ash), R(b_v, bsh), R(bias, bshape), R(o), act, _bufs(a_v, b_v, bias, o)
+                ),
+            )
+        else:
+            b.emit(
+                [a_v, b_v],
+                [o],
+                lambda: ops.matmul_op(R(a_v, ash), R(b_v, bsh), R(o), act, _bufs(a_v, b_v, o)),
+            )
+        b.alias(node.outputs[0], o, onnx_shape)
+
+    # -- running --------------------------------------------------------------------
+
+    def run_plan(self, plan: PartitionPlan, env: dict[str, Array]) -> tuple[float, float]:
+        """Execute ``plan``: write its host inputs, submit, wait; publish its outputs in ``env``.
+
+        Returns:
+            (seconds spent writing inputs, seconds in submit + wait).
+
+        Raises:
+            NpuDeviceError: an op failed on the device (the context names the node).
+            NpuError: the driver refused a SUBMIT (the context names the nodes).
+        """
+        import time
+
+        t0 = time.perf_counter()
+        for name, view in plan.host_inputs:
+            arr = env[name]
+            if arr.shape != view.shape:
+                raise ValueError(
+                    f"{self.graph.source}: tensor {name!r} has shape {arr.shape} but the plan "
+                    f"was built for {view.shape} (data-dependent shape?)"
+                )
+            np.copyto(view, arr, casting="same_kind")
+        t1 = time.perf_counter()
+        if plan.chunks:
+            dev = self.device
+            fence = 0
+            for chunk in plan.chunks:
+                try:
+                    fence = dev.submit(chunk)
+                except NpuError as exc:
+                    names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in chunk))
+                    raise NpuError(
+                        exc.errno or 0,
+                        exc.strerror,
+                        f"{self.graph.source}: NPU partition (nodes {names}): {exc.context}",
+                    ) from exc
+            try:
+                dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
+            except NpuDeviceError as exc:
+                node = plan.op_nodes.get(id(exc.op)) if exc.op is not None else None
+                where = node.describe() if node is not None else "an NPU partition"
+                raise NpuDeviceError(
+                    exc.status,
+                    exc.fence,
+                    exc.op,
+                    f"{self.graph.source}: {where}: {exc.context}",
+                    exc.errno or 0,
+                    exc.strerror,
+                ) from exc
+        t2 = time.perf_counter()
+        for name, view in plan.outputs:
+            env[name] = view
+        return t1 - t0, t2 - t1
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    ash = a if len(a) > 1 else (1, *a)
+    bsh = b if len(b) > 1 else (*b, 1)
+    r = max(len(ash), len(bsh))
+    ash, bsh = _pad_to(ash, r), _pad_to(bsh, r)
+    batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    out = (*batch, ash[-2], bsh[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return tuple(int(d) for d in out)
+
+
+def _bufs(*vals: Val) -> tuple[Buffer, ...]:
+    seen: dict[int, Buffer] = {}
+    for v in vals:
+        buf = v.storage.buf
+        if buf is not None:
+            seen.setdefault(id(buf), buf)
+    return tuple(seen.values())
+
+
+def _onnx_np(elem: int) -> Any:
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(elem)
+
+
+def free_buffers(buffers: list[Buffer]) -> None:
+    """Free ``buffers`` (ignoring ones already freed) and empty the list."""
+    while buffers:
+        buf = buffers.pop()
+        try:
+            buf.free()
+        except NpuError as exc:  # device closed or already gone
+            log.debug("freeing %r: %s", buf, exc)

@@ -1,0 +1,293 @@
+"""Which nodes the NPU can run, and the partitioning of the graph into provider subgraphs.
+
+:func:`npu_reason` applies the NPU provider's rules (op, dtypes, ranks,
+attributes, the device's capability bits) to one node and returns ``None``
+when the NPU can run it, else the reason it cannot. :func:`partition` then
+groups the nodes like ONNX Runtime's execution providers: it walks the graph
+in a topological order that keeps taking nodes of the current provider while
+any is ready (so independent nodes are reordered to make NPU subgraphs as
+large as possible) and starts a new partition only when it must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from .. import _abi
+from ..validate import tensor_op_supported
+from .cpu import conv_pads
+from .graph import Graph, Node
+
+__all__ = [
+    "ELTWISE_OPS",
+    "NPU_DTYPES",
+    "UNARY_OPS",
+    "VIEW_OPS",
+    "Partition",
+    "npu_reason",
+    "partition",
+]
+
+#: numpy dtype -> device dtype, for tensors the NPU provider handles.
+NPU_DTYPES: Final[dict[np.dtype[Any], _abi.DType]] = {
+    np.dtype(np.float32): _abi.DType.FP32,
+    np.dtype(np.float16): _abi.DType.FP16,
+    np.dtype(np.int32): _abi.DType.INT32,
+    np.dtype(np.int8): _abi.DType.INT8,
+}
+_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float16)})
+
+#: ONNX binary ops -> ELTWISE kinds.
+ELTWISE_OPS: Final = {
+    "Add": _abi.EltwiseKind.ADD,
+    "Sub": _abi.EltwiseKind.SUB,
+    "Mul": _abi.EltwiseKind.MUL,
+    "Div": _abi.EltwiseKind.DIV,
+    "Max": _abi.EltwiseKind.MAX,
+    "Min": _abi.EltwiseKind.MIN,
+}
+#: ONNX unary ops -> UNARY kinds.
+UNARY_OPS: Final = {
+    "Relu": _abi.UnaryKind.RELU,
+    "Gelu": _abi.UnaryKind.GELU,
+    "Sigmoid": _abi.UnaryKind.SIGMOID,
+    "Tanh": _abi.UnaryKind.TANH,
+    "Exp": _abi.UnaryKind.EXP,
+    "Log": _abi.UnaryKind.LOG,
+    "Sqrt": _abi.UnaryKind.SQRT,
+    "Abs": _abi.UnaryKind.ABS,
+    "Neg": _abi.UnaryKind.NEG,
+}
+_INT_UNARY = frozenset({"Relu", "Abs", "Neg"})
+#: Ops the NPU provider runs as zero-copy views of a contiguous buffer.
+VIEW_OPS: Final = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
+_REDUCE_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+# Inputs that only carry static parameters (must be constants; not device tensors).
+_PARAM_INPUTS: Final = {
+    "Reshape": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+}
+# Capability each op needs.
+_OPCODE: Final = {
+    **dict.fromkeys(ELTWISE_OPS, _abi.Opcode.ELTWISE),
+    **dict.fromkeys(UNARY_OPS, _abi.Opcode.UNARY),
+    "Cast": _abi.Opcode.CONVERT,
+    "Transpose": _abi.Opcode.CONVERT,
+    "Conv": _abi.Opcode.CONV2D,
+    "MaxPool": _abi.Opcode.POOL2D,
+    "AveragePool": _abi.Opcode.POOL2D,
+    "GlobalAveragePool": _abi.Opcode.POOL2D,
+    "GlobalMaxPool": _abi.Opcode.POOL2D,
+    "Gemm": _abi.Opcode.LINEAR,
+    "MatMul": _abi.Opcode.MATMUL,
+    "Softmax": _abi.Opcode.SOFTMAX,
+    "LogSoftmax": _abi.Opcode.SOFTMAX,
+    "LayerNormalization": _abi.Opcode.LAYERNORM,
+    **dict.fromkeys(_REDUCE_OPS, _abi.Opcode.REDUCE),
+}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A run of nodes one provider executes: ``provider`` is ``"NPU"`` or ``"CPU"``."""
+
+    provider: str
+    nodes: tuple[str, ...]
+
+
+def _tensor_reason(graph: Graph, name: str, what: str) -> str | None:
+    info = graph.tensor_info(name)
+    if info.dtype is None:
+        return f"{what} {name!r} has an unknown element type"
+    if info.dtype not in NPU_DTYPES:
+        return f"{what} {name!r} is {info.dtype}, the NPU has float32/float16/int32/int8"
+    if info.rank is None:
+        return f"{what} {name!r} has an unknown rank"
+    if info.rank > _abi.NPU_MAX_RANK:
+        return f"{what} {name!r} has rank {info.rank} > {_abi.NPU_MAX_RANK}"
+    if info.shape is not None and 0 in info.shape:
+        return f"{what} {name!r} is empty"
+    return None
+
+
+def _symmetric_pads(node: Node, graph: Graph, kernel: Sequence[int]) -> str | None:
+    """None if the node's 2-D padding is symmetric (and static), else the reason."""
+    a = node.attrs
+    strides = [int(s) for s in a.get("strides", [1, 1])]
+    dil = [int(d) for d in a.get("dilations", [1, 1])]
+    shape = graph.tensor_info(node.inputs[0]).shape or ()
+    spatial = shape[2:]
+    if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        if not all(isinstance(d, int) for d in spatial):
+            return "auto_pad SAME with dynamic spatial dims"
+        pads = conv_pads(a, [int(d) for d in spatial if d is not None], kernel, strides, dil)
+    else:
+        pads = conv_pads(a, [0, 0], kernel, strides, dil)
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        return f"asymmetric pads {pads}"
+    if max(pads) > _abi.NPU_MAX_PAD:
+        return f"pads {pads} exceed NPU_MAX_PAD"
+    return None
+
+
+def _op_reason(node: Node, graph: Graph) -> str | None:
+    """Op-specific rules (dtypes/ranks of device tensors already checked)."""
+    op = node.op_type
+    a = node.attrs
+    dts = [graph.tensor_info(i).dtype for i in node.inputs[:1] if i]
+    dt = dts[0] if dts else None
+    floaty = dt in _FLOATS
+    if op in ELTWISE_OPS:
+        if len([i for i in node.inputs if i]) != 2:
+            return f"{op} with {len(node.inputs)} inputs (the NPU takes 2)"
+        if op == "Div" and not floaty:
+            return "integer Div (the NPU divides floats only)"
+        return None
+    if op in UNARY_OPS:
+        if not floaty and op not in _INT_UNARY:
+            return f"{op} of {dt} (float only on the NPU)"
+        if op == "Gelu" and a.get("approximate", "none") != "none":
+            return "tanh-approximate Gelu (the NPU's GELU is the erf form)"
+        return None
+    if op in ("Cast", "Transpose") or op in VIEW_OPS:
+        return None
+    if op in ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+        if graph.tensor_info(node.inputs[0]).rank != 4:
+            return f"{op} on a rank-{graph.tensor_info(node.inputs[0]).rank} input (NPU: 2-D)"
+        if not floaty:
+            return f"{op} of {dt} (float only)"
+        if op.startswith("Global"):
+            return None
+        if op == "Conv":
+            w = graph.tensor_info(node.input(1)).static_shape
+            if w is None or len(w) != 4:
+                return "the weight shape is not static 4-D"
+            return _symmetric_pads(node, graph, w[2:])
+        kernel = [int(k) for k in a.get("kernel_shape", [])]
+        if len(kernel) != 2:
+            return f"kernel_shape {kernel} is not 2-D"
+        if a.get("ceil_mode", 0):
+            return "ceil_mode=1"
+        if any(int(d) != 1 for d in a.get("dilations", [1, 1])):
+            return "dilated pooling"
+        if a.get("storage_order", 0) or len([o for o in node.outputs if o]) != 1:
+            return "MaxPool with an Indices output or storage_order"
+        reason = _symmetric_pads(node, graph, kernel)
+        if reason:
+            return reason
+        pads = conv_pads(a, [0, 0], kernel, [1, 1], [1, 1])
+        if pads[0] >= kernel[0] or pads[1] >= kernel[1]:
+            return f"pads {pads} not below the kernel {kernel}"
+        return None
+    if op in ("Gemm", "MatMul"):
+        if not floaty:
+            return f"{op} of {dt} (float only)"
+        if op == "Gemm":
+            if float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0:
+                return "Gemm alpha/beta != 1 with non-constant operands"
+            if node.input(2) and (graph.tensor_info(node.input(2)).rank or 0) > 2:
+                return "Gemm C of rank > 2"
+        return None
+    if op in ("Softmax", "LogSoftmax"):
+        return None if floaty else f"{op} of {dt} (float only)"
+    if op == "LayerNormalization":
+        if not floaty:
+            return f"{op} of {dt} (float only)"
+        if len([o for o in node.outputs if o]) != 1:
+            return "LayerNormalization with Mean/InvStdDev outputs"
+        if graph.const(node.input(1)) is None or (
+            node.input(2) and graph.const(node.input(2)) is None
+        ):
+            return "non-constant scale or bias"
+        return None
+    if op in _REDUCE_OPS:
+        if len(node.inputs) > 1 and node.input(1) and graph.const(node.input(1)) is None:
+            return "non-constant axes"
+        if op == "ReduceMean" and not floaty:
+            return "integer ReduceMean"
+        return None
+    return f"no NPU kernel for {op}"
+
+
+def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
+    """``None`` if the NPU provider can run ``node`` on a device with ``caps``, else why not."""
+    if node.domain not in ("", "ai.onnx"):
+        return f"custom domain {node.domain!r}"
+    op = node.op_type
+    if op not in _OPCODE and op not in VIEW_OPS:
+        return f"no NPU kernel for {op}"
+    opcode = _OPCODE.get(op)
+    if opcode is not None and not tensor_op_supported(opcode, caps):
+        return f"the device lacks the capability for {opcode.name}"
+    params = _PARAM_INPUTS.get(op, ())
+    if op == "Reshape" and graph.opset >= 5 and graph.const(node.input(1)) is None:
+        return "Reshape to a shape computed at run time"
+    for i, name in enumerate(node.inputs):
+        if not name:
+            continue
+        if i in params:
+            if graph.const(name) is None:
+                return f"parameter input {name!r} is not a constant"
+            continue
+        reason = _tensor_reason(graph, name, "input")
+        if reason:
+            return reason
+    for name in node.outputs:
+        if name:
+            reason = _tensor_reason(graph, name, "output")
+            if reason:
+                return reason
+    return _op_reason(node, graph)
+
+
+def partition(graph: Graph, on_npu: dict[str, bool]) -> list[Partition]:
+    """Group ``graph``'s nodes into maximal runs per provider, in a topological order.
+
+    ``on_npu`` maps node names to whether the NPU runs them. Among the ready
+    nodes the current provider's are always taken first; the graph's own
+    order breaks ties, so a graph that needs no reordering keeps its order.
+    """
+    producers = graph.producers()
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    deps: dict[int, set[int]] = {}
+    users: dict[int, list[int]] = {i: [] for i in range(len(graph.nodes))}
+    for i, node in enumerate(graph.nodes):
+        d = {index[id(producers[x])] for x in node.inputs if x in producers}
+        d.discard(i)
+        deps[i] = d
+        for j in d:
+            users[j].append(i)
+    ready = sorted(i for i, d in deps.items() if not d)
+    parts: list[Partition] = []
+    current: list[str] = []
+    provider = ""
+    remaining = {i: len(d) for i, d in deps.items()}
+    while ready:
+        want = provider or ("NPU" if on_npu[graph.nodes[ready[0]].name] else "CPU")
+        pick = next(
+            (i for i in ready if ("NPU" if on_npu[graph.nodes[i].name] else "CPU") == want), None
+        )
+        if pick is None:
+            parts.append(Partition(provider, tuple(current)))
+            current, provider = [], ""
+            continue
+        provider = want
+        ready.remove(pick)
+        current.append(graph.nodes[pick].name)
+        for u in users[pick]:
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                ready.append(u)
+        ready.sort()
+    if current:
+        parts.append(Partition(provider, tuple(current)))
+    return parts

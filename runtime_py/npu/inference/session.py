@@ -1,0 +1,335 @@
+"""``InferenceSession``: the model runner's public face (onnxruntime-like).
+
+A session loads and checks the model (:mod:`.loader`), rewrites it
+(:mod:`.rewrite`), labels each node NPU or CPU and partitions the graph
+(:mod:`.partition`), uploads the NPU's weights (:mod:`.npu_provider`) and
+picks a CPU kernel for every other node (:mod:`.cpu`). :meth:`run` executes
+the partitions in order; NPU partitions are compiled into plans on the first
+run of each input-shape signature and replayed afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from onnx import helper
+
+from ..device import Device, default_device
+from ..errors import NpuError
+from .cpu import Array, Kernel, cpu_kernel
+from .graph import Dim, Node
+from .loader import ModelSource, load_model
+from .npu_provider import NpuProvider, PartitionPlan, Val, free_buffers
+from .partition import Partition, npu_reason, partition
+from .rewrite import rewrite
+
+__all__ = ["InferenceSession", "NodeArg", "RunProfile"]
+
+log = logging.getLogger(__name__)
+
+_PROVIDERS = ("NPU", "CPU")
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output: name, shape (ints, dim names or None) and numpy dtype."""
+
+    name: str
+    shape: list[Dim]
+    dtype: np.dtype[Any] | None
+
+    @property
+    def type(self) -> str:
+        """The onnxruntime-style type string, e.g. ``"tensor(float)"``."""
+        if self.dtype is None:
+            return "tensor(unknown)"
+        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        name = helper.tensor_dtype_to_string(elem).removeprefix("TensorProto.").lower()
+        return f"tensor({name})"
+
+
+@dataclass
+class RunProfile:
+    """Where the time of one :meth:`InferenceSession.run` went, in seconds.
+
+    ``upload_s``: copying inputs into device buffers; ``compute_s``: NPU
+    submit + wait; ``cpu_s``: CPU partitions; ``download_s``: copying the
+    outputs out; ``total_s``: the whole call. ``planned`` is true when the
+    run had to compile a plan first (its time is in ``total_s`` only).
+    """
+
+    upload_s: float = 0.0
+    compute_s: float = 0.0
+    cpu_s: float = 0.0
+    download_s: float = 0.0
+    total_s: float = 0.0
+    planned: bool = False
+
+
+Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+class InferenceSession:
+    """Run an ONNX model with the NPU and a numpy CPU fallback.
+
+    Args:
+        model: a path, the bytes of a model file or an ``onnx.ModelProto``.
+        device: the NPU (default: :func:`npu.default_device`, opened only
+            when the NPU provider is used).
+        providers: ``("NPU", "CPU")`` (default) or ``("CPU",)`` to run
+            everything with numpy (the CPU provider always backs the NPU).
+
+    Raises:
+        ModelError: the model is malformed or uses an op neither provider
+            runs (the message names the node and the reason).
+        ValueError: an unknown provider name.
+
+    Attributes:
+        partitions: the :class:`Partition` runs, in execution order.
+        fallbacks: ``(node name, op_type, reason)`` of every node not on the NPU.
+        last_profile: the :class:`RunProfile` of the last :meth:`run`.
+        rewrites: how often each graph rewrite applied.
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        device: Device | None = None,
+        providers: Sequence[str] = _PROVIDERS,
+    ) -> None:
+        provs = tuple(providers)
+        bad = [p for p in provs if p not in _PROVIDERS]
+        if bad or not provs:
+            raise ValueError(f"unknown providers {bad or provs}; choose from {_PROVIDERS}")
+        graph = load_model(model)
+        self.source = graph.source
+        self._declared = {n: graph.tensor_info(n) for n in [*graph.inputs, *graph.outputs]}
+        self.rewrites = rewrite(graph)
+        self.graph = graph
+        self.providers = provs
+        use_npu = "NPU" in provs
+        self.device: Device | None = None
+        caps = 0
+        if use_npu:
+            self.device = device if device is not None else default_device()
+            caps = int(self.device.info.caps)
+        self.fallbacks: list[tuple[str, str, str]] = []
+        on_npu: dict[str, bool] = {}
+        for node in graph.nodes:
+            reason = npu_reason(node, graph, caps) if use_npu else "the NPU provider is not enabled"
+            on_npu[node.name] = reason is None
+            if reason is not None:
+                self.fallbacks.append((node.name, node.op_type, reason))
+                if use_npu:
+                    log.info(
+                        "%s: %s falls back to the CPU: %s", graph.source, node.describe(), reason
+                    )
+        self._nodes = {n.name: n for n in graph.nodes}
+        self._kernels: dict[str, Kernel] = {
+            n.name: cpu_kernel(n, graph) for n in graph.nodes if not on_npu[n.name]
+        }
+        self.partitions: list[Partition] = partition(graph, on_npu)
+        self._part_nodes = [[self._nodes[n] for n in p.nodes] for p in self.partitions]
+        self._escapes = self._escape_sets()
+        self._npu: NpuProvider | None = None
+        self._buffers: list[Any] = []
+        if use_npu and any(on_npu.values()):
+            assert self.device is not None
+            self._npu = NpuProvider(self.device, graph, [n for n in graph.nodes if on_npu[n.name]])
+            self._buffers = self._npu.buffers
+        self._finalizer = weakref.finalize(self, free_buffers, self._buffers)
+        self._plans: dict[Signature, list[PartitionPlan | None]] = {}
+        self._device_vals: dict[Signature, dict[str, Val]] = {}
+        self.last_profile = RunProfile()
+        log.info(
+            "%s: %d nodes in %d partitions (%d on the NPU); rewrites %s",
+            graph.source,
+            len(graph.nodes),
+            len(self.partitions),
+            sum(on_npu.values()),
+            self.rewrites or "none",
+        )
+
+    # -- introspection ------------------------------------------------------------
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The graph inputs (initializers excluded)."""
+        return [self._arg(n) for n in self.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The graph outputs."""
+        return [self._arg(n) for n in self.graph.outputs]
+
+    def _arg(self, name: str) -> NodeArg:
+        info = self._declared[name]
+        return NodeArg(name, list(info.shape or ()), info.dtype)
+
+    @property
+    def weight_uploads(self) -> int:
+        """How many times weights were uploaded to the device (1 with NPU nodes, else 0)."""
+        return self._npu.weight_uploads if self._npu is not None else 0
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the session's device buffers (weights and plans). Idempotent."""
+        self._plans.clear()
+        self._device_vals.clear()
+        self._finalizer()
+
+    def __enter__(self) -> InferenceSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- running ------------------------------------------------------------------------
+
+    def _escape_sets(self) -> list[set[str]]:
+        """Per partition, the tensors it produces that are read after it."""
+        owner: dict[str, int] = {}
+        for k, nodes in enumerate(self._part_nodes):
+            for n in nodes:
+                for o in n.outputs:
+                    owner[o] = k
+        escapes: list[set[str]] = [set() for _ in self._part_nodes]
+        for k, nodes in enumerate(self._part_nodes):
+            for n in nodes:
+                for i in n.inputs:
+                    if i in owner and owner[i] != k:
+                        escapes[owner[i]].add(i)
+        for o in self.graph.outputs:
+            if o in owner:
+                escapes[owner[o]].add(o)
+        # Views alias their producer: an escaping view keeps its base live too
+        # (storage lifetime is per storage, so the view's name suffices).
+        return escapes
+
+    def _feeds(self, feeds: Mapping[str, npt.ArrayLike]) -> dict[str, Array]:
+        unknown = [k for k in feeds if k not in self.graph.inputs]
+        if unknown:
+            raise ValueError(
+                f"{self.source}: unknown inputs {unknown}; inputs: {self.graph.inputs}"
+            )
+        env: dict[str, Array] = {}
+        for name in self.graph.inputs:
+            if name not in feeds:
+                raise ValueError(f"{self.source}: missing input {name!r}")
+            info = self._declared[name]
+            arr = np.asarray(feeds[name])
+            if info.dtype is not None and arr.dtype != info.dtype:
+                if not np.can_cast(arr.dtype, info.dtype, casting="same_kind"):
+                    raise ValueError(
+                        f"{self.source}: input {name!r} is {arr.dtype}, the model wants "
+                        f"{info.dtype}"
+                    )
+                arr = arr.astype(info.dtype)
+            if info.shape is not None:
+                ok = len(info.shape) == arr.ndim and all(
+                    not isinstance(d, int) or d == s
+                    for d, s in zip(info.shape, arr.shape, strict=False)
+                )
+                if not ok:
+                    raise ValueError(
+                        f"{self.source}: input {name!r} has shape {arr.shape}, the model "
+                        f"wants {list(info.shape)}"
+                    )
+            env[name] = arr
+        return env
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, npt.ArrayLike]
+    ) -> list[Array]:
+        """Run the model; return the requested outputs (all when ``output_names`` is None).
+
+        Raises:
+            ValueError: missing, unknown or mis-shaped inputs, or an unknown output.
+            NpuError: the device or driver failed (the context names the node).
+            RuntimeError: a CPU kernel failed (the message names the node).
+        """
+        t_start = time.perf_counter()
+        names = list(self.graph.outputs) if output_names is None else list(output_names)
+        bad = [n for n in names if n not in self.graph.outputs]
+        if bad:
+            raise ValueError(f"{self.source}: unknown outputs {bad}; outputs: {self.graph.outputs}")
+        if self._finalizer is not None and not self._finalizer.alive and self._npu is not None:
+            raise NpuError(9, "session is closed", f"InferenceSession({self.source})")
+        env = self._feeds(input_feed)
+        prof = RunProfile()
+        sig: Signature = tuple((n, env[n].shape, env[n].dtype.str) for n in self.graph.inputs)
+        plans = self._plans.get(sig)
+        if plans is None:
+            plans = [None] * len(self.partitions)
+            self._plans[sig] = plans
+            self._device_vals[sig] = dict(self._npu.weights) if self._npu is not None else {}
+        known = self._device_vals[sig]
+        initializers = self.graph.initializers
+        opset = self.graph.opset
+        for k, part in enumerate(self.partitions):
+            nodes = self._part_nodes[k]
+            if part.provider == "CPU":
+                t0 = time.perf_counter()
+                for node in nodes:
+                    self._run_cpu(node, env, initializers, opset)
+                prof.cpu_s += time.perf_counter() - t0
+                continue
+            assert self._npu is not None
+            plan = plans[k]
+            if plan is None:
+                host = {}
+                for node in nodes:
+                    for i in node.inputs:
+                        if i and i not in known and i in env:
+                            host[i] = (tuple(env[i].shape), env[i].dtype)
+                plan = self._npu.build(nodes, known, host, self._escapes[k])
+                plans[k] = plan
+                for name in self._escapes[k]:
+                    if name in plan.vals:
+                        known[name] = plan.vals[name]
+                prof.planned = True
+            up, comp = self._npu.run_plan(plan, env)
+            prof.upload_s += up
+            prof.compute_s += comp
+        t0 = time.perf_counter()
+        outs = []
+        for n in names:
+            v = env[n] if n in env else initializers[n]
+            outs.append(np.array(v, copy=True))
+        prof.download_s = time.perf_counter() - t0
+        prof.total_s = time.perf_counter() - t_start
+        self.last_profile = prof
+        return outs
+
+    def _run_cpu(
+        self, node: Node, env: dict[str, Array], initializers: dict[str, Array], opset: int
+    ) -> None:
+        xs: list[Array | None] = []
+        for i in node.inputs:
+            if not i:
+                xs.append(None)
+            elif i in env:
+                xs.append(env[i])
+            else:
+                xs.append(initializers[i])
+        try:
+            outs = self._kernels[node.name](node, xs, opset)
+        except Exception as exc:
+            raise RuntimeError(
+                f"{self.source}: {node.describe()} failed on the CPU: {type(exc).__name__}: {exc}"
+            ) from exc
+        for name, val in zip(node.outputs, outs, strict=False):
+            if name:
+                env[name] = val

@@ -1,0 +1,124 @@
+"""The example models (examples/models/, docs/models.md) through
+npu.InferenceSession on the NPU, against onnx's ReferenceEvaluator.
+
+- digits MLP and CNN: the NPU's predicted classes on the whole held-out
+  test split (360 images, batches of 64) equal those of ReferenceEvaluator
+  run here in the guest; the CNN's NPU accuracy is at least 95%;
+- ResNet-style network, batch 8: the NPU's logits match ReferenceEvaluator
+  within |got - want| <= RESNET_ATOL + RESNET_RTOL * |want| (docs/models.md,
+  "Tolerances"; the same numbers as examples/inference_common.py).
+
+Each model's NPU and reference outputs are computed once per module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npu
+
+onnx_reference = pytest.importorskip("onnx.reference")
+
+MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
+DIGITS = ("digits_mlp.onnx", "digits_cnn.onnx")
+BATCH = 64
+RESNET_RTOL = 1e-3
+RESNET_ATOL = 1e-4
+
+
+def _digits():
+    with np.load(MODELS / "digits_test.npz") as d:
+        return d["x"].astype(np.float32), d["y"]
+
+
+def _as_input(model_path: Path, x: np.ndarray) -> np.ndarray:
+    """x [N, 1, 8, 8] reshaped to the model's input (the MLP takes [N, 64])."""
+    import onnx
+
+    dims = onnx.load(str(model_path)).graph.input[0].type.tensor_type.shape.dim
+    return np.ascontiguousarray(x.reshape(len(x), *(d.dim_value for d in dims[1:])))
+
+
+def _batched(run, x: np.ndarray) -> np.ndarray:
+    return np.concatenate([run(x[i : i + BATCH]) for i in range(0, len(x), BATCH)])
+
+
+def _npu_logits(path: Path, x: np.ndarray) -> tuple[np.ndarray, object]:
+    sess = npu.InferenceSession(str(path))
+    name = sess.get_inputs()[0].name
+    return _batched(lambda b: sess.run(None, {name: b})[0], x), sess
+
+
+def _ref_logits(path: Path, x: np.ndarray) -> np.ndarray:
+    ref = onnx_reference.ReferenceEvaluator(str(path))
+    return _batched(lambda b: ref.run(None, {"input": b})[0], x)
+
+
+@pytest.fixture(scope="module")
+def digits_run():
+    """digits_run(model) -> (NPU logits, reference logits, labels, NPU session) on the
+    whole test split; each model runs once per module."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            path = MODELS / name
+            x, y = _digits()
+            x = _as_input(path, x)
+            got, sess = _npu_logits(path, x)
+            cache[name] = got, _ref_logits(path, x), y, sess
+        return cache[name]
+
+    yield get
+    for *_, sess in cache.values():
+        sess.close()  # frees its device buffers (weights, activations)
+
+
+@pytest.fixture(scope="module")
+def resnet_run():
+    """(NPU logits, reference logits) of the ResNet on its batch-8 sample."""
+    path = MODELS / "resnet_small.onnx"
+    with np.load(MODELS / "resnet_sample.npz") as d:
+        x = d["x"].astype(np.float32)[:8]
+    sess = npu.InferenceSession(str(path))
+    got = sess.run(None, {"input": x})[0]
+    yield got, _ref_logits(path, x), sess
+    sess.close()
+
+
+@pytest.mark.parametrize("name", DIGITS)
+def test_digits_model_runs_on_the_npu(digits_run, name):
+    sess = digits_run(name)[3]
+    assert any(p.provider == "NPU" for p in sess.partitions), f"{name}: no NPU partition"
+
+
+@pytest.mark.parametrize("name", DIGITS)
+def test_digits_npu_predictions_equal_reference(digits_run, name):
+    got, want, y, _ = digits_run(name)
+    assert got.shape == want.shape == (len(y), 10)
+    differ = np.flatnonzero(got.argmax(axis=1) != want.argmax(axis=1))
+    assert differ.size == 0, f"{name}: NPU and ReferenceEvaluator differ on images {differ}"
+
+
+def test_digits_cnn_npu_accuracy_at_least_95_percent(digits_run):
+    got, _, y, _ = digits_run("digits_cnn.onnx")
+    acc = float(np.mean(got.argmax(axis=1) == y))
+    assert acc >= 0.95, f"CNN accuracy on the NPU {acc:.4f}"
+
+
+def test_resnet_runs_on_the_npu(resnet_run):
+    _, _, sess = resnet_run
+    assert any(p.provider == "NPU" for p in sess.partitions)
+
+
+def test_resnet_logits_match_reference_within_tolerance(resnet_run):
+    got, want, _ = resnet_run
+    assert got.shape == want.shape == (8, 10)
+    err = np.abs(got - want)
+    bound = RESNET_ATOL + RESNET_RTOL * np.abs(want)
+    assert np.all(err <= bound), (
+        f"max err {err.max():.3g}, {float(np.max(err / bound)):.3g}x the bound"
+    )

@@ -1,0 +1,131 @@
+"""The NPU provider through the fake driver: plans, weights, errors, lifetime, and every op."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import npu
+from fake_driver import FakeDriver
+from onnx_models import digits_cnn, op_cases, reference, resnet_like, rnd
+from test_inference_cpu import expected
+
+CASES = op_cases()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_npu_provider_matches_reference(case: str, device: npu.Device) -> None:
+    model, feeds = CASES[case]
+    want = expected(case, model, feeds)
+    with npu.InferenceSession(model, device=device) as sess:
+        got = sess.run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_digits_cnn_runs_entirely_on_the_npu(device: npu.Device, driver: FakeDriver) -> None:
+    x = rnd(np.random.default_rng(0), 8, 1, 28, 28)
+    model = digits_cnn()
+    with npu.InferenceSession(model, device=device) as sess:
+        assert sess.fallbacks == []
+        before = len(driver.submitted_tensor)
+        (got,) = sess.run(None, {"x": x})
+        assert len(driver.submitted_tensor) - before == 7  # one per node; Flatten is a view
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_fallback_model_runs_npu_cpu_npu_and_matches_reference(device: npu.Device) -> None:
+    model = digits_cnn(middle="LeakyRelu")
+    x = rnd(np.random.default_rng(1), 4, 1, 28, 28)
+    with npu.InferenceSession(model, device=device) as sess:
+        assert [p.provider for p in sess.partitions] == ["NPU", "CPU", "NPU"]
+        (got,) = sess.run(None, {"x": x})
+        assert sess.last_profile.cpu_s > 0 and sess.last_profile.compute_s > 0
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_resnet_runs_with_one_submit_per_run(device: npu.Device, driver: FakeDriver) -> None:
+    model = resnet_like()
+    x = rnd(np.random.default_rng(2), 2, 3, 32, 32)
+    with npu.InferenceSession(model, device=device) as sess:
+        sess.run(None, {"x": x})
+        before = len(driver.submits)
+        (got,) = sess.run(None, {"x": x})
+        assert len(driver.submits) - before == 1
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_second_run_reuses_the_plan_and_allocates_nothing(device: npu.Device) -> None:
+    x = rnd(np.random.default_rng(3), 2, 1, 28, 28)
+    with npu.InferenceSession(digits_cnn(), device=device) as sess:
+        first = sess.run(None, {"x": x})[0]
+        assert sess.last_profile.planned
+        count = len(device.buffers)
+        second = sess.run(None, {"x": x * 0.5})[0]
+        assert not sess.last_profile.planned
+        assert len(device.buffers) == count
+        again = sess.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, second)
+
+
+def test_a_new_batch_size_builds_a_second_plan(device: npu.Device) -> None:
+    model = digits_cnn()
+    with npu.InferenceSession(model, device=device) as sess:
+        for n in (1, 3, 1):
+            x = rnd(np.random.default_rng(n), n, 1, 28, 28)
+            (got,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+        assert len(sess._plans) == 2
+
+
+def test_weights_are_uploaded_once_at_session_creation(device: npu.Device) -> None:
+    x = rnd(np.random.default_rng(4), 2, 1, 28, 28)
+    with npu.InferenceSession(digits_cnn(), device=device) as sess:
+        assert sess.weight_uploads == 1
+        assert len(device.buffers) == 1  # the weights; plans come at the first run
+        for _ in range(3):
+            sess.run(None, {"x": x})
+        assert sess.weight_uploads == 1
+
+
+def test_device_error_names_the_node(device: npu.Device, driver: FakeDriver) -> None:
+    driver.fail_opcode[int(npu.Opcode.POOL2D)] = int(npu.Status.BAD_ARGS)
+    x = rnd(np.random.default_rng(5), 1, 1, 28, 28)
+    with npu.InferenceSession(digits_cnn(), device=device) as sess:
+        with pytest.raises(npu.NpuDeviceError, match=r"node 'pool1' \(MaxPool\)") as info:
+            sess.run(None, {"x": x})
+        assert info.value.status_name == "NPU_ST_BAD_ARGS"
+
+
+def test_close_frees_every_buffer(device: npu.Device) -> None:
+    baseline = len(device.buffers)
+    sess = npu.InferenceSession(resnet_like(), device=device)
+    sess.run(None, {"x": rnd(np.random.default_rng(6), 1, 3, 32, 32)})
+    assert len(device.buffers) > baseline
+    sess.close()
+    sess.close()
+    assert len(device.buffers) == baseline
+
+
+def test_garbage_collected_session_frees_every_buffer(device: npu.Device) -> None:
+    baseline = len(device.buffers)
+    sess = npu.InferenceSession(digits_cnn(middle="Erf"), device=device)
+    out = sess.run(None, {"x": rnd(np.random.default_rng(7), 2, 1, 28, 28)})
+    del sess
+    gc.collect()
+    assert len(device.buffers) == baseline
+    assert out[0].shape == (2, 10)
+
+
+def test_outputs_do_not_alias_device_memory(device: npu.Device) -> None:
+    x = rnd(np.random.default_rng(8), 2, 1, 28, 28)
+    with npu.InferenceSession(digits_cnn(), device=device) as sess:
+        a = sess.run(None, {"x": x})[0]
+        keep = a.copy()
+        sess.run(None, {"x": x * 2})
+    np.testing.assert_array_equal(a, keep)
+    assert a.flags.owndata

@@ -1,0 +1,177 @@
+"""Graph rewrites of the model runner: each keeps the result and changes the graph as promised."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import npu
+from npu.inference.loader import load_model
+from npu.inference.rewrite import rewrite
+from onnx_models import bn, bn_params, digits_cnn, make, reference, rnd, vi
+
+
+def run_cpu(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+) -> tuple[list[np.ndarray], npu.InferenceSession]:
+    sess = npu.InferenceSession(model, providers=("CPU",))
+    return sess.run(None, feeds), sess
+
+
+def op_types(sess: npu.InferenceSession) -> list[str]:
+    return [n.op_type for n in sess.graph.nodes]
+
+
+def test_batchnorm_folds_into_the_preceding_conv_exactly() -> None:
+    rng = np.random.default_rng(0)
+    inits = {"w": rnd(rng, 6, 3, 3, 3), "b": rnd(rng, 6), **bn_params(rng, 6, "bn")}
+    model = make(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            bn("c", "y", "bn"),
+        ],
+        [vi("x", [2, 3, 8, 8])],
+        [vi("y", [2, 6, 8, 8])],
+        inits,
+    )
+    x = rnd(rng, 2, 3, 8, 8)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Conv"]
+    assert sess.graph.nodes[0].fused == ["bn"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_without_a_conv_becomes_a_channel_scale_and_shift() -> None:
+    rng = np.random.default_rng(1)
+    model = make([bn("x", "y", "bn")], [vi("x", [2, 4, 5, 5])], [vi("y", [2, 4, 5, 5])],
+                 bn_params(rng, 4, "bn"))  # fmt: skip
+    x = rnd(rng, 2, 4, 5, 5)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Mul", "Add"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_of_a_conv_output_read_twice_is_not_folded_into_it() -> None:
+    rng = np.random.default_rng(2)
+    inits = {"w": rnd(rng, 4, 4, 1, 1), **bn_params(rng, 4, "bn")}
+    model = make(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            bn("c", "n", "bn"),
+            helper.make_node("Add", ["n", "c"], ["y"], name="add"),
+        ],
+        [vi("x", [1, 4, 3, 3])],
+        [vi("y", [1, 4, 3, 3])],
+        inits,
+    )
+    x = rnd(rng, 1, 4, 3, 3)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Conv", "Mul", "Add", "Add"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_identity_and_dropout_are_dropped() -> None:
+    model = make(
+        [
+            helper.make_node("Identity", ["x"], ["a"], name="id"),
+            helper.make_node("Dropout", ["a"], ["b"], name="drop"),
+            helper.make_node("Relu", ["b"], ["y"], name="relu"),
+        ],
+        [vi("x", [3])],
+        [vi("y", [3])],
+    )
+    x = np.array([-1, 0, 2], np.float32)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Relu"]
+    np.testing.assert_array_equal(got, [0, 0, 2])
+
+
+def test_conv_relu_and_gemm_relu_fuse_into_the_producer() -> None:
+    sess = npu.InferenceSession(digits_cnn(), providers=("CPU",))
+    nodes = {n.name: n for n in sess.graph.nodes}
+    assert nodes["conv1"].act == "Relu" and nodes["conv1"].fused == ["bn1", "relu1"]
+    assert nodes["fc1"].act == "Relu" and nodes["fc1"].fused == ["relu3"]
+    assert "relu1" not in nodes and "relu3" not in nodes
+
+
+def test_matmul_add_fuses_into_a_matmul_with_bias() -> None:
+    sess = npu.InferenceSession(digits_cnn(), providers=("CPU",))
+    nodes = {n.name: n for n in sess.graph.nodes}
+    assert nodes["fc2"].fused == ["fc2_bias"] and len(nodes["fc2"].inputs) == 3
+    assert "fc2_bias" not in nodes
+
+
+def test_erf_gelu_pattern_becomes_one_gelu() -> None:
+    c = {k: np.array(v, np.float32) for k, v in {"s2": 2**0.5, "one": 1.0, "half": 0.5}.items()}
+    model = make(
+        [
+            helper.make_node("Div", ["x", "s2"], ["d"], name="div"),
+            helper.make_node("Erf", ["d"], ["e"], name="erf"),
+            helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+            helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+            helper.make_node("Mul", ["m", "half"], ["y"], name="half"),
+        ],
+        [vi("x", [4, 8])],
+        [vi("y", [4, 8])],
+        c,
+    )
+    x = rnd(np.random.default_rng(3), 4, 8, scale=3.0)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Gelu"]
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_shape_derived_reshape_target_is_folded_to_a_constant() -> None:
+    model = make(
+        [
+            helper.make_node("Shape", ["x"], ["s"], name="shape"),
+            helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+            helper.make_node("Unsqueeze", ["n", "ax"], ["n1"], name="unsq"),
+            helper.make_node("Concat", ["n1", "minus1"], ["target"], name="concat", axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape"),
+        ],
+        [vi("x", [2, 3, 4])],
+        [vi("y", [2, 12])],
+        {
+            "zero": np.array(0, np.int64),
+            "ax": np.array([0], np.int64),
+            "minus1": np.array([-1], np.int64),
+        },
+    )
+    x = rnd(np.random.default_rng(4), 2, 3, 4)
+    (got,), sess = run_cpu(model, {"x": x})
+    assert op_types(sess) == ["Reshape"]
+    np.testing.assert_array_equal(sess.graph.initializers["target"], [2, -1])
+    np.testing.assert_array_equal(got, x.reshape(2, 12))
+
+
+def test_gemm_alpha_and_beta_fold_into_constant_operands() -> None:
+    rng = np.random.default_rng(5)
+    model = make(
+        [helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="gemm", alpha=0.5, beta=3.0)],
+        [vi("a", [4, 5])],
+        [vi("y", [4, 6])],
+        {"b": rnd(rng, 5, 6), "c": rnd(rng, 6)},
+    )
+    a = rnd(rng, 4, 5)
+    (got,), sess = run_cpu(model, {"a": a})
+    attrs = sess.graph.nodes[0].attrs
+    assert attrs["alpha"] == 1.0 and attrs["beta"] == 1.0
+    np.testing.assert_allclose(got, reference(model, {"a": a})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_constant_nodes_become_initializers_and_unused_ones_are_pruned() -> None:
+    model = make(
+        [
+            helper.make_node("Constant", [], ["k"], name="k", value_float=2.0),
+            helper.make_node("Mul", ["x", "k"], ["y"], name="mul"),
+        ],
+        [vi("x", [3])],
+        [vi("y", [3])],
+        {"unused": np.zeros(3, np.float32)},
+    )
+    graph = load_model(model)
+    done = rewrite(graph)
+    assert done["constants_to_initializers"] == 1
+    assert set(graph.initializers) == {"k"}
