@@ -89,6 +89,7 @@ void npu_cores_fini(NpuState *s)
         g_free(c->core[i].chunk);
     }
     g_free(c->core);
+    npu_scratch_free(s);
     qemu_cond_destroy(&c->done);
     qemu_cond_destroy(&c->work);
     qemu_mutex_destroy(&c->lock);

@@ -117,6 +117,13 @@ struct NpuState {
     uint8_t *chunk;
     NpuCore cp_core;
     NpuCores cores;
+    /*
+     * Tensor ops that gather their inputs whole do it here: grown on
+     * demand, kept between ops up to NPU_SCRATCH_KEEP bytes, freed with
+     * the cores (npu_cores_fini).
+     */
+    uint8_t *gather_buf;
+    uint64_t gather_size;
 };
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
@@ -129,6 +136,9 @@ uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
 
 /* npu_tensor.c: the tensor ops, ELTWISE .. POOL2D (opcodes 4 to 13). */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
+
+/* npu_tensor.c: free the gather scratch (the device is idle). */
+void npu_scratch_free(NpuState *s);
 
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);
@@ -144,6 +154,8 @@ uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                       uint64_t len);
 uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
                        uint64_t len);
+uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
+                       bool write);
 
 /* Device clock in ns, usable from any thread. */
 uint64_t npu_now_ns(void);

@@ -152,6 +152,43 @@ static uint32_t npu_translate_run(NpuState *s, NpuWalk *w, uint64_t va,
     return NPU_ST_OK;
 }
 
+/* Translate the next run of [va, va + len) and check it against our BARs. */
+static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
+                            uint64_t len, bool write, uint64_t *pa,
+                            uint64_t *run)
+{
+    uint32_t st = npu_translate_run(s, w, va, len, write, pa, run);
+
+    if (st == NPU_ST_OK && npu_hits_own_bar(s, *pa, *run)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
+                      " targets the device's own BAR\n", *pa);
+        st = NPU_ST_BAD_ADDR;
+    }
+    return st;
+}
+
+/*
+ * Check [va, va + len) as npu_mem_rw() would, without moving data: the
+ * same MMU faults (at the same VA) and own-BAR hits, in the same order.
+ * A streamed op probes its inputs first, so that these errors surface
+ * before anything is written, as if the inputs had been read whole.
+ */
+uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
+                       bool write)
+{
+    while (len) {
+        uint64_t pa, run;
+        uint32_t st = npu_map_run(s, w, va, len, write, &pa, &run);
+
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        va += run;
+        len -= run;
+    }
+    return NPU_ST_OK;
+}
+
 /* Move @len bytes between device VA @va and @buf, in either direction. */
 static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                            uint64_t len, bool write)
@@ -163,14 +200,9 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
         uint32_t st;
         MemTxResult r;
 
-        st = npu_translate_run(s, w, va, len, write, &pa, &run);
+        st = npu_map_run(s, w, va, len, write, &pa, &run);
         if (st != NPU_ST_OK) {
             return st;
-        }
-        if (npu_hits_own_bar(s, pa, run)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
-                          " targets the device's own BAR\n", pa);
-            return NPU_ST_BAD_ADDR;
         }
         r = write ? pci_dma_write(PCI_DEVICE(s), pa, p, run)
                   : pci_dma_read(PCI_DEVICE(s), pa, p, run);

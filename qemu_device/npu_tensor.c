@@ -27,18 +27,45 @@
 
 #include "qemu/osdep.h"
 #include "qemu/log.h"
+#include "qemu/units.h"
 #include "qemu/bswap.h"
 #include <math.h>
 #include "npu_tensor_int.h"
 
-/* Longest run of one output row handled as one unit of a tile. */
-#define NPU_TENSOR_SEG (64 * 1024)
+/*
+ * Units of work: each unit computes a contiguous piece of the output (one
+ * or several whole rows of the collapsed innermost dimension, or a segment
+ * of one row) into its core's chunk and writes it back with one DMA.
+ *
+ * Streamed ops read each unit's input ranges themselves, into staging
+ * areas of the chunk: NPU_TENSOR_PIECE output elements per unit, each
+ * input's range staged at once when it fits NPU_TENSOR_STAGE bytes, else
+ * row by row. Gathered ops (strided inner dimensions, overlaps) have their
+ * inputs in host memory and compute bands of up to NPU_TENSOR_BAND rows,
+ * NPU_TENSOR_GCOLS columns at a time, so that a transposed input is read
+ * cache line by cache line.
+ */
+#define NPU_TENSOR_PIECE (16 * 1024)
+#define NPU_TENSOR_STAGE (128 * KiB)
+#define NPU_TENSOR_GPIECE (NPU_CHUNK / 4)
+#define NPU_TENSOR_BAND 64
+#define NPU_TENSOR_GCOLS 256
 /* Elements converted and computed at a time (fits the stack scratch). */
 #define NPU_TENSOR_BLK 1024
+/* Gathers of at least this many bytes are split across the cores. */
+#define NPU_GATHER_SPLIT (1 * MiB)
+/* ELTWISE/UNARY/CONVERT of fewer output elements run as one tile. */
+#define NPU_TENSOR_SPLIT_MIN (1u << 16)
+/* Largest gather scratch kept between ops. */
+#define NPU_SCRATCH_KEEP (64 * MiB)
+
+QEMU_BUILD_BUG_ON(NPU_TENSOR_PIECE * 4 + 2 * NPU_TENSOR_STAGE > NPU_CHUNK);
+QEMU_BUILD_BUG_ON(NPU_TENSOR_STAGE < 2 * 4 * NPU_TENSOR_PIECE);
 
 /* One input operand after dimension collapsing. */
 typedef struct NpuTensorIn {
-    const uint8_t *data;    /* host copy of the operand's extent */
+    const uint8_t *data;    /* host copy of the extent; NULL if streamed */
+    uint64_t va;
     uint32_t dtype;
     uint32_t size;          /* bytes per element */
     uint64_t stride[NPU_MAX_RANK];  /* elements; 0 where broadcast */
@@ -48,13 +75,15 @@ typedef struct NpuTensorJob {
     NpuWalk walk;           /* snapshot; each tile walks with its own copy */
     uint32_t opcode, kind;
     uint32_t nin;
+    bool stream;            /* inputs read by the units themselves */
     NpuTensorIn in[2];
-    uint8_t *out;           /* host output buffer, numel * osize bytes */
     uint64_t out_va;
     uint32_t odtype, osize;
     uint32_t ndim;          /* collapsed rank, >= 1 */
     uint64_t shape[NPU_MAX_RANK];   /* collapsed output shape */
-    uint64_t seg_len, nseg; /* each output row is nseg units of seg_len */
+    uint64_t rows;          /* numel / shape[ndim - 1] */
+    uint64_t band;          /* rows per unit (1 when rows are split) */
+    uint64_t seg_len, nseg; /* each band is nseg units of seg_len columns */
 } NpuTensorJob;
 
 /* Scratch of one tile: two inputs and one result block. */
@@ -62,7 +91,6 @@ typedef union NpuTensorBlk {
     float f[NPU_TENSOR_BLK];
     int32_t i[NPU_TENSOR_BLK];
 } NpuTensorBlk;
-
 /* ---------------------------------------------------------------------- */
 /* Kernels on contiguous blocks */
 
@@ -330,29 +358,22 @@ static void npu_unary_i32(uint32_t kind, int32_t *o, const int32_t *a,
 /* Tiles */
 
 /*
- * @n output elements starting at output element @oidx; input i starts at
- * element offset off[i] and steps by its innermost collapsed stride.
+ * @n output elements into @dst; input i starts at @src[i] and steps by
+ * @step[i] elements.
  */
-static void npu_tensor_run(const NpuTensorJob *job, const uint64_t *off,
-                           uint64_t oidx, uint64_t n, NpuTensorBlk *blk)
+static void npu_tensor_run(const NpuTensorJob *job, const uint8_t *const *src,
+                           const uint64_t *step, uint8_t *dst, uint64_t n,
+                           NpuTensorBlk *blk)
 {
-    const uint8_t *src[2];
-    uint64_t step[2];
-    uint8_t *dst = job->out + oidx * job->osize;
+    const uint8_t *p[2] = { src[0], job->nin > 1 ? src[1] : NULL };
     bool fsrc = npu_dtype_is_float(job->in[0].dtype);
     uint32_t i;
 
-    for (i = 0; i < job->nin; i++) {
-        const NpuTensorIn *in = &job->in[i];
-
-        step[i] = in->stride[job->ndim - 1];
-        src[i] = in->data + off[i] * in->size;
-    }
     while (n) {
         size_t m = MIN(n, (uint64_t)NPU_TENSOR_BLK);
 
         if (fsrc) {
-            const float *a = npu_load_f32(src[0], step[0], job->in[0].dtype,
+            const float *a = npu_load_f32(p[0], step[0], job->in[0].dtype,
                                           blk[0].f, m);
             /* fp32 output on a little-endian host: compute in place. */
             float *o = (!HOST_BIG_ENDIAN && job->odtype == NPU_DTYPE_FP32) ?
@@ -361,7 +382,7 @@ static void npu_tensor_run(const NpuTensorJob *job, const uint64_t *off,
 
             if (job->opcode == NPU_OP_ELTWISE) {
                 npu_eltwise_f32(job->kind, o, a,
-                                npu_load_f32(src[1], step[1],
+                                npu_load_f32(p[1], step[1],
                                              job->in[1].dtype, blk[1].f, m),
                                 m);
             } else if (job->opcode == NPU_OP_UNARY) {
@@ -371,7 +392,7 @@ static void npu_tensor_run(const NpuTensorJob *job, const uint64_t *off,
             }
             npu_store_f32(dst, job->odtype, r, m);
         } else {
-            const int32_t *a = npu_load_i32(src[0], step[0], job->in[0].dtype,
+            const int32_t *a = npu_load_i32(p[0], step[0], job->in[0].dtype,
                                             blk[0].i, m);
             int32_t *o = (!HOST_BIG_ENDIAN && job->odtype == NPU_DTYPE_INT32) ?
                          (int32_t *)dst : blk[2].i;
@@ -379,7 +400,7 @@ static void npu_tensor_run(const NpuTensorJob *job, const uint64_t *off,
 
             if (job->opcode == NPU_OP_ELTWISE) {
                 npu_eltwise_i32(job->kind, o, a,
-                                npu_load_i32(src[1], step[1],
+                                npu_load_i32(p[1], step[1],
                                              job->in[1].dtype, blk[1].i, m),
                                 m);
             } else if (job->opcode == NPU_OP_UNARY) {
@@ -390,35 +411,48 @@ static void npu_tensor_run(const NpuTensorJob *job, const uint64_t *off,
             npu_store_i32(dst, job->odtype, r, m);
         }
         for (i = 0; i < job->nin; i++) {
-            src[i] += m * step[i] * job->in[i].size;
+            p[i] += m * step[i] * job->in[i].size;
         }
         dst += m * job->osize;
         n -= m;
     }
 }
 
-/* First output element of unit @u (the row-major order of the units). */
-static uint64_t npu_tensor_unit_start(const NpuTensorJob *job, uint64_t u)
+/*
+ * Stage elements [lo, hi) of a streamed input in @stage (bytes from
+ * element lo on).
+ */
+static uint32_t npu_tensor_stage(NpuCore *core, NpuWalk *w,
+                                 const NpuTensorIn *in, uint8_t *stage,
+                                 uint64_t lo, uint64_t hi)
 {
-    return (u / job->nseg) * job->shape[job->ndim - 1] +
-           (u % job->nseg) * job->seg_len;
+    return npu_mem_read(core->s, w, in->va + lo * in->size, stage,
+                        (hi - lo) * in->size);
 }
 
-/* Units [begin, end) of the output, then their write-back. */
-static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
-                                uint64_t end)
+/* Unit @u: compute its piece of the output into the chunk, write it. */
+static uint32_t npu_tensor_unit(NpuCore *core, const NpuTensorJob *job,
+                                NpuWalk *w, uint64_t u, NpuTensorBlk *blk)
 {
-    const NpuTensorJob *job = opaque;
-    NpuWalk w = job->walk;
-    NpuTensorBlk blk[3];
     uint32_t outer = job->ndim - 1, i, d;
     uint64_t len = job->shape[outer];
-    uint64_t row = begin / job->nseg, seg = begin % job->nseg;
-    uint64_t first = npu_tensor_unit_start(job, begin);
-    uint64_t last = npu_tensor_unit_start(job, end);
-    uint64_t idx[NPU_MAX_RANK] = { 0 }, off[2] = { 0, 0 }, r = row, u;
+    uint64_t row0 = u / job->nseg * job->band;
+    uint64_t nrows = MIN(job->band, job->rows - row0);
+    uint64_t c0 = u % job->nseg * job->seg_len;
+    uint64_t ncols = MIN(len - c0, job->seg_len);
+    uint64_t roff[NPU_TENSOR_BAND][2], idx[NPU_MAX_RANK] = { 0 };
+    uint64_t step[2] = { 0, 0 }, lo[2] = { 0, 0 }, off[2] = { 0, 0 };
+    const uint8_t *base[2] = { NULL, NULL };
+    const uint8_t *src[2];
+    uint8_t *obuf = core->chunk;
+    uint8_t *stage[2] = { core->chunk + NPU_TENSOR_PIECE * 4,
+                          core->chunk + NPU_TENSOR_PIECE * 4 +
+                          NPU_TENSOR_STAGE };
+    bool rowwise[2] = { false, false };
+    uint64_t r = row0, cc, k;
+    uint32_t st;
 
-    /* Multi-index of the first row over the outer dimensions. */
+    /* Input offsets of the unit's rows: multi-index, then odometer steps. */
     for (d = outer; d-- > 0;) {
         idx[d] = r % job->shape[d];
         r /= job->shape[d];
@@ -426,21 +460,11 @@ static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
             off[i] += idx[d] * job->in[i].stride[d];
         }
     }
-    for (u = begin; u < end; u++) {
-        uint64_t c0 = seg * job->seg_len;
-        uint64_t o[2];
-
+    for (r = 0; r < nrows; r++) {
         for (i = 0; i < job->nin; i++) {
-            o[i] = off[i] + c0 * job->in[i].stride[outer];
+            roff[r][i] = off[i];
         }
-        npu_tensor_run(job, o, row * len + c0, MIN(len - c0, job->seg_len),
-                       blk);
-        if (++seg < job->nseg) {
-            continue;
-        }
-        seg = 0;
-        row++;
-        for (d = outer; d-- > 0;) {     /* next row: odometer step */
+        for (d = outer; d-- > 0;) {
             for (i = 0; i < job->nin; i++) {
                 off[i] += job->in[i].stride[d];
             }
@@ -453,9 +477,87 @@ static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
             }
         }
     }
-    return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
-                         job->out + first * job->osize,
-                         (last - first) * job->osize);
+
+    for (i = 0; i < job->nin; i++) {
+        const NpuTensorIn *in = &job->in[i];
+        uint64_t hi = 0;
+
+        step[i] = in->stride[outer];
+        if (!job->stream) {
+            base[i] = in->data;
+            continue;
+        }
+        /* Streamed: step is 0 or 1; stage all rows' ranges if they fit. */
+        lo[i] = UINT64_MAX;
+        for (r = 0; r < nrows; r++) {
+            lo[i] = MIN(lo[i], roff[r][i] + c0 * step[i]);
+            hi = MAX(hi, roff[r][i] + c0 * step[i] + (step[i] ? ncols : 1));
+        }
+        if ((hi - lo[i]) * in->size > NPU_TENSOR_STAGE) {
+            rowwise[i] = true;
+            continue;
+        }
+        st = npu_tensor_stage(core, w, in, stage[i], lo[i], hi);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+        base[i] = stage[i];
+    }
+
+    if (job->stream) {
+        for (r = 0; r < nrows; r++) {
+            for (i = 0; i < job->nin; i++) {
+                uint64_t first = roff[r][i] + c0 * step[i];
+
+                if (rowwise[i]) {
+                    st = npu_tensor_stage(core, w, &job->in[i], stage[i],
+                                          first,
+                                          first + (step[i] ? ncols : 1));
+                    if (st != NPU_ST_OK) {
+                        return st;
+                    }
+                    lo[i] = first;
+                    base[i] = stage[i];
+                }
+                src[i] = base[i] + (first - lo[i]) * job->in[i].size;
+            }
+            npu_tensor_run(job, src, step, obuf + r * ncols * job->osize,
+                           ncols, blk);
+        }
+    } else {
+        /* Column blocks outside, rows inside: transposes stay in cache. */
+        k = nrows > 1 ? NPU_TENSOR_GCOLS : ncols;
+        for (cc = 0; cc < ncols; cc += k) {
+            for (r = 0; r < nrows; r++) {
+                for (i = 0; i < job->nin; i++) {
+                    src[i] = base[i] + (roff[r][i] + (c0 + cc) * step[i]) *
+                             job->in[i].size;
+                }
+                npu_tensor_run(job, src, step,
+                               obuf + (r * ncols + cc) * job->osize,
+                               MIN(k, ncols - cc), blk);
+            }
+        }
+    }
+    return npu_mem_write(core->s, w, job->out_va +
+                         (row0 * len + c0) * job->osize, obuf,
+                         nrows * ncols * job->osize);
+}
+
+/* Units [begin, end) of the output. */
+static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
+                                uint64_t end)
+{
+    const NpuTensorJob *job = opaque;
+    NpuWalk w = job->walk;
+    NpuTensorBlk blk[3];
+    uint32_t st = NPU_ST_OK;
+    uint64_t u;
+
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
+        st = npu_tensor_unit(core, job, &w, u, blk);
+    }
+    return st;
 }
 
 /*
@@ -536,17 +638,136 @@ static void npu_tensor_params_to_cpu(struct npu_tensor_params *p)
     }
 }
 
+/*
+ * May the units read their own inputs? Every input must walk its rows with
+ * stride 1 or 0 (else it is gathered and read in cache-friendly bands),
+ * and lie outside the output or be exactly the output (an in-place op: a
+ * unit reads its piece before writing it). Any other overlap would let a
+ * unit read what another has already written. Overlap is judged by VA.
+ */
+static bool npu_tensor_streamable(const NpuTensorJob *job,
+                                  const struct npu_tensor_params *p,
+                                  uint64_t numel)
+{
+    uint64_t oend = job->out_va + numel * job->osize;
+    uint32_t i, d;
+
+    for (i = 0; i < job->nin; i++) {
+        const NpuTensorIn *in = &job->in[i];
+        uint64_t end = in->va + npu_tensor_extent(&p->t[i]);
+        uint64_t want = 1;
+
+        if (in->stride[job->ndim - 1] > 1) {
+            return false;
+        }
+        if (end <= job->out_va || in->va >= oend) {
+            continue;
+        }
+        if (in->va != job->out_va || in->size != job->osize) {
+            return false;
+        }
+        for (d = job->ndim; d-- > 0;) {
+            if (in->stride[d] != want) {
+                return false;
+            }
+            want *= job->shape[d];
+        }
+    }
+    return true;
+}
+
+typedef struct NpuGatherJob {
+    NpuWalk walk;
+    uint64_t va;
+    uint8_t *buf;
+} NpuGatherJob;
+
+static uint32_t npu_gather_tile(NpuCore *core, void *opaque, uint64_t begin,
+                                uint64_t end)
+{
+    const NpuGatherJob *job = opaque;
+    NpuWalk w = job->walk;
+
+    return npu_mem_read(core->s, &w, job->va + begin, job->buf + begin,
+                        end - begin);
+}
+
+/*
+ * Read the @nin inputs whole into @bufs, in operand order: each is probed
+ * first, so a fault is reported at the VA a plain read would hit, then
+ * read by the cores in parallel when large.
+ */
+static uint32_t npu_tensor_gather(NpuState *s, NpuWalk *w,
+                                  const struct npu_tensor_params *p,
+                                  uint32_t nin, uint8_t *const *bufs)
+{
+    uint32_t st = NPU_ST_OK, i;
+
+    for (i = 0; i < nin && st == NPU_ST_OK; i++) {
+        uint64_t len = npu_tensor_extent(&p->t[i]);
+        NpuGatherJob job = { .walk = *w, .va = p->t[i].va, .buf = bufs[i] };
+
+        if (len < NPU_GATHER_SPLIT || s->cores.n < 2) {
+            st = npu_mem_read(s, w, p->t[i].va, bufs[i], len);
+            continue;
+        }
+        st = npu_mem_probe(s, w, p->t[i].va, len, false);
+        if (st == NPU_ST_OK) {
+            job.walk = *w;
+            st = npu_run_tiles(s, npu_gather_tile, &job, len,
+                               DIV_ROUND_UP(len, s->cores.n * 2));
+        }
+    }
+    return st;
+}
+
+void npu_scratch_free(NpuState *s)
+{
+    g_free(s->gather_buf);
+    s->gather_buf = NULL;
+    s->gather_size = 0;
+}
+
+/*
+ * @n buffers of @sizes bytes, 64-byte aligned, in the device's gather
+ * scratch (grown when needed); false if host memory runs out.
+ */
+static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
+                            uint8_t **bufs)
+{
+    uint64_t total = 0, pos = 0;
+    uint32_t i;
+
+    for (i = 0; i < n; i++) {
+        total += ROUND_UP(sizes[i], 64);
+    }
+    if (total > s->gather_size) {
+        npu_scratch_free(s);
+        s->gather_buf = g_try_malloc(total);
+        if (!s->gather_buf) {
+            return false;
+        }
+        s->gather_size = total;
+    }
+    for (i = 0; i < n; i++) {
+        bufs[i] = s->gather_buf + pos;
+        pos += ROUND_UP(sizes[i], 64);
+    }
+    return true;
+}
+
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
 {
     uint32_t opcode = cmd->opcode;
     uint32_t kind = le32_to_cpu(cmd->tensor.kind);
     uint64_t pva = le64_to_cpu(cmd->tensor.params);
     struct npu_tensor_params p;
-    NpuTensorJob job = { .walk = *w, .opcode = opcode, .kind = kind };
+    NpuTensorJob job = { .opcode = opcode, .kind = kind };
     const struct npu_hw_tensor *out;
-    uint8_t *bufs[NPU_TENSOR_OPERANDS - 1] = { NULL, NULL, NULL };
-    uint64_t numel, len, units, grain;
-    uint32_t st, i;
+    uint8_t *bufs[NPU_TENSOR_OPERANDS] = { NULL, NULL, NULL, NULL };
+    uint64_t sizes[NPU_TENSOR_OPERANDS];
+    uint64_t numel, len, units, piece;
+    uint32_t st, i, nbuf;
 
     if (cmd->tensor.rsvd) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op reserved field set\n");
@@ -580,72 +801,90 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         if (st != NPU_ST_OK) {
             return st;
         }
+        sizes[i] = npu_tensor_extent(&p.t[i]);
     }
 
     numel = npu_tensor_numel(out);
     job.odtype = out->dtype;
     job.osize = npu_dtype_size(out->dtype);
     job.out_va = out->va;
-    job.out = g_try_malloc(numel * job.osize);
-    for (i = 0; i < job.nin; i++) {
-        bufs[i] = g_try_malloc(npu_tensor_extent(&p.t[i]));
-        if (!bufs[i]) {
-            break;
+    nbuf = job.nin + 1;         /* the inputs and a host output */
+    if (opcode <= NPU_OP_CONVERT) {
+        for (i = 0; i < job.nin; i++) {
+            job.in[i].va = p.t[i].va;
+            job.in[i].dtype = p.t[i].dtype;
+            job.in[i].size = npu_dtype_size(p.t[i].dtype);
         }
+        npu_tensor_collapse(&job, &p);
+        job.stream = npu_tensor_streamable(&job, &p, numel);
+        nbuf = job.stream ? 0 : job.nin;    /* units compute in the chunks */
+    } else {
+        sizes[job.nin] = numel * job.osize;
     }
-    if (!job.out || i < job.nin) {
+    if (nbuf && !npu_scratch_get(s, nbuf, sizes, bufs)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op of %" PRIu64
                       " elements: out of device memory\n", numel);
-        st = NPU_ST_NO_MEMORY;
-        goto out;
+        return NPU_ST_NO_MEMORY;
     }
-    /* All inputs are read before any output is written: they may alias. */
-    for (i = 0; i < job.nin && st == NPU_ST_OK; i++) {
-        st = npu_mem_read(s, w, p.t[i].va, bufs[i],
-                          npu_tensor_extent(&p.t[i]));
+    /*
+     * Gathered: all inputs are read before any output is written, so they
+     * may overlap it. Streamed: probed, so that translation errors come
+     * before any write too.
+     */
+    if (job.stream) {
+        for (i = 0; i < job.nin && st == NPU_ST_OK; i++) {
+            st = npu_mem_probe(s, w, p.t[i].va, sizes[i], false);
+        }
+    } else {
+        st = npu_tensor_gather(s, w, &p, job.nin, bufs);
     }
     if (st != NPU_ST_OK) {
         goto out;
     }
     if (opcode == NPU_OP_MATMUL || opcode == NPU_OP_LINEAR) {
-        st = npu_exec_matmul(s, w, &p, opcode, kind, bufs, job.out);
+        st = npu_exec_matmul(s, w, &p, opcode, kind, bufs, bufs[job.nin]);
         goto out;
     }
     if (opcode == NPU_OP_CONV2D) {
-        st = npu_exec_conv(s, w, &p, kind, bufs, job.out);
+        st = npu_exec_conv(s, w, &p, kind, bufs, bufs[job.nin]);
         goto out;
     }
     if (opcode == NPU_OP_POOL2D) {
-        st = npu_exec_pool(s, w, &p, kind, bufs, job.out);
+        st = npu_exec_pool(s, w, &p, kind, bufs, bufs[job.nin]);
         goto out;
     }
     if (opcode == NPU_OP_REQUANT) {
-        st = npu_exec_requant(s, w, &p, kind, bufs, job.out);
+        st = npu_exec_requant(s, w, &p, kind, bufs, bufs[job.nin]);
         goto out;
     }
     if (opcode >= NPU_OP_REDUCE) {
-        st = npu_exec_red(s, w, &p, opcode, kind, bufs, job.out);
+        st = npu_exec_red(s, w, &p, opcode, kind, bufs, bufs[job.nin]);
         goto out;
     }
 
     for (i = 0; i < job.nin; i++) {
         job.in[i].data = bufs[i];
-        job.in[i].dtype = p.t[i].dtype;
-        job.in[i].size = npu_dtype_size(p.t[i].dtype);
     }
-    npu_tensor_collapse(&job, &p);
     len = job.shape[job.ndim - 1];
-    job.seg_len = MIN(len, (uint64_t)NPU_TENSOR_SEG);
+    job.rows = numel / len;
+    piece = job.stream ? NPU_TENSOR_PIECE : NPU_TENSOR_GPIECE;
+    if (len >= piece) {
+        job.band = 1;
+        job.seg_len = piece;
+    } else {
+        job.band = MIN(MIN(piece / len, (uint64_t)NPU_TENSOR_BAND), job.rows);
+        job.seg_len = len;
+    }
     job.nseg = DIV_ROUND_UP(len, job.seg_len);
-    units = numel / len * job.nseg;
-    /* Large ops: about two tiles per core for load balance. */
-    grain = numel < NPU_TENSOR_TILE_MIN ? units :
-            DIV_ROUND_UP(units, s->cores.n * 2);
-    st = npu_run_tiles(s, npu_tensor_tile, &job, units, grain);
+    units = DIV_ROUND_UP(job.rows, job.band) * job.nseg;
+    job.walk = *w;
+    /* Large ops: about four tiles per core for load balance. */
+    st = npu_run_tiles(s, npu_tensor_tile, &job, units,
+                       numel < NPU_TENSOR_SPLIT_MIN ? units :
+                       DIV_ROUND_UP(units, s->cores.n * 4));
 out:
-    g_free(job.out);
-    for (i = 0; i < ARRAY_SIZE(bufs); i++) {
-        g_free(bufs[i]);
+    if (s->gather_size > NPU_SCRATCH_KEEP) {
+        npu_scratch_free(s);
     }
     return st;
 }

@@ -29,6 +29,8 @@ Environment:
     NPU_MEM          guest memory (default 2G)
     NPU_SMP          guest CPUs (default 1)
     NPU_KVM=1        use KVM instead of TCG
+    NPU_IOMMU=1      add an emulated Intel VT-d IOMMU (-device intel-iommu,
+                     kernel intel_iommu=on): the NPU's DMA is translated
     NPU_QEMU_EXTRA   extra QEMU arguments (shell-split)
     NPU_CMDLINE_EXTRA  extra kernel command line
     NPU_BOOT_TIMEOUT seconds to wait for the shell (default 300)
@@ -125,6 +127,9 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
     for extra in (os.environ.get("NPU_CMDLINE_EXTRA", ""), extra_cmdline):
         if extra.strip():
             cmdline += " " + extra.strip()
+    iommu = os.environ.get("NPU_IOMMU", "") == "1"
+    if iommu:
+        cmdline += " intel_iommu=on"
     argv = [str(qemu_binary())]
     # Our QEMU build has no firmware of its own: use Debian's (qemu-system-data,
     # seabios, ipxe-qemu), which live in several directories.
@@ -147,6 +152,8 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
         "-monitor",
         "none",
         "-no-reboot",
+        # A vIOMMU must come before the PCI devices it translates for.
+        *(["-device", "intel-iommu,intremap=on"] if iommu else []),
         # signal=off: a Ctrl-C we send must reach the guest, not stop QEMU.
         *(
             console_args

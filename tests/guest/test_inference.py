@@ -44,7 +44,7 @@ def test_each_op_on_the_npu_matches_the_reference(dev, case):
     model, feeds = CASES[case]
     with npu.InferenceSession(model, device=dev) as sess:
         got = sess.run(None, feeds)
-        if case not in ("Conv_asym_pads", "LeakyRelu_reference"):
+        if case not in ("Conv_asym_pads", "LeakyRelu_reference", "AveragePool_1d_cpu"):
             assert sess.fallbacks == [], sess.fallbacks
     for g, w in zip(got, expected(case, model, feeds), strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype

@@ -222,6 +222,9 @@ def op_cases() -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
     cases["AveragePool_pad_incl"] = single(
         "AveragePool", [[2, 3, 7, 7]], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1
     )
+    cases["AveragePool_1d_cpu"] = single(
+        "AveragePool", [[2, 3, 9]], kernel_shape=[3], strides=[2], pads=[1, 1]
+    )
     cases["GlobalAveragePool"] = single("GlobalAveragePool", [[2, 5, 6, 7]])
     cases["GlobalMaxPool"] = single("GlobalMaxPool", [[2, 5, 6, 7]])
     cases["Gemm"] = single("Gemm", [[5, 7]], inits={"b": rnd(rng, 7, 3), "c": rnd(rng, 3)})

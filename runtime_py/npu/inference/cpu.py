@@ -190,11 +190,17 @@ def _conv(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     win = sliding_window_view(x, (ekh, ekw), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
     oh, ow = win.shape[2], win.shape[3]
     og = o // g
+    y: Array
     if g == 1:
-        cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, oh * ow)
-        y = np.matmul(w.reshape(o, c * kh * kw), cols)
-    elif cg == 1 and og == 1:  # depthwise
-        y = np.einsum("nchwij,cij->nchw", win, w.reshape(c, kh, kw), optimize=True)
+        # One GEMM over the whole batch: [N*OH*OW, C*KH*KW] @ [C*KH*KW, O].
+        cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+        y = (cols @ w.reshape(o, c * kh * kw).T).reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+        y = np.ascontiguousarray(y).reshape(n, o, oh * ow)
+    elif cg == 1 and og == 1:  # depthwise: one multiply-add per tap
+        y = np.zeros((n, c, oh, ow), np.result_type(x, w))
+        for i in range(kh):
+            for j in range(kw):
+                y += win[:, :, :, :, i, j] * w[:, 0, i, j].reshape(1, c, 1, 1)
         y = y.reshape(n, o, oh * ow)
     else:
         parts = []
@@ -202,10 +208,10 @@ def _conv(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
             wg = w[gi * og : (gi + 1) * og].reshape(og, cg * kh * kw)
             cols = (
                 win[:, gi * cg : (gi + 1) * cg]
-                .transpose(0, 1, 4, 5, 2, 3)
-                .reshape(n, cg * kh * kw, oh * ow)
+                .transpose(0, 2, 3, 1, 4, 5)
+                .reshape(n * oh * ow, cg * kh * kw)
             )
-            parts.append(np.matmul(wg, cols))
+            parts.append((cols @ wg.T).reshape(n, oh * ow, og).transpose(0, 2, 1))
         y = np.concatenate(parts, axis=1)
     y = y.reshape(n, o, oh, ow)
     if b is not None:
@@ -288,24 +294,65 @@ def _pool(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     strides = [int(s) for s in node.attrs.get("strides", [1] * nd)]
     pads = conv_pads(node.attrs, x.shape[2:], kernel, strides, [1] * nd)
     pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
-    axes = tuple(range(2, 2 + nd))
     fill = -np.inf if kmax else 0
     xp = np.pad(x, pad_width, constant_values=fill) if any(pads) else x
+    if nd != 2:
+        return [_pool_nd(node, x, xp, kernel, strides, pads, pad_width, kmax)]
+    (kh, kw), (sh, sw) = kernel, strides
+    oh = (xp.shape[2] - kh) // sh + 1
+    ow = (xp.shape[3] - kw) // sw + 1
+    acc_t = np.float32 if x.dtype == np.float16 else x.dtype
+    y: Array | None = None
+    for i in range(kh):  # one strided slice per kernel tap
+        for j in range(kw):
+            tap = xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+            if y is None:
+                y = np.array(tap, dtype=acc_t)
+            elif kmax:
+                np.maximum(y, tap, out=y)
+            else:
+                y += tap
+    assert y is not None
+    if kmax:
+        return [y.astype(x.dtype, copy=False)]
+    if any(pads) and not node.attrs.get("count_include_pad", 0):
+        ones = np.pad(np.ones(x.shape[2:], np.float32), pad_width[2:])
+        cw = sliding_window_view(ones, kernel)[::sh, ::sw]
+        y = y / cw.sum(axis=(2, 3))
+    else:
+        y = y / (kh * kw)
+    return [y.astype(x.dtype, copy=False)]
+
+
+def _pool_nd(
+    node: Node,
+    x: Array,
+    xp: Array,
+    kernel: list[int],
+    strides: list[int],
+    pads: list[int],
+    pad_width: list[tuple[int, int]],
+    kmax: bool,
+) -> Array:
+    """Pooling over any number of spatial dims with ``sliding_window_view``."""
+    nd = len(kernel)
+    axes = tuple(range(2, 2 + nd))
     win = sliding_window_view(xp, kernel, axis=axes)
     win = win[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
     red = tuple(range(2 + nd, 2 + 2 * nd))
     if kmax:
-        return [win.max(axis=red)]
+        out: Array = win.max(axis=red)
+        return out
     y = win.sum(axis=red, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
     if any(pads) and not node.attrs.get("count_include_pad", 0):
         ones = np.pad(np.ones(x.shape[2:], x.dtype), pad_width[2:])
         cw = sliding_window_view(ones, kernel)
         cw = cw[tuple(slice(None, None, s) for s in strides)]
-        count = cw.sum(axis=tuple(range(nd, 2 * nd)))
-        y = y / count
+        y = y / cw.sum(axis=tuple(range(nd, 2 * nd)))
     else:
         y = y / math.prod(kernel)
-    return [y.astype(x.dtype, copy=False)]
+    res: Array = y.astype(x.dtype, copy=False)
+    return res
 
 
 def _global_pool(node: Node, xs: list[Array | None], opset: int) -> list[Array]:

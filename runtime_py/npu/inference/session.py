@@ -10,6 +10,7 @@ run of each input-shape signature and replayed afterwards.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 import weakref
@@ -266,7 +267,7 @@ class InferenceSession:
         if bad:
             raise ValueError(f"{self.source}: unknown outputs {bad}; outputs: {self.graph.outputs}")
         if self._finalizer is not None and not self._finalizer.alive and self._npu is not None:
-            raise NpuError(9, "session is closed", f"InferenceSession({self.source})")
+            raise NpuError(errno.EBADF, "session is closed", f"InferenceSession({self.source})")
         env = self._feeds(input_feed)
         prof = RunProfile()
         sig: Signature = tuple((n, env[n].shape, env[n].dtype.str) for n in self.graph.inputs)
