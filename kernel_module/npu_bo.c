@@ -9,6 +9,7 @@
  */
 #include <linux/dma-mapping.h>
 #include <linux/mm.h>
+#include <linux/moduleparam.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
@@ -16,6 +17,38 @@
 #include "npu_trace.h"
 
 #define NPU_BO_OFFSET_SHIFT	32
+
+static unsigned int ctx_mem_limit_mib;
+module_param(ctx_mem_limit_mib, uint, 0644);
+MODULE_PARM_DESC(ctx_mem_limit_mib,
+		 "Most MiB of buffer objects one open file may hold (0: no limit)");
+
+/* Charge @size bytes to @ctx, or -ENOMEM past ctx_mem_limit_mib. */
+static int npu_ctx_charge(struct npu_context *ctx, u64 size)
+{
+	u64 limit = (u64)READ_ONCE(ctx_mem_limit_mib) << 20;
+
+	if (limit && atomic64_add_return(size, &ctx->bo_bytes) > limit) {
+		atomic64_sub(size, &ctx->bo_bytes);
+		return -ENOMEM;
+	}
+	if (!limit)
+		atomic64_add(size, &ctx->bo_bytes);
+	atomic64_inc(&ctx->bo_count);
+	return 0;
+}
+
+static void npu_ctx_uncharge(struct npu_context *ctx, u64 size)
+{
+	atomic64_sub(size, &ctx->bo_bytes);
+	atomic64_dec(&ctx->bo_count);
+}
+
+/* The limit as shown in fdinfo: bytes, 0 for none. */
+u64 npu_ctx_mem_limit(void)
+{
+	return (u64)READ_ONCE(ctx_mem_limit_mib) << 20;
+}
 
 static void npu_bo_free_pages(struct npu_bo *bo)
 {
@@ -38,6 +71,10 @@ static void npu_bo_free(struct kref *ref)
 	dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 	sg_free_table(&bo->sgt);
 	npu_bo_free_pages(bo);
+	if (bo->owner) {
+		npu_ctx_uncharge(bo->owner, bo->size);
+		npu_context_put(bo->owner);
+	}
 	kfree(bo);
 	npu_device_put(ndev);
 }
@@ -159,13 +196,22 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(args.size);
 	bo->npages = bo->size >> PAGE_SHIFT;
+	ret = npu_ctx_charge(ctx, bo->size);
+	if (ret) {
+		kfree(bo);
+		return ret;
+	}
 	ret = npu_bo_alloc_backing(ndev, bo, true);
 	if (ret) {
+		npu_ctx_uncharge(ctx, bo->size);
 		kfree(bo);
 		return ret;
 	}
 	bo->ndev = ndev;
 	kref_get(&ndev->ref);
+	/* The BO stays charged to its creator until its last reference goes. */
+	kref_get(&ctx->ref);
+	bo->owner = ctx;
 	atomic64_inc(&ndev->bo_count);
 	atomic64_add(bo->size, &ndev->bo_bytes);
 

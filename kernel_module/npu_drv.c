@@ -7,6 +7,7 @@
 #include <linux/fs.h>
 #include <linux/idr.h>
 #include <linux/module.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -20,6 +21,9 @@ static struct class *npu_class;
 /* npu_devices_lock protects npu_devices (minor -> device) and open lookups. */
 static DEFINE_MUTEX(npu_devices_lock);
 static DEFINE_IDR(npu_devices);
+
+/* Client ids for fdinfo: unique per open file while the module is loaded. */
+static atomic_t npu_next_client_id = ATOMIC_INIT(0);
 
 static void npu_device_free(struct kref *ref)
 {
@@ -59,6 +63,9 @@ static int npu_open(struct inode *inode, struct file *file)
 	xa_init_flags(&ctx->bos, XA_FLAGS_ALLOC1);
 	spin_lock_init(&ctx->err_lock);
 	INIT_LIST_HEAD(&ctx->errors);
+	ctx->client_id = atomic_inc_return(&npu_next_client_id);
+	atomic64_set(&ctx->bo_count, 0);
+	atomic64_set(&ctx->bo_bytes, 0);
 	file->private_data = ctx;
 	return 0;
 }
@@ -143,7 +150,27 @@ static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 	return ret;
 }
 
+/*
+ * /proc/<pid>/fdinfo/<fd>: the context's memory, in the style of the DRM
+ * fdinfo keys (docs/uapi.md). Buffers stay charged to the file that created
+ * them until their last mapping or job is gone.
+ */
+static void npu_show_fdinfo(struct seq_file *m, struct file *file)
+{
+	struct npu_context *ctx = file->private_data;
+	u64 limit = npu_ctx_mem_limit();
+
+	seq_printf(m, "npu-driver:\t%s\n", KBUILD_MODNAME);
+	seq_printf(m, "npu-pdev:\t%s\n", pci_name(ctx->ndev->pdev));
+	seq_printf(m, "npu-client-id:\t%u\n", ctx->client_id);
+	seq_printf(m, "npu-bo-count:\t%lld\n", atomic64_read(&ctx->bo_count));
+	seq_printf(m, "npu-memory-host:\t%lld KiB\n",
+		   atomic64_read(&ctx->bo_bytes) >> 10);
+	seq_printf(m, "npu-memory-limit:\t%llu KiB\n", limit >> 10);
+}
+
 static const struct file_operations npu_fops = {
+	.show_fdinfo = npu_show_fdinfo,
 	.owner = THIS_MODULE,
 	.open = npu_open,
 	.release = npu_release,

@@ -51,6 +51,9 @@ struct npu_context {
 	spinlock_t err_lock;		/* protects errors and num_errors */
 	struct list_head errors;	/* struct npu_error, by fence */
 	u32 num_errors;
+	u32 client_id;			/* unique per open, for fdinfo */
+	atomic64_t bo_count;		/* live BOs this context created */
+	atomic64_t bo_bytes;		/* their backing bytes (charged to the limit) */
 };
 
 struct npu_bo {
@@ -62,6 +65,7 @@ struct npu_bo {
 	struct sg_table sgt;		/* DMA-mapped pages */
 	u64 va;				/* device virtual address */
 	u32 handle;
+	struct npu_context *owner;	/* charged context (holds a ref); NULL: kernel BO */
 };
 
 struct npu_mmu {
@@ -191,6 +195,7 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
 				    void **vaddr);
 void npu_bo_release_all(struct npu_context *ctx);
 int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
+u64 npu_ctx_mem_limit(void);
 
 /* npu_job.c */
 int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
