@@ -58,6 +58,21 @@ struct npu_bo_destroy {
 	__u32 rsvd;		/* must be zero */
 };
 
+/*
+ * BO_USERPTR: make existing user memory a buffer object without a copy.
+ * The pages are pinned until the BO's last reference goes; the BO cannot
+ * be mmap()ed (the memory is already mapped where it came from).
+ */
+#define NPU_BO_USERPTR_READONLY	(1u << 0)	/* the device only reads it */
+#define NPU_BO_USERPTR_FLAGS	NPU_BO_USERPTR_READONLY
+
+struct npu_bo_userptr {
+	__u64 addr;		/* in: page-aligned user address */
+	__u64 size;		/* in: bytes, a page multiple, 1..max_bo_size */
+	__u32 flags;		/* in: NPU_BO_USERPTR_* */
+	__u32 handle;		/* out: nonzero, per file descriptor */
+};
+
 /* A byte range of a buffer object. */
 struct npu_buf_ref {
 	__u32 handle;
@@ -149,5 +164,6 @@ struct npu_wait {
 #define NPU_IOCTL_BO_DESTROY	_IOW(NPU_IOCTL_BASE, 0x02, struct npu_bo_destroy)
 #define NPU_IOCTL_SUBMIT	_IOWR(NPU_IOCTL_BASE, 0x03, struct npu_submit)
 #define NPU_IOCTL_WAIT		_IOWR(NPU_IOCTL_BASE, 0x04, struct npu_wait)
+#define NPU_IOCTL_BO_USERPTR	_IOWR(NPU_IOCTL_BASE, 0x05, struct npu_bo_userptr)
 
 #endif /* NPU_UAPI_H */

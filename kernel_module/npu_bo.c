@@ -54,8 +54,13 @@ static void npu_bo_free_pages(struct npu_bo *bo)
 {
 	unsigned long i;
 
-	for (i = 0; i < bo->npages && bo->pages[i]; i++)
-		__free_page(bo->pages[i]);
+	if (bo->userptr) {
+		/* The device may have written them: mark them dirty. */
+		unpin_user_pages_dirty_lock(bo->pages, bo->npages, !bo->dev_readonly);
+	} else {
+		for (i = 0; i < bo->npages && bo->pages[i]; i++)
+			__free_page(bo->pages[i]);
+	}
 	kvfree(bo->pages);
 }
 
@@ -80,30 +85,20 @@ static void npu_bo_free(struct kref *ref)
 }
 
 /*
- * Back @bo with zeroed pages, map them for DMA and into the device's VA
- * space. On failure everything done here is undone.
+ * Map the pages of @bo for DMA and into the device's VA space. On failure
+ * the mappings made here are undone; the pages stay with the caller.
  */
-static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
-				bool device_writable)
+static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
+			    bool device_writable)
 {
 	struct device *dev = &ndev->pdev->dev;
-	unsigned long i;
 	int ret;
 
-	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
-	if (!bo->pages)
-		return -ENOMEM;
-	for (i = 0; i < bo->npages; i++) {
-		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN);
-		if (!bo->pages[i]) {
-			ret = -ENOMEM;
-			goto err_free_pages;
-		}
-	}
+	bo->dev_readonly = !device_writable;
 	ret = sg_alloc_table_from_pages(&bo->sgt, bo->pages, bo->npages, 0,
 					bo->size, GFP_KERNEL);
 	if (ret)
-		goto err_free_pages;
+		return ret;
 	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret)
 		goto err_free_table;
@@ -118,8 +113,32 @@ err_unmap:
 	dma_unmap_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 err_free_table:
 	sg_free_table(&bo->sgt);
-err_free_pages:
-	npu_bo_free_pages(bo);
+	return ret;
+}
+
+/*
+ * Back @bo with zeroed pages, map them for DMA and into the device's VA
+ * space. On failure everything done here is undone.
+ */
+static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
+				bool device_writable)
+{
+	unsigned long i;
+	int ret;
+
+	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
+	if (!bo->pages)
+		return -ENOMEM;
+	for (i = 0; i < bo->npages; i++) {
+		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN);
+		if (!bo->pages[i]) {
+			npu_bo_free_pages(bo);
+			return -ENOMEM;
+		}
+	}
+	ret = npu_bo_map_pages(ndev, bo, device_writable);
+	if (ret)
+		npu_bo_free_pages(bo);
 	return ret;
 }
 
@@ -253,6 +272,96 @@ int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
 	return 0;
 }
 
+/* Give @bo a handle in @ctx; on failure the BO is put. */
+static int npu_bo_install(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
+{
+	int ret = xa_alloc(&ctx->bos, handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
+
+	if (ret) {
+		npu_bo_put(bo);
+		return ret;
+	}
+	bo->handle = *handle;
+	return 0;
+}
+
+int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_bo_userptr args;
+	bool writable;
+	struct npu_bo *bo;
+	u64 end;
+	u32 handle;
+	int pinned, ret;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if ((args.flags & ~NPU_BO_USERPTR_FLAGS) || args.handle || !args.size ||
+	    !PAGE_ALIGNED(args.addr) || !PAGE_ALIGNED(args.size) ||
+	    check_add_overflow(args.addr, args.size, &end))
+		return -EINVAL;
+	if (args.size > NPU_BO_MAX_SIZE)
+		return -E2BIG;
+	writable = !(args.flags & NPU_BO_USERPTR_READONLY);
+
+	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	if (!bo)
+		return -ENOMEM;
+	kref_init(&bo->ref);
+	bo->size = args.size;
+	bo->npages = bo->size >> PAGE_SHIFT;
+	bo->userptr = true;
+	bo->dev_readonly = !writable;
+	ret = npu_ctx_charge(ctx, bo->size);
+	if (ret)
+		goto err_free_bo;
+	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
+	if (!bo->pages) {
+		ret = -ENOMEM;
+		goto err_uncharge;
+	}
+	pinned = pin_user_pages_fast(args.addr, bo->npages,
+				     FOLL_LONGTERM | (writable ? FOLL_WRITE : 0),
+				     bo->pages);
+	if (pinned != bo->npages) {
+		if (pinned > 0)
+			unpin_user_pages(bo->pages, pinned);
+		ret = pinned < 0 ? pinned : -EFAULT;
+		goto err_free_array;
+	}
+	ret = npu_bo_map_pages(ndev, bo, writable);
+	if (ret)
+		goto err_unpin;
+	bo->ndev = ndev;
+	kref_get(&ndev->ref);
+	kref_get(&ctx->ref);
+	bo->owner = ctx;
+	atomic64_inc(&ndev->bo_count);
+	atomic64_add(bo->size, &ndev->bo_bytes);
+	ret = npu_bo_install(ctx, bo, &handle);
+	if (ret)
+		return ret;
+	trace_npu_bo_create(handle, bo->size);
+	args.handle = handle;
+	if (copy_to_user(arg, &args, sizeof(args))) {
+		xa_erase(&ctx->bos, handle);
+		npu_bo_put(bo);
+		return -EFAULT;
+	}
+	return 0;
+
+err_unpin:
+	unpin_user_pages(bo->pages, bo->npages);
+err_free_array:
+	kvfree(bo->pages);
+err_uncharge:
+	npu_ctx_uncharge(ctx, bo->size);
+err_free_bo:
+	kfree(bo);
+	return ret;
+}
+
 void npu_bo_release_all(struct npu_context *ctx)
 {
 	struct npu_bo *bo;
@@ -296,7 +405,7 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	bo = npu_bo_lookup(ctx, handle);
 	if (!bo)
 		return -EINVAL;
-	if (start >= bo->size || len > bo->size - start) {
+	if (bo->userptr || start >= bo->size || len > bo->size - start) {
 		ret = -EINVAL;
 		goto err_put;
 	}

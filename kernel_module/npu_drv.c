@@ -126,6 +126,9 @@ static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	case NPU_IOCTL_BO_DESTROY:
 		ret = npu_ioctl_bo_destroy(ctx, uarg);
 		break;
+	case NPU_IOCTL_BO_USERPTR:
+		ret = npu_ioctl_bo_userptr(ctx, uarg);
+		break;
 	case NPU_IOCTL_SUBMIT:
 		ret = npu_ioctl_submit(ctx, uarg);
 		break;

@@ -66,6 +66,8 @@ struct npu_bo {
 	u64 va;				/* device virtual address */
 	u32 handle;
 	struct npu_context *owner;	/* charged context (holds a ref); NULL: kernel BO */
+	bool userptr;			/* pages pinned from user memory */
+	bool dev_readonly;		/* the device may not write it */
 };
 
 struct npu_mmu {
@@ -189,6 +191,7 @@ void npu_mmu_unmap(struct npu_device *ndev, u64 va, u64 size);
 /* npu_bo.c */
 int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg);
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
 void npu_bo_put(struct npu_bo *bo);
 struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,

@@ -65,9 +65,12 @@ void npu_job_retire(struct npu_job *job)
 	kvfree(job);
 }
 
-/* Resolve a buffer reference into @job; return its device VA in @va. */
+/*
+ * Resolve a buffer reference into @job; return its device VA in @va. The
+ * device writes the buffer if @write: a read-only BO gets -EACCES.
+ */
 static int npu_resolve_buf(struct npu_context *ctx, struct npu_job *job,
-			   const struct npu_buf_ref *ref, u64 *va)
+			   const struct npu_buf_ref *ref, bool write, u64 *va)
 {
 	struct npu_bo *bo;
 	u64 end;
@@ -78,6 +81,8 @@ static int npu_resolve_buf(struct npu_context *ctx, struct npu_job *job,
 	if (!bo)
 		return -ENOENT;
 	job->bos[job->num_bos++] = bo;
+	if (write && bo->dev_readonly)
+		return -EACCES;
 	if (check_add_overflow(ref->offset, ref->size, &end) || end > bo->size)
 		return -ERANGE;
 	*va = bo->va + ref->offset;
@@ -153,6 +158,14 @@ static const u32 npu_op_num_params[NPU_OP_COUNT] = {
 	[NPU_OP_GEMM] = 8,
 };
 
+/* The buffer each v1 opcode writes (NOP writes none). */
+static const s8 npu_op_out_buf[NPU_OP_COUNT] = {
+	[NPU_OP_NOP] = -1,
+	[NPU_OP_COPY] = 1,
+	[NPU_OP_FILL] = 0,
+	[NPU_OP_GEMM] = 2,
+};
+
 /* Validate one user op and translate it into a device descriptor. */
 static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 			 const struct npu_op *op, struct npu_cmd *cmd)
@@ -172,7 +185,8 @@ static int npu_build_cmd(struct npu_context *ctx, struct npu_job *job,
 			     (NPU_OP_MAX_PARAMS - nparams) * sizeof(op->params[0])))
 		return -EINVAL;
 	for (i = 0; i < op->num_bufs; i++) {
-		ret = npu_resolve_buf(ctx, job, &op->bufs[i], &va[i]);
+		ret = npu_resolve_buf(ctx, job, &op->bufs[i],
+				      i == npu_op_out_buf[op->opcode], &va[i]);
 		if (ret)
 			return ret;
 	}
@@ -242,6 +256,8 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 		if (!bos[i])
 			return -ENOENT;
 		job->bos[job->num_bos++] = bos[i];
+		if (i == n - 1 && bos[i]->dev_readonly)	/* the output */
+			return -EACCES;
 		hw->t[i].dtype = ref->dtype;
 		hw->t[i].ndim = ref->ndim;
 		memcpy(hw->t[i].shape, ref->shape, sizeof(ref->shape));

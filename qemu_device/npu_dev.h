@@ -156,6 +156,10 @@ uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
                        uint64_t len);
 uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
                        bool write);
+void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
+                  bool write, uint64_t *plen, uint32_t *st);
+void npu_mem_unmap(NpuState *s, void *p, uint64_t len, bool write,
+                   uint64_t done);
 
 /* Device clock in ns, usable from any thread. */
 uint64_t npu_now_ns(void);

@@ -9,6 +9,7 @@
 #include "qemu/osdep.h"
 #include "qemu/log.h"
 #include "hw/pci/pci.h"
+#include "qemu/rcu.h"
 #include "npu_dev.h"
 
 /* Does [addr, addr + len) overlap a BAR of this device? */
@@ -228,4 +229,55 @@ uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
                        uint64_t len)
 {
     return npu_mem_rw(s, w, va, (void *)buf, len, true);
+}
+
+/*
+ * Direct access for streamed tensor ops: map the run of [va, va + len)
+ * that starts at @va (contiguous in bus address space, at most @len bytes,
+ * after the same MMU and own-BAR checks as npu_mem_rw()) and return a host
+ * pointer to it, its length in *plen. Returns NULL with NPU_ST_OK in *st
+ * when the run is not RAM the device may access in place (MMIO, ROM for a
+ * write, bus mastering off): *plen is then the length the caller should
+ * move with npu_mem_read()/npu_mem_write(), which report any error.
+ */
+void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
+                  bool write, uint64_t *plen, uint32_t *st)
+{
+    PCIDevice *pdev = PCI_DEVICE(s);
+    AddressSpace *as = pci_get_address_space(pdev);
+    uint64_t pa, run;
+    dma_addr_t mlen;
+    hwaddr xlat, l;
+    bool direct;
+    void *p;
+
+    *plen = 0;
+    *st = npu_map_run(s, w, va, len, write, &pa, &run);
+    if (*st != NPU_ST_OK) {
+        return NULL;
+    }
+    l = run;
+    WITH_RCU_READ_LOCK_GUARD() {
+        MemoryRegion *mr = address_space_translate(as, pa, &xlat, &l, write,
+                                                   MEMTXATTRS_UNSPECIFIED);
+
+        direct = memory_access_is_direct(mr, write);
+    }
+    if (!direct) {
+        *plen = MAX(MIN(run, l), 1);
+        return NULL;
+    }
+    mlen = run;
+    p = pci_dma_map(pdev, pa, &mlen, write ? DMA_DIRECTION_FROM_DEVICE :
+                    DMA_DIRECTION_TO_DEVICE);
+    *plen = p ? mlen : run;
+    return p;
+}
+
+/* Release a npu_mem_map() mapping; @done bytes from its start were written. */
+void npu_mem_unmap(NpuState *s, void *p, uint64_t len, bool write,
+                   uint64_t done)
+{
+    pci_dma_unmap(PCI_DEVICE(s), p, len, write ? DMA_DIRECTION_FROM_DEVICE :
+                  DMA_DIRECTION_TO_DEVICE, done);
 }

@@ -48,7 +48,7 @@ from .allocator import (
     reset_peak_memory_stats,
 )
 from .api import copy_array, fill, matmul
-from .buffer import Buffer
+from .buffer import Buffer, UserBuffer
 from .device import (
     DEFAULT_TIMEOUT_S,
     Device,
@@ -82,7 +82,7 @@ from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
 from .quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
-from .tensor import Tensor, permute, tensor
+from .tensor import Tensor, from_numpy, permute, tensor
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
@@ -116,6 +116,7 @@ __all__ = [
     "TensorOp",
     "TensorRef",
     "UnaryKind",
+    "UserBuffer",
     "__version__",
     "abs",
     "add",
@@ -132,6 +133,7 @@ __all__ = [
     "exp",
     "fill",
     "float32_to_bf16",
+    "from_numpy",
     "gelu",
     "global_avg_pool2d",
     "layer_norm",

@@ -543,6 +543,22 @@ class NpuBoDestroy(ctypes.Structure):
     ]
 
 
+#: BO_USERPTR flag: the device may only read the memory.
+NPU_BO_USERPTR_READONLY: Final = 1 << 0
+NPU_BO_USERPTR_FLAGS: Final = NPU_BO_USERPTR_READONLY
+
+
+class NpuBoUserptr(ctypes.Structure):
+    """``struct npu_bo_userptr`` (BO_USERPTR: pinned user memory as a BO)."""
+
+    _fields_ = [
+        ("addr", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("handle", ctypes.c_uint32),
+    ]
+
+
 class NpuBufRef(ctypes.Structure):
     """``struct npu_buf_ref``: a byte range of a buffer object."""
 
@@ -632,6 +648,7 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_info": NpuInfo,
     "npu_bo_create": NpuBoCreate,
     "npu_bo_destroy": NpuBoDestroy,
+    "npu_bo_userptr": NpuBoUserptr,
     "npu_buf_ref": NpuBufRef,
     "npu_op": NpuOp,
     "npu_tensor_ref": NpuTensorRef,
@@ -649,3 +666,4 @@ NPU_IOCTL_BO_CREATE: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x01, NpuBoCreate))
 NPU_IOCTL_BO_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x02, NpuBoDestroy))
 NPU_IOCTL_SUBMIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x03, NpuSubmit))
 NPU_IOCTL_WAIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x04, NpuWait))
+NPU_IOCTL_BO_USERPTR: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x05, NpuBoUserptr))

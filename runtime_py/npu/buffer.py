@@ -15,6 +15,7 @@ pages of a mapped BO alive), so such arrays never dangle.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import math
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
     from .device import Device
 
-__all__ = ["Buffer"]
+__all__ = ["Buffer", "UserBuffer"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Buffer:
         self._handle = handle
         self._view: memoryview | None = None
         try:
-            self._mmap: mmap.mmap | None = mmap.mmap(
+            self._mmap: mmap.mmap | memoryview | None = mmap.mmap(
                 device.fileno(),
                 alloc_size,
                 flags=mmap.MAP_SHARED,
@@ -184,7 +185,10 @@ class Buffer:
             self._view.release()
             self._view = None
         try:
-            mapping.close()
+            if isinstance(mapping, memoryview):
+                mapping.release()
+            else:
+                mapping.close()
         except BufferError:
             log.debug(
                 "buffer %d: numpy views still reference the mapping; it is unmapped "
@@ -214,7 +218,7 @@ class Buffer:
         state = " freed" if self.freed else ""
         return f"<npu.Buffer handle={self._handle} size={self.size}{state}>"
 
-    def _check_alive(self, what: str) -> mmap.mmap:
+    def _check_alive(self, what: str) -> mmap.mmap | memoryview:
         if self._mmap is None:
             raise NpuError(
                 errno.EBADF,
@@ -222,6 +226,50 @@ class Buffer:
                 f"Buffer(handle={self._handle}).{what}",
             )
         return self._mmap
+
+
+class UserBuffer(Buffer):
+    """Existing user memory made a buffer object without a copy (BO_USERPTR).
+
+    Do not construct directly; use :meth:`npu.Device.userptr`. The driver
+    pins the pages of ``[base, base + size)`` until the buffer object is
+    destroyed (:meth:`free`, garbage collection, or the end of the last job
+    using it). ``owner`` (e.g. the numpy array) is kept alive as long as the
+    buffer. :meth:`numpy` views the user memory itself.
+
+    Attributes:
+        base: the page-aligned user address of the first byte.
+        readonly: the device may only read the memory.
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        handle: int,
+        base: int,
+        size: int,
+        readonly: bool,
+        owner: object,
+    ) -> None:
+        self.device = device
+        self.size = size
+        self.alloc_size = size
+        self.mmap_offset = 0
+        self.base = base
+        self.readonly = readonly
+        self._handle = handle
+        self._owner = owner
+        self._view = None
+        raw = (ctypes.c_uint8 * size).from_address(base)
+        self._mmap = memoryview(raw).cast("B")
+        if readonly:
+            self._mmap = self._mmap.toreadonly()
+        self._finalizer = weakref.finalize(self, _destroy_unreferenced, weakref.ref(device), handle)
+        self._finalizer.atexit = False
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"<npu.UserBuffer handle={self._handle} base={self.base:#x} size={self.size}{state}>"
 
 
 def _destroy_unreferenced(device_ref: weakref.ref[Device], handle: int) -> None:

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import glob
 import logging
+import mmap
 import operator
 import os
 import re
@@ -27,14 +28,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, SupportsIndex
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 from . import _abi
-from .buffer import Buffer
+from .buffer import Buffer, UserBuffer
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
 from .ops import AnyOp, Op, TensorOp
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from .allocator import CachingAllocator
 
 __all__ = [
@@ -60,6 +63,7 @@ _NODE_RE = re.compile(r"npu(\d+)$")
 _FOREVER_SLICE_NS = 60 * 10**9
 # Submissions remembered per queue to name the op of a device error.
 _INFLIGHT_HISTORY = 1024
+_PAGE = mmap.PAGESIZE
 _TIMEOUT_ERRNOS = frozenset({errno.ETIMEDOUT, errno.ETIME})
 
 
@@ -512,6 +516,58 @@ class Device:
             raise
         self._buffers.add(buf)
         return buf
+
+    def bo_userptr(self, addr: int, size: int, readonly: bool = False) -> int:
+        """Make pinned user memory a buffer object (BO_USERPTR); return its handle.
+
+        Raises:
+            NpuError: ``EINVAL`` (unaligned ``addr``/``size``, ``size`` 0, bad
+                flags), ``E2BIG`` (over ``max_bo_size``), ``EFAULT`` (memory
+                not mapped, or mapped read-only without ``readonly``),
+                ``ENOMEM`` (the per-context limit or out of memory),
+                ``ENOTTY`` (a driver without BO_USERPTR).
+        """
+        addr = _check_u(f"BO_USERPTR addr={addr}", addr, _abi.U64_MAX)
+        size = _check_u(f"BO_USERPTR size={size}", size, _abi.U64_MAX)
+        flags = _abi.NPU_BO_USERPTR_READONLY if readonly else 0
+        arg = _abi.NpuBoUserptr(addr=addr, size=size, flags=flags, handle=0)
+        self._ioctl(
+            _abi.NPU_IOCTL_BO_USERPTR,
+            arg,
+            f"BO_USERPTR(addr={addr:#x}, size={size}, readonly={readonly})",
+        )
+        log.debug("BO_USERPTR addr=%#x size=%d -> handle=%d", addr, size, arg.handle)
+        return int(arg.handle)
+
+    def userptr(self, array: npt.NDArray[Any]) -> tuple[UserBuffer, int]:
+        """Pin ``array``'s memory as a buffer object, without a copy.
+
+        The pages holding the array's bytes are wrapped; the device may
+        write them only if the array is writeable. Returns the buffer and the
+        byte offset of the array's first byte in it. The buffer keeps the
+        array alive; do not change the array while queued ops read it.
+
+        Raises:
+            ValueError: ``array`` is empty.
+            NpuError: see :meth:`bo_userptr`.
+        """
+        if array.size == 0:
+            raise ValueError("userptr: the array is empty")
+        start = int(array.__array_interface__["data"][0])
+        spans = [(dim - 1) * step for dim, step in zip(array.shape, array.strides, strict=True)]
+        lo = start + sum(min(0, span) for span in spans)
+        hi = start + sum(max(0, span) for span in spans) + array.itemsize
+        base = lo - lo % _PAGE
+        end = -(-hi // _PAGE) * _PAGE
+        readonly = not array.flags.writeable
+        handle = self.bo_userptr(base, end - base, readonly)
+        try:
+            buf = UserBuffer(self, handle, base, end - base, readonly, array)
+        except BaseException:
+            self.bo_destroy(handle)
+            raise
+        self._buffers.add(buf)
+        return buf, lo - base
 
     @property
     def buffers(self) -> list[Buffer]:

@@ -66,6 +66,7 @@ from .allocator import Allocation, allocator
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, default_device
 from .dtypes import (
+    _FROM_NUMPY,
     _INT_RANGE,
     _NUMPY,
     BFloat16Type,
@@ -676,6 +677,41 @@ def tensor(x: Any, dtype: DTypeArg | None = None, device: Device | None = None) 
         target = _dtype(dtype)
         data = np.asarray(x, dtype=np.float32 if target is DType.BF16 else _NUMPY[target])
     return _upload(data, target, dev)
+
+
+def from_numpy(array: npt.NDArray[Any], device: Device | None = None) -> Tensor:
+    """A tensor that *shares* ``array``'s memory (no copy): pinned user memory.
+
+    Like ``torch.from_numpy``: the driver pins the pages holding the array
+    (BO_USERPTR) and the tensor reads them in place, so an upload costs no
+    copy. The tensor (and its views) keep the array alive and pinned.
+    Writes to the array show in the tensor; do not change the array while
+    queued ops read it (as with CUDA's asynchronous copies from pinned
+    memory). A read-only array gives a tensor the device may only read.
+
+    Raises:
+        TypeError: a dtype other than float32, float16, int8 or int32.
+        ValueError: rank > 4, an empty array, or strides that are negative
+            or not multiples of the itemsize.
+        NpuError: BO_USERPTR failed (e.g. ``ENOMEM`` at the per-context
+            limit).
+    """
+    dev = device if device is not None else default_device()
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy() takes an ndarray, not {type(array).__name__}")
+    if array.dtype not in _FROM_NUMPY:
+        raise TypeError(f"from_numpy(): unsupported dtype {array.dtype}")
+    target = _FROM_NUMPY[array.dtype]
+    shape = tuple(int(d) for d in array.shape)
+    _check_shape(shape, "from_numpy")
+    if array.size == 0:
+        raise ValueError("from_numpy(): the array is empty")
+    item = array.itemsize
+    if any(st < 0 or st % item for st in array.strides):
+        raise ValueError(f"from_numpy(): strides {array.strides} are not usable by the device")
+    buf, offset = dev.userptr(array)
+    strides = tuple(st // item for st in array.strides)
+    return Tensor(dev, buf, target, shape, strides, offset // item)
 
 
 def _scalar_dtype(value: Any, other: DType | None) -> DType | None:
