@@ -78,6 +78,7 @@ from .elementwise import (
     tanh,
 )
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .graph import Graph
 from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
 from .quant import quantized_conv2d, quantized_linear, quantized_matmul
@@ -101,6 +102,7 @@ __all__ = [
     "DeviceInfo",
     "DeviceNotFoundError",
     "EltwiseKind",
+    "Graph",
     "InferenceSession",
     "ModelError",
     "NpuDeviceError",

@@ -39,11 +39,13 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from .allocator import CachingAllocator
+    from .graph import Graph
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Device",
     "DeviceInfo",
+    "PackedOps",
     "close_default_device",
     "default_device",
     "devices",
@@ -165,6 +167,15 @@ def _version_str(version: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PackedOps:
+    """A run of ops of one format, packed for one SUBMIT (:meth:`Device.pack`)."""
+
+    ops: tuple[AnyOp, ...]
+    tensor: bool
+    raw: ctypes.Array[Any]
+
+
+@dataclass(frozen=True, slots=True)
 class _Submitted:
     first_fence: int
     last_fence: int
@@ -208,6 +219,8 @@ class Device:
         # host write into a reused block).
         self._submitted: dict[int, int] = {}
         self._completed: dict[int, int] = {}
+        # The npu.graph.Graph capturing the tensor ops of this device, if any.
+        self._capturing: Graph | None = None
         # The caching allocator of npu.allocator, created on first use.
         self._allocator: CachingAllocator | None = None
         log.debug("opened %s (fd %d)", path, fd)
@@ -360,6 +373,8 @@ class Device:
                 submission (e.g. ``EINVAL``, ``ENOENT`` for an unknown handle,
                 ``ERANGE`` for a tensor past the end of its buffer).
         """
+        if self._capturing is not None:
+            raise RuntimeError("submit: raw ops are not recorded while a graph captures")
         batch = tuple(ops)
         if not batch:
             raise ValueError("submit: no ops")
@@ -387,12 +402,70 @@ class Device:
             start = end
         return fence
 
-    def _submit_one_kind(self, batch: tuple[AnyOp, ...], queue: int, tensor: bool) -> int:
+    def pack(self, ops: Sequence[AnyOp]) -> list[PackedOps]:
+        """Pack ``ops`` once into SUBMIT-ready arrays (for :meth:`submit_packed`).
+
+        The ops are split into runs of one op format and at most
+        ``NPU_SUBMIT_MAX_OPS`` ops each. The packed arrays keep the ops (and
+        through them their buffers) alive.
+
+        Raises:
+            TypeError: an element is neither an ``Op`` nor a ``TensorOp``.
+        """
+        batch = tuple(ops)
+        runs: list[PackedOps] = []
+        start = 0
+        while start < len(batch):
+            if not isinstance(batch[start], Op | TensorOp):
+                raise TypeError(f"pack: {batch[start]!r} is not an npu.ops.Op or TensorOp")
+            tensor = isinstance(batch[start], TensorOp)
+            end = start + 1
+            while (
+                end < len(batch)
+                and end - start < _abi.NPU_SUBMIT_MAX_OPS
+                and isinstance(batch[end], TensorOp) == tensor
+            ):
+                end += 1
+            run = batch[start:end]
+            struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
+            raw = (struct * len(run))()
+            for i, op in enumerate(run):
+                raw[i] = op.pack()
+            runs.append(PackedOps(run, tensor, raw))
+            start = end
+        return runs
+
+    def submit_packed(self, packed: Sequence[PackedOps], queue: int = 0) -> int:
+        """Submit ops packed by :meth:`pack` (one SUBMIT per run); the last fence.
+
+        Nothing is re-validated or re-packed here, which is what makes a
+        replay cheap; the driver still checks every op.
+
+        Raises:
+            ValueError: nothing to submit.
+            NpuError: as :meth:`submit`.
+        """
+        if not packed:
+            raise ValueError("submit_packed: no ops")
+        queue = _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
+        fence = 0
+        for run in packed:
+            fence = self._submit_one_kind(run.ops, queue, run.tensor, run.raw)
+        return fence
+
+    def _submit_one_kind(
+        self,
+        batch: tuple[AnyOp, ...],
+        queue: int,
+        tensor: bool,
+        raw_ops: ctypes.Array[Any] | None = None,
+    ) -> int:
         """One SUBMIT of ops that are all ``TensorOp`` (``tensor``) or all ``Op``."""
         struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
-        raw_ops = (struct * len(batch))()
-        for i, op in enumerate(batch):
-            raw_ops[i] = op.pack()
+        if raw_ops is None:
+            raw_ops = (struct * len(batch))()
+            for i, op in enumerate(batch):
+                raw_ops[i] = op.pack()
         arg = _abi.NpuSubmit(
             ops_ptr=ctypes.addressof(raw_ops),
             num_ops=len(batch),

@@ -172,6 +172,9 @@ class Tensor:
         self._fence = fence
         # Lowest fence of the not-yet-waited ops this tensor was computed from.
         self._since = fence if since is None else since
+        graph = device._capturing
+        if graph is not None:  # its fence is set by each replay
+            graph._outputs.add(self)
 
     # -- properties ---------------------------------------------------------
 
@@ -271,7 +274,10 @@ class Tensor:
                 (also when the failure was first reported through another
                 tensor).
             NpuTimeoutError: not done within ``timeout_s``.
+            RuntimeError: called while an :class:`npu.Graph` captures.
         """
+        if self._device._capturing is not None:
+            raise RuntimeError("cannot wait for a tensor while a graph is capturing")
         if self._fence is None:
             return
         lo = self._since if self._since is not None else self._fence
@@ -317,6 +323,36 @@ class Tensor:
         if self._dtype is DType.BF16:
             return bf16_to_float32(data)
         return data
+
+    def copy_(self, src: Any) -> Tensor:
+        """Write ``src`` (broadcast to this shape) into this tensor's memory, in place.
+
+        For the inputs of an :class:`npu.Graph` between replays. Waits first
+        for every op queued on the device (they may read this memory); the
+        write itself is a host copy. Returns ``self``.
+
+        Raises:
+            ValueError: ``src`` does not broadcast to the shape.
+            RuntimeError: called while a graph captures.
+        """
+        if self._device._capturing is not None:
+            raise RuntimeError("copy_: not while a graph is capturing")
+        data = np.broadcast_to(np.asarray(src), self._shape)
+        last = self._device.submitted_fences()
+        for queue, fence in last.items():
+            if not self._device.completed(queue, fence):
+                _wait_recording_failures(self._device, queue, fence)
+        if self._buffer is None:
+            return self
+        item = self.itemsize
+        flat = self._buffer.numpy(_storage(self._dtype))
+        view = np.lib.stride_tricks.as_strided(
+            flat[self._offset :],
+            shape=self._shape,
+            strides=tuple(st * item for st in self._strides),
+        )
+        view[...] = _to_storage(np.ascontiguousarray(data), self._dtype).reshape(self._shape)
+        return self
 
     def __array__(
         self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
@@ -625,13 +661,22 @@ def _alloc(
     mem = allocator(device).allocate(
         size * dtype.itemsize, host_write=host_write, wait=_wait_recording_failures
     )
+    if device._capturing is not None:  # the graph's ops use it at every replay
+        device._capturing._keep(mem)
     return Tensor(
         device, mem.buffer, dtype, shape, offset=mem.offset // dtype.itemsize, allocation=mem
     )
 
 
 def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
-    """Submit ``batch`` (no wait); ``out`` is produced by its last op."""
+    """Submit ``batch`` (no wait); ``out`` is produced by its last op.
+
+    While an :class:`npu.Graph` captures, the batch is recorded instead.
+    """
+    graph = out._device._capturing
+    if graph is not None:
+        graph._record(batch, out)
+        return out
     fence = out._device.submit(batch)
     since = fence - len(batch) + 1
     for t in inputs:

@@ -1,0 +1,121 @@
+"""Graphs: record a sequence of tensor ops once, replay it with one SUBMIT.
+
+The model is CUDA Graphs' (``torch.cuda.graph``): inside
+:meth:`Graph.capture` the tensor functions (``npu.add``, ``npu.matmul``,
+``x @ w``, ...) do not submit anything; they allocate their outputs and
+record their ops. :meth:`Graph.replay` then submits the recorded ops,
+packed once, in as few SUBMITs as the driver allows, and the tensors made
+during the capture hold the new results once :meth:`Graph.synchronize` (or
+their ``.numpy()``) returns. A replay costs one ioctl per 256 ops instead of
+the Python work and the ioctl of every op.
+
+Rules, as for CUDA graphs:
+
+- The graph keeps the memory of every tensor made during the capture, so
+  the same buffers are read and written at every replay. Inputs are tensors
+  made before the capture; change them between replays with
+  :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
+  the array), never while a replay runs.
+- No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``
+  raise ``RuntimeError``. Uploads (``npu.tensor(...)``) run at once; their
+  values are constants of the graph.
+- Ops of the raw layer (``Device.submit``) are not recorded and raise
+  ``RuntimeError`` during a capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from . import ops
+from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
+
+if TYPE_CHECKING:
+    from .allocator import Allocation
+    from .tensor import Tensor
+
+__all__ = ["Graph"]
+
+log = logging.getLogger(__name__)
+
+
+class Graph:
+    """A recorded sequence of tensor ops of one device (see the module documentation).
+
+    Args:
+        device: the device whose tensor ops are recorded (default: the
+            default device).
+    """
+
+    def __init__(self, device: Device | None = None) -> None:
+        self.device = device if device is not None else default_device()
+        self._ops: list[ops.AnyOp] = []
+        self._packed: list[PackedOps] = []
+        self._memory: list[Allocation] = []
+        self._outputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        self._captured = False
+        self._fence: int | None = None
+
+    @property
+    def num_ops(self) -> int:
+        """How many ops a replay submits."""
+        return len(self._ops)
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[Graph]:
+        """Record the tensor ops of the device until the block ends.
+
+        Raises:
+            RuntimeError: the graph was captured already, or another capture
+                is running on the device.
+        """
+        if self._captured:
+            raise RuntimeError("Graph.capture: this graph is already captured")
+        if self.device._capturing is not None:
+            raise RuntimeError("Graph.capture: another graph is capturing on this device")
+        self.device._capturing = self
+        try:
+            yield self
+        finally:
+            self.device._capturing = None
+            self._captured = True
+        if self._ops:
+            self._packed = self.device.pack(self._ops)
+        log.debug("captured %d ops, %d allocations", len(self._ops), len(self._memory))
+
+    def replay(self) -> int:
+        """Submit the recorded ops; return the fence of the last one (no wait).
+
+        Raises:
+            RuntimeError: not captured yet, or nothing was recorded.
+            NpuError: the driver refused the submission.
+        """
+        if not self._captured:
+            raise RuntimeError("Graph.replay: capture the graph first")
+        if not self._packed:
+            raise RuntimeError("Graph.replay: the capture recorded no ops")
+        fence = self.device.submit_packed(self._packed)
+        first = fence - len(self._ops) + 1
+        for t in self._outputs:
+            t._fence = fence
+            t._since = first
+        self._fence = fence
+        return fence
+
+    def synchronize(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Wait for the last replay (device errors raise as at any wait)."""
+        if self._fence is not None:
+            self.device.wait(self._fence, timeout_s=timeout_s)
+
+    # -- called by npu.tensor while capturing ---------------------------------
+
+    def _record(self, batch: list[ops.AnyOp], out: Tensor) -> None:
+        self._ops.extend(batch)
+        self._outputs.add(out)
+
+    def _keep(self, memory: Allocation) -> None:
+        self._memory.append(memory)

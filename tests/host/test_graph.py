@@ -1,0 +1,116 @@
+"""npu.Graph on the fake driver: capture records without submitting, a replay
+is one SUBMIT of the packed ops, inputs change between replays with copy_,
+and the graph's memory is never handed to anyone else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npu
+from fake_driver import FakeDriver
+from npu import _abi
+
+
+def submits(driver: FakeDriver) -> int:
+    return sum(1 for request, _ in driver.calls if request == _abi.NPU_IOCTL_SUBMIT)
+
+
+@pytest.fixture
+def inputs(default_device: npu.Device) -> tuple[npu.Tensor, npu.Tensor]:
+    x = npu.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    w = npu.tensor(np.ones((4, 2), np.float32))
+    return x, w
+
+
+def test_capture_records_the_ops_without_submitting(
+    driver: FakeDriver, inputs: tuple[npu.Tensor, npu.Tensor]
+) -> None:
+    x, w = inputs
+    before = submits(driver)
+    g = npu.Graph()
+    with g.capture():
+        y = npu.relu(x @ w - 20)
+    assert submits(driver) == before
+    assert g.num_ops == 3 and y.fence is None
+
+
+def test_a_replay_is_one_submit_and_gives_the_result(
+    driver: FakeDriver, inputs: tuple[npu.Tensor, npu.Tensor]
+) -> None:
+    x, w = inputs
+    g = npu.Graph()
+    with g.capture():
+        y = npu.relu(x @ w - 20)
+    before = submits(driver)
+    g.replay()
+    assert submits(driver) == before + 1
+    want = np.maximum(np.arange(12, dtype=np.float32).reshape(3, 4) @ np.ones((4, 2)) - 20, 0)
+    np.testing.assert_array_equal(y.numpy(), want)
+
+
+def test_inputs_changed_with_copy_are_used_by_the_next_replay(
+    inputs: tuple[npu.Tensor, npu.Tensor],
+) -> None:
+    x, w = inputs
+    g = npu.Graph()
+    with g.capture():
+        y = x @ w
+    for scale in (1.0, -2.0, 3.5):
+        x.copy_(np.full((3, 4), scale, np.float32))
+        g.replay()
+        g.synchronize()
+        np.testing.assert_array_equal(y.numpy(), np.full((3, 2), 4 * scale, np.float32))
+
+
+def test_copy_broadcasts_and_converts_to_the_tensor_dtype(default_device: npu.Device) -> None:
+    t = npu.tensor(np.zeros((2, 3), np.float16))
+    t.copy_([1.5, 2.5, -1.0])
+    np.testing.assert_array_equal(t.numpy(), np.tile(np.float16([1.5, 2.5, -1.0]), (2, 1)))
+    with pytest.raises(ValueError):
+        t.copy_(np.ones(4))
+
+
+def test_waiting_inside_a_capture_raises(inputs: tuple[npu.Tensor, npu.Tensor]) -> None:
+    x, _ = inputs
+    g = npu.Graph()
+    with g.capture(), pytest.raises(RuntimeError, match="capturing"):
+        npu.relu(x).numpy()
+
+
+def test_raw_submits_inside_a_capture_raise(default_device: npu.Device) -> None:
+    g = npu.Graph()
+    with g.capture(), pytest.raises(RuntimeError, match="not recorded"):
+        default_device.submit([npu.ops.nop()])
+
+
+def test_the_graph_keeps_its_memory_from_other_tensors(
+    inputs: tuple[npu.Tensor, npu.Tensor],
+) -> None:
+    x, w = inputs
+    g = npu.Graph()
+    with g.capture():
+        y = npu.relu(x @ w)  # the x @ w intermediate dies here
+    places = {(t.buffer.handle, t.offset) for t in (y,) if t.buffer is not None}
+    fresh = [npu.tensor(np.zeros((3, 2), np.float32)) for _ in range(8)]
+    taken = {(t.buffer.handle, t.offset) for t in fresh if t.buffer is not None}
+    assert not places & taken
+    assert npu.memory_stats()["allocation.all.current"] >= 2 + 2 + 8  # inputs, graph, fresh
+
+
+def test_replay_before_capture_or_of_nothing_raises(default_device: npu.Device) -> None:
+    with pytest.raises(RuntimeError, match="capture the graph first"):
+        npu.Graph().replay()
+    g = npu.Graph()
+    with g.capture():
+        pass
+    with pytest.raises(RuntimeError, match="no ops"):
+        g.replay()
+
+
+def test_a_graph_is_captured_once_and_captures_do_not_nest(default_device: npu.Device) -> None:
+    g = npu.Graph()
+    with g.capture(), pytest.raises(RuntimeError, match="another graph"), npu.Graph().capture():
+        pass
+    with pytest.raises(RuntimeError, match="already captured"), g.capture():
+        pass
