@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import npu
+from npu.allocator import allocator
 
 log = logging.getLogger("bench_npu")
 
@@ -174,6 +175,66 @@ def bench_guest_memcpy() -> float:
     if not np.array_equal(dst, src):
         raise BenchError("guest memcpy: copy differs")
     return COPY_BYTES / statistics.median(times) / 1e9
+
+
+def bench_memory(dev: npu.Device) -> dict[str, float]:
+    """Host <-> device copies of COPY_BYTES and allocation costs (issue 5's figures).
+
+    h2d/d2h: Tensor.copy_ between a device tensor and an npu.from_numpy
+    tensor pinned once (the DMA engine, like CUDA's pinned memcpy); d2d: a
+    device-to-device copy_; userptr_h2d: pin a fresh array, copy, unpin, per
+    run; h2d_cpu: npu.tensor(x) (a host copy into mapped device memory).
+    Median of COPY_RUNS, submit + wait. alloc_free: 1 MiB, BO_CREATE + mmap
+    + BO_DESTROY against the caching allocator."""
+    n = COPY_BYTES // 4
+    x = np.arange(n, dtype=np.float32)
+    y = np.zeros(n, np.float32)
+    hx, hy = npu.from_numpy(x, device=dev), npu.from_numpy(y, device=dev)
+    d1, d2 = npu.tensor(y, device=dev), npu.tensor(y, device=dev)
+
+    def copy_s(dst: npu.Tensor, src: npu.Tensor) -> float:
+        dst.copy_(src).wait(timeout_s=WAIT_TIMEOUT_S)  # warm-up
+        return statistics.median(
+            timed_runs(lambda: dst.copy_(src).wait(timeout_s=WAIT_TIMEOUT_S), COPY_RUNS)
+        )
+
+    res = {
+        "h2d_gbps": COPY_BYTES / copy_s(d1, hx) / 1e9,
+        "d2d_gbps": COPY_BYTES / copy_s(d2, d1) / 1e9,
+        "d2h_gbps": COPY_BYTES / copy_s(hy, d2) / 1e9,
+    }
+    if not np.array_equal(y, x):
+        raise BenchError("h2d -> d2d -> d2h: the data came back different")
+
+    def userptr_h2d(dst: npu.Tensor = d1) -> None:
+        dst.copy_(npu.from_numpy(x, device=dev)).wait(timeout_s=WAIT_TIMEOUT_S)
+
+    res["userptr_h2d_gbps"] = (
+        COPY_BYTES / statistics.median(timed_runs(userptr_h2d, COPY_RUNS)) / 1e9
+    )
+    res["h2d_cpu_gbps"] = (
+        COPY_BYTES
+        / statistics.median(timed_runs(lambda: npu.tensor(x, device=dev), COPY_RUNS))
+        / 1e9
+    )
+    del hx, hy, d1, d2
+
+    rounds = 200
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        dev.alloc(MIB).free()
+    res["alloc_free_us_ioctl"] = (time.perf_counter() - t0) / rounds * 1e6
+    pool = allocator(dev)
+    pool.allocate(MIB).release()  # warm: the segment exists
+    rounds = 2000
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        pool.allocate(MIB).release()
+    res["alloc_free_us_cached"] = (time.perf_counter() - t0) / rounds * 1e6
+    res["alloc_cached_speedup"] = res["alloc_free_us_ioctl"] / res["alloc_free_us_cached"]
+    for key, value in res.items():
+        log.info("%-22s %10.3f", key, value)
+    return res
 
 
 def bench_gemm(
@@ -879,6 +940,7 @@ def main() -> int:
             log.info("dma copy %.2f GB/s", result["dma_copy_gbps"])
             result["guest_memcpy_gbps"] = bench_guest_memcpy()
             log.info("guest memcpy %.2f GB/s", result["guest_memcpy_gbps"])
+            result.update(bench_memory(dev))
 
             rng = np.random.default_rng(0)
             a = rng.standard_normal((GEMM_N, GEMM_N), dtype=np.float32)

@@ -90,6 +90,12 @@ TARGETS: list[tuple[str, str, float, str]] = [
         0.5,
         "NPU conv2d >= 0.5x numpy im2col + matmul on the host",
     ),
+    # Issue 5: copies through pinned memory and the caching allocator.
+    ("h2d_vs_host_memcpy", ">=", 0.5, "H2D >= 0.5x host memcpy (outside the guest)"),
+    ("d2h_vs_host_memcpy", ">=", 0.5, "D2H >= 0.5x host memcpy (outside the guest)"),
+    ("h2d_vs_guest_memcpy", ">=", 1.0, "H2D above guest memcpy"),
+    ("d2h_vs_guest_memcpy", ">=", 1.0, "D2H above guest memcpy"),
+    ("alloc_cached_speedup", ">=", 20.0, "cached allocation >= 20x cheaper than BO_CREATE"),
     # Issue 4: ONNX models through npu.InferenceSession (examples/bench_inference.py).
     (
         "digits_cnn_b64_npu_vs_guest_numpy",
@@ -300,6 +306,9 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
     )
     if "matmul_fp32_1024_gflops_npu" in res:  # MATMUL op against the v1 GEMM of this run
         res["matmul_vs_gemm_fp32"] = res["matmul_fp32_1024_gflops_npu"] / npu_gflops
+    for way in ("h2d", "d2h"):
+        res[f"{way}_vs_host_memcpy"] = res[f"{way}_gbps"] / res["host_memcpy_gbps"]
+        res[f"{way}_vs_guest_memcpy"] = res[f"{way}_gbps"] / res["guest_memcpy_gbps"]
     if "conv2d_fp32_gflops_npu" in res:
         conv = res["conv2d_fp32_gflops_npu"]
         res["conv2d_npu_vs_guest_numpy"] = conv / res["conv2d_fp32_gflops_guest_numpy"]

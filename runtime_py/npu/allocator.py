@@ -41,9 +41,8 @@ import itertools
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from .errors import NpuError
@@ -108,40 +107,54 @@ class _Segment:
     size: int
 
 
-@dataclass(eq=False)
 class _Block:
-    """A byte range of a segment, free or allocated."""
+    """A byte range of a segment, free or allocated (a plain slotted class:
+    blocks are made and merged on the allocation path)."""
 
-    segment: _Segment
-    offset: int
-    size: int
-    seq: int
-    allocated: bool = False
-    requested: int = 0
-    prev: _Block | None = None
-    next: _Block | None = None
-    # queue -> last fence submitted there when the block was freed
-    fences: dict[int, int] = field(default_factory=dict)
+    __slots__ = (
+        "allocated",
+        "fences",
+        "next",
+        "offset",
+        "prev",
+        "requested",
+        "segment",
+        "seq",
+        "size",
+    )
 
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.seq)
+    def __init__(
+        self,
+        segment: _Segment,
+        offset: int,
+        size: int,
+        seq: int,
+        prev: _Block | None = None,
+        next: _Block | None = None,
+        fences: dict[int, int] | None = None,
+    ) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.seq = seq
+        self.allocated = False
+        self.requested = 0
+        self.prev = prev
+        self.next = next
+        # queue -> last fence submitted there when the block was freed
+        self.fences: dict[int, int] = {} if fences is None else fences
 
 
-@dataclass
 class _Counter:
-    current: int = 0
-    peak: int = 0
-    allocated: int = 0
-    freed: int = 0
+    """current/peak/allocated/freed of one statistic."""
 
-    def add(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        self.peak = max(self.peak, self.current)
+    __slots__ = ("allocated", "current", "freed", "peak")
 
-    def sub(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+        self.allocated = 0
+        self.freed = 0
 
 
 class Allocation:
@@ -153,18 +166,29 @@ class Allocation:
     is called (after which it must not be used).
     """
 
-    __slots__ = ("__weakref__", "_finalizer", "buffer", "offset", "size")
+    __slots__ = ("__weakref__", "_block", "_owner", "buffer", "offset", "size")
 
-    def __init__(self, buffer: Buffer, offset: int, size: int) -> None:
+    def __init__(
+        self, owner: CachingAllocator, block: _Block, buffer: Buffer, offset: int, size: int
+    ) -> None:
         self.buffer = buffer
         self.offset = offset
         self.size = size
-        self._finalizer: weakref.finalize[[_Block], Allocation] | None = None
+        self._owner: CachingAllocator | None = owner
+        self._block = block
 
     def release(self) -> None:
         """Give the memory back now instead of at garbage collection. Idempotent."""
-        if self._finalizer is not None:
-            self._finalizer()
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner._queue_free(self._block)
+
+    def __del__(self) -> None:
+        # No locks here (a collection may run anywhere): only a queue append.
+        owner = self._owner
+        if owner is not None:
+            self._owner = None
+            owner._queue_free(self._block)
 
     def __repr__(self) -> str:
         return (
@@ -195,6 +219,16 @@ class CachingAllocator:
         self._segments: list[_Segment] = []
         self._seq = itertools.count()
         self._stats = {(s, p): _Counter() for s in _STATS for p in _ALL_POOLS}
+        # The counters every allocation and free updates, per pool: the
+        # pool's and then "all"'s allocation, allocated_bytes, requested_bytes.
+        self._block_counters = {
+            pool: tuple(
+                self._stats[(stat, where)]
+                for where in (pool, "all")
+                for stat in ("allocation", "allocated_bytes", "requested_bytes")
+            )
+            for pool in _POOLS
+        }
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_host_waits = 0
@@ -225,6 +259,8 @@ class CachingAllocator:
         with self._lock:
             self._drain()
             block = self._take_free(pool, rounded, host_write) if self.caching else None
+            if block is None and self.caching and self._coalesce(pool):
+                block = self._take_free(pool, rounded, host_write)
             if block is None:
                 try:
                     block = self._new_segment(pool, rounded)
@@ -239,14 +275,15 @@ class CachingAllocator:
             if host_write:
                 fences = block.fences
             block.fences = {}
-            self._count(pool, "allocation", 1)
-            self._count(pool, "allocated_bytes", block.size)
-            self._count(pool, "requested_bytes", size)
+            for c, amount in zip(
+                self._block_counters[pool], (1, block.size, size, 1, block.size, size), strict=True
+            ):
+                c.current += amount
+                c.allocated += amount
+                if c.current > c.peak:
+                    c.peak = c.current
         self._wait_fences(fences, wait)
-        alloc = Allocation(block.segment.buffer, block.offset, size)
-        alloc._finalizer = weakref.finalize(alloc, self._queue_free, block)
-        alloc._finalizer.atexit = False
-        return alloc
+        return Allocation(self, block, block.segment.buffer, block.offset, size)
 
     def _queue_free(self, block: _Block) -> None:
         """Finalizer of an :class:`Allocation`: no locks here, only a queue append."""
@@ -350,19 +387,42 @@ class CachingAllocator:
     def _free_block(self, block: _Block, fences: dict[int, int]) -> None:
         pool = block.segment.pool
         block.allocated = False
-        self._uncount(pool, "allocation", 1)
-        self._uncount(pool, "allocated_bytes", block.size)
-        self._uncount(pool, "requested_bytes", block.requested)
+        for c, amount in zip(
+            self._block_counters[pool],
+            (1, block.size, block.requested, 1, block.size, block.requested),
+            strict=True,
+        ):
+            c.current -= amount
+            c.freed += amount
         block.requested = 0
         block.fences = fences
         if not self.caching or block.segment.buffer.freed:
             self._drop_segment(block.segment)
             return
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                self._remove_free(neighbour)
-                block = self._merge(block, neighbour)
+        # Merging with free neighbours waits until a request finds no fit
+        # (_coalesce): a block freed and asked for again, the common case,
+        # costs one list insert and one pop.
         self._insert_free(block)
+
+    def _coalesce(self, pool: str) -> bool:
+        """Merge every run of adjacent free blocks of the pool; True if any merged."""
+        merged = False
+        survivors = []
+        for _, _, block in self._free[pool]:
+            if block.offset < 0:  # absorbed by a block before it
+                continue
+            while block.next is not None and not block.next.allocated:
+                other = block.next
+                self._merge(block, other)
+                other.offset = -1
+                merged = True
+            survivors.append(block)
+        if merged:
+            self._free[pool] = sorted(
+                ((b.size, b.seq, b) for b in survivors if b.offset >= 0),
+                key=lambda e: (e[0], e[1]),
+            )
+        return merged
 
     def _merge(self, block: _Block, other: _Block) -> _Block:
         """Merge two adjacent free blocks into the first of them."""
@@ -378,12 +438,6 @@ class CachingAllocator:
     def _insert_free(self, block: _Block) -> None:
         bisect.insort(self._free[block.segment.pool], (block.size, block.seq, block))
 
-    def _remove_free(self, block: _Block) -> None:
-        free = self._free[block.segment.pool]
-        i = bisect.bisect_left(free, (block.size, block.seq))
-        if i < len(free) and free[i][2] is block:
-            del free[i]
-
     def _drop_segment(self, segment: _Segment) -> None:
         """Destroy a segment's buffer object (lock held)."""
         self._segments.remove(segment)
@@ -398,6 +452,7 @@ class CachingAllocator:
         """Destroy every segment that is one free block; return the bytes released."""
         released = 0
         for pool in _POOLS:
+            self._coalesce(pool)
             keep = []
             for entry in self._free[pool]:
                 block = entry[2]
@@ -424,12 +479,16 @@ class CachingAllocator:
     # -- statistics -----------------------------------------------------------
 
     def _count(self, pool: str, stat: str, amount: int) -> None:
-        self._stats[(stat, pool)].add(amount)
-        self._stats[(stat, "all")].add(amount)
+        for c in (self._stats[(stat, pool)], self._stats[(stat, "all")]):
+            c.current += amount
+            c.allocated += amount
+            if c.current > c.peak:
+                c.peak = c.current
 
     def _uncount(self, pool: str, stat: str, amount: int) -> None:
-        self._stats[(stat, pool)].sub(amount)
-        self._stats[(stat, "all")].sub(amount)
+        for c in (self._stats[(stat, pool)], self._stats[(stat, "all")]):
+            c.current -= amount
+            c.freed += amount
 
     def memory_stats(self) -> dict[str, int]:
         """Counters with PyTorch's key names, e.g. ``allocated_bytes.all.current``.

@@ -327,14 +327,21 @@ class Tensor:
     def copy_(self, src: Any) -> Tensor:
         """Write ``src`` (broadcast to this shape) into this tensor's memory, in place.
 
-        For the inputs of an :class:`npu.Graph` between replays. Waits first
-        for every op queued on the device (they may read this memory); the
-        write itself is a host copy. Returns ``self``.
+        A :class:`Tensor` ``src`` is copied by the device, asynchronously,
+        in queue order (COPY, the DMA engine, when both are dense with one
+        dtype; else a CONVERT); with :func:`npu.from_numpy` tensors on
+        either side this is an asynchronous host-to-device or device-to-host
+        copy through pinned memory. Any other ``src`` (an ndarray, a list, a
+        scalar) is written by the host: that first waits for every op queued
+        on the device (they may read this memory). Returns ``self``.
 
         Raises:
-            ValueError: ``src`` does not broadcast to the shape.
-            RuntimeError: called while a graph captures.
+            ValueError: ``src`` does not broadcast to the shape, or lives on
+                another device.
+            RuntimeError: a host write while a graph captures.
         """
+        if isinstance(src, Tensor):
+            return _device_copy(src, self)
         if self._device._capturing is not None:
             raise RuntimeError("copy_: not while a graph is capturing")
         data = np.broadcast_to(np.asarray(src), self._shape)
@@ -434,6 +441,12 @@ class Tensor:
     def permute(self, *axes: SupportsIndex | Sequence[SupportsIndex]) -> Tensor:
         """Alias of :meth:`transpose`."""
         return self.transpose(*axes)
+
+    def clone(self) -> Tensor:
+        """A contiguous copy in new device memory, made by the device (no wait)."""
+        if self.size == 0:
+            return _empty(self._device, self._dtype, self._shape)
+        return _device_copy(self, _alloc(self._device, self._dtype, self._shape))
 
     def contiguous(self) -> Tensor:
         """Return ``self`` if row-major and dense, else a contiguous copy (one CONVERT)."""
@@ -820,6 +833,48 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, 
         raise ValueError(f"{what}: shapes {a} and {b} cannot be broadcast together") from None
     _check_shape(shape, what)
     return shape
+
+
+def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
+    """Queue the copy of ``src`` (broadcast to ``dst``'s shape) into ``dst``."""
+    if src._device is not dst._device:
+        raise ValueError("copy_: the tensors live on different devices")
+    shape = _broadcast(src._shape, dst._shape, "copy_")
+    if shape != dst._shape:
+        raise ValueError(f"copy_: shape {src._shape} does not broadcast to {dst._shape}")
+    if dst.size == 0:
+        return dst
+    if src._buffer is None or dst._buffer is None:
+        raise ValueError("copy_: an empty source cannot fill a non-empty tensor")
+    same_layout = (
+        src._dtype is dst._dtype
+        and src._shape == dst._shape
+        and src.is_contiguous
+        and dst.is_contiguous
+    )
+    nbytes = dst.nbytes
+    src_at, dst_at = src._offset * src.itemsize, dst._offset * dst.itemsize
+    if same_layout and src._buffer is dst._buffer and src_at == dst_at:
+        return dst  # the same memory
+    disjoint = (
+        src._buffer is not dst._buffer or src_at + nbytes <= dst_at or dst_at + nbytes <= src_at
+    )
+    op: ops.AnyOp
+    if same_layout and disjoint:
+        op = ops.copy(src._buffer, dst._buffer, nbytes, src_at, dst_at)
+    else:
+        rank = len(dst._shape) or 1
+        ref = src._ref(rank)
+        dims = dst._shape or (1,)
+        wide = ops.TensorRef(
+            ref.handle,
+            ref.dtype,
+            ref.offset,
+            dims,
+            tuple(0 if d == 1 else st for d, st in zip(ref.shape, ref.strides, strict=True)),
+        )
+        op = ops.convert(wide, dst._ref(), _bufs(src, dst))
+    return _launch([op], dst, src)
 
 
 def _as_tensor(x: Any, what: str) -> Tensor:

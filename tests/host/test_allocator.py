@@ -83,7 +83,7 @@ def test_freed_neighbours_merge_and_empty_cache_returns_the_segment(
 
 def test_a_merged_block_serves_a_request_larger_than_its_parts(device: npu.Device) -> None:
     alloc = allocator(device)
-    parts = [alloc.allocate(256 * 1024) for _ in range(4)]
+    parts = [alloc.allocate(256 * 1024) for _ in range(8)]  # the whole segment
     handle, start = parts[0].buffer.handle, parts[0].offset
     del parts
     whole = alloc.allocate(MiB)

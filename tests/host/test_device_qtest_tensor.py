@@ -1002,6 +1002,198 @@ def test_large_ops_split_across_cores_are_exact(tmp_path: Path, cores: int) -> N
 
 
 # --------------------------------------------------------------------------
+# Streamed and gathered ELTWISE/UNARY/CONVERT (docs/decisions.md, "Compute
+# engine"): overlaps, blocked transposes, large ops, faults mid-stream
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_in_place_and_overlapping_outputs(tmp_path: Path, cores: int) -> None:
+    """Exact aliasing streams in place; partial overlaps read the inputs first."""
+    dev = Npu(tmp_path / "qemu.log", device=f"npu,cores={cores}")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(40 + cores)
+        shape = (301, 1001)  # 301k elements: several units, on several cores
+        n = shape[0] * shape[1]
+        x = operand_from(rng, FP32, shape, specials=False)
+        y = operand_from(rng, FP32, (1, 1001), specials=False)
+        rig.place([x, y, Operand(FP32, (1,))])  # the last one is an output
+        assert x.buf is not None and y.buf is not None
+        # x += y (broadcast row), in place.
+        block = tensor_params([x.desc(), y.desc(), x.desc()])
+        assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block) == hw.ST_OK
+        want = logical(x) + logical(y)
+        got = decode(rig.read(x.va, n * 4), FP32, shape)
+        assert np.array_equal(got, want)
+        # relu in place, then y = y * y with y both inputs and the output.
+        assert rig.submit(hw.OP_UNARY, hw.UNARY_RELU, tensor_params([x.desc(), x.desc()])) == 0
+        want = np.maximum(want, np.float32(0))
+        assert np.array_equal(decode(rig.read(x.va, n * 4), FP32, shape), want)
+        block = tensor_params([y.desc(), y.desc(), y.desc()])
+        assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_MUL, block) == hw.ST_OK
+        assert np.array_equal(decode(rig.read(y.va, 4004), FP32, (1, 1001)), logical(y) ** 2)
+        # Partial overlaps, both ways: out starts 12345 elements after x, or
+        # before it (y, far away, is rewritten each time).
+        yv = logical(y)
+        y2 = Operand(FP32, (1, 1001), va=x.va + 8 * n)
+        for shift in (12345, -12345):
+            rig.write(x.va, encode(want.reshape(-1), FP32))
+            rig.write(y2.va, encode(yv.reshape(-1), FP32))
+            out = Operand(FP32, shape, va=x.va + 4 * shift)
+            if shift > 0:
+                rig.write(out.va + n * 4, bytes([GUARD]) * 64)
+            block = tensor_params([x.desc(), y2.desc(), out.desc()])
+            assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_SUB, block) == hw.ST_OK
+            got = decode(rig.read(out.va, n * 4), FP32, shape)
+            assert np.array_equal(got, want - yv), shift
+            assert shift < 0 or rig.read(out.va + n * 4, 64) == bytes([GUARD]) * 64
+        # A same-size input that overlaps exactly but is read transposed.
+        sq = (700, 700)
+        z = operand_from(rng, INT32, sq)
+        rig.place([z, Operand(INT32, (1,))])
+        zt = Operand(INT32, sq, (1, 700), va=z.va)
+        block = tensor_params([zt.desc(), Operand(INT32, sq, va=z.va).desc()])
+        assert rig.submit(hw.OP_CONVERT, 0, block) == hw.ST_OK
+        assert np.array_equal(decode(rig.read(z.va, 700 * 700 * 4), INT32, sq), logical(z).T)
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+BLOCKED = {
+    "fp32-square-odd": (FP32, FP32, (333, 333), (1, 333)),
+    "fp32-to-fp16-wide": (FP32, FP16, (37, 2049), (1, 37)),
+    "bf16-tall": (BF16, FP32, (1500, 17), (1, 1500)),
+    "int8-odd": (INT8, INT32, (129, 67), (1, 129)),
+    "int32-3d-permute": (INT32, INT8, (65, 33, 17), (1, 65 * 17, 65)),
+    "fp16-one-long-column": (FP16, FP16, (2, 70001), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", BLOCKED)
+def test_blocked_transposes_of_odd_sizes(tmp_path: Path, case: str) -> None:
+    src, dst, shape, strides = BLOCKED[case]
+    dev = Npu(tmp_path / "qemu.log", device="npu,cores=2")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        x = operand_from(np.random.default_rng(len(case)), src, shape, strides, scale=50.0)
+        got = rig.run(hw.OP_CONVERT, 0, [x, Operand(dst, shape)])
+        assert_matches(got, ref_convert(logical(x), src, dst), dst)
+        # The same input added to a contiguous one (two inputs, one packed).
+        if src == dst:
+            y = operand_from(np.random.default_rng(7), src, shape)
+            got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_MAX, [x, y, Operand(dst, shape)])
+            assert_matches(got, ref_eltwise(hw.ELTWISE_MAX, logical(x), logical(y), dst), dst)
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def test_streamed_misaligned_and_sliced_operands(rig: Rig) -> None:
+    """Operands at odd byte offsets, sliced rows and long broadcast rows."""
+    rng = np.random.default_rng(17)
+    a = operand_from(rng, FP32, (64, 1000), (5000, 1), specials=False)  # sliced rows
+    b = operand_from(rng, FP32, (64, 1), specials=False)  # one value per row
+    out = Operand(FP32, (64, 1000))
+    rig.place([a, b, out])
+    for op in (a, b, out):  # move every operand 2 bytes on: no longer 4-aligned
+        op.va += 2
+        if op.buf is not None:
+            rig.write(op.va, encode(op.buf, op.dtype))
+    rig.write(out.va + out.nbytes, bytes([GUARD]) * 64)
+    got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_DIV, [a, b, out], place=False)
+    assert_matches(got, ref_eltwise(hw.ELTWISE_DIV, logical(a), logical(b), FP32), FP32)
+    h = operand_from(rng, FP16, (3, 70001))
+    rig.place([h, Operand(FP16, (3, 70001))])
+    h.va += 1
+    rig.write(h.va, encode(h.buf, FP16))  # type: ignore[arg-type]
+    ho = Operand(FP16, (3, 70001), va=h.va + 420011)
+    rig.write(ho.va + ho.nbytes, bytes([GUARD]) * 64)
+    got = rig.run(hw.OP_UNARY, hw.UNARY_ABS, [h, ho], place=False)
+    assert_matches(got, round_to(np.abs(logical(h).astype(np.float32)), FP16), FP16)
+
+
+def test_streamed_input_running_off_ram_is_dma_error(rig: Rig) -> None:
+    """The part of an input in RAM is used in place, the rest fails the DMA copy."""
+    from qtest import RAM_SIZE
+
+    a = operand_from(np.random.default_rng(3), FP32, (2048,))
+    out = Operand(FP32, (2048,))
+    rig.place([a, out])
+    b = Operand(FP32, (2048,), va=RAM_SIZE - 4096)  # its second half is not RAM
+    block = tensor_params([a.desc(), b.desc(), out.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block) == hw.ST_DMA_ERROR
+
+
+def test_multi_mib_ops(tmp_path: Path) -> None:
+    """Ops of several MiB per operand, streamed and gathered, twice each."""
+    dev = Npu(tmp_path / "qemu.log", device="npu,cores=2")
+    try:
+        dev.start()
+        rig = Rig(dev)
+        rng = np.random.default_rng(99)
+        shape = (1024, 1536)  # 6 MiB per fp32 operand
+        a = operand_from(rng, FP32, shape, specials=False)
+        b = operand_from(rng, FP32, shape, specials=False)
+        out = Operand(FP32, shape)
+        rig.place([a, b, out])
+        for _ in range(2):
+            got = rig.run(hw.OP_ELTWISE, hw.ELTWISE_MUL, [a, b, out], place=False)
+            assert np.array_equal(got, logical(a) * logical(b))
+        at = Operand(FP32, (1536, 1024), (1, 1536), buf=a.buf, va=a.va)
+        ob = Operand(BF16, (1536, 1024), va=out.va)
+        rig.write(ob.va + ob.nbytes, bytes([GUARD]) * 64)
+        for _ in range(2):
+            got = rig.run(hw.OP_CONVERT, 0, [at, ob], place=False)
+            assert_matches(got, round_to(logical(at), BF16), BF16)
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def test_mmu_fault_in_the_middle_of_a_streamed_op(mmu_rig: Rig) -> None:
+    """Input faults come before any write; an output fault after the slices before it."""
+    rig = mmu_rig
+    rng = np.random.default_rng(23)
+    hole = UNMAPPED_PAGE * 0x1000
+    n = 9000  # fp32: 9 pages from 34 pages in, across the hole at page 40
+    a = operand_from(rng, FP32, (n,), specials=False)
+    b = operand_from(rng, FP32, (n,), specials=False)
+    a.va, b.va = 34 * 0x1000 + 8, 4 * 0x1000
+    out = Operand(FP32, (n,), va=16 * 0x1000)
+    for op in (a, b):
+        assert op.buf is not None
+        pos = 0
+        data = encode(op.buf, FP32)
+        while pos < len(data):  # skip the hole
+            k = min(len(data) - pos, 0x1000 - ((op.va + pos) & 0xFFF))
+            if (op.va + pos) >> 12 != UNMAPPED_PAGE:
+                rig.write(op.va + pos, data[pos : pos + k])
+            pos += k
+    rig.write(out.va, bytes([GUARD]) * n * 4)
+    faults = rig.npu.rd(hw.REG_MMU_FAULTS)
+    # a crosses the hole: nothing is written, the fault is at the hole.
+    block = tensor_params([b.desc(), a.desc(), out.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block, params=0x1000) == hw.ST_MMU_FAULT
+    assert mmu_fault(rig.npu) == (hole, 0)
+    assert rig.npu.rd(hw.REG_MMU_FAULTS) == faults + 1
+    assert rig.read(out.va, n * 4) == bytes([GUARD]) * n * 4
+    # The output crosses the hole: a write fault at the hole.
+    out2 = Operand(FP32, (n,), va=36 * 0x1000 + 4)
+    block = tensor_params([b.desc(), b.desc(), out2.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block, params=0x1000) == hw.ST_MMU_FAULT
+    assert mmu_fault(rig.npu) == (hole, hw.FAULT_WRITE)
+    # The same op into a mapped output works, through the scattered pages.
+    block = tensor_params([b.desc(), b.desc(), out.desc()])
+    assert rig.submit(hw.OP_ELTWISE, hw.ELTWISE_ADD, block, params=0x1000) == hw.ST_OK
+    got = decode(rig.read(out.va, n * 4), FP32, (n,))
+    assert np.array_equal(got, logical(b) + logical(b))
+
+
+# --------------------------------------------------------------------------
 # REDUCE, SOFTMAX, LAYERNORM
 # --------------------------------------------------------------------------
 #
