@@ -194,9 +194,46 @@ struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle)
 	return bo;
 }
 
-int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
+/*
+ * Hand a backed, charged BO to @ctx: count it, take the device and context
+ * references and give it a handle. On failure the BO is put, which undoes
+ * everything.
+ */
+static int npu_bo_publish(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
 {
 	struct npu_device *ndev = ctx->ndev;
+	int ret;
+
+	bo->ndev = ndev;
+	kref_get(&ndev->ref);
+	atomic64_inc(&ndev->bo_count);
+	atomic64_add(bo->size, &ndev->bo_bytes);
+	/* The BO stays charged to its creator until its last reference goes. */
+	kref_get(&ctx->ref);
+	bo->owner = ctx;
+	ret = xa_alloc(&ctx->bos, handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
+	if (ret) {
+		npu_bo_put(bo);
+		return ret;
+	}
+	bo->handle = *handle;
+	trace_npu_bo_create(*handle, bo->size);
+	return 0;
+}
+
+/* Copy an ioctl's result out; if that faults, the new handle is withdrawn. */
+static int npu_bo_copy_out(struct npu_context *ctx, struct npu_bo *bo,
+			   void __user *arg, const void *args, size_t len)
+{
+	if (!copy_to_user(arg, args, len))
+		return 0;
+	xa_erase(&ctx->bos, bo->handle);
+	npu_bo_put(bo);
+	return -EFAULT;
+}
+
+int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
+{
 	struct npu_bo_create args;
 	struct npu_bo *bo;
 	u32 handle;
@@ -220,39 +257,19 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 		kfree(bo);
 		return ret;
 	}
-	ret = npu_bo_alloc_backing(ndev, bo, true);
+	ret = npu_bo_alloc_backing(ctx->ndev, bo, true);
 	if (ret) {
 		npu_ctx_uncharge(ctx, bo->size);
 		kfree(bo);
 		return ret;
 	}
-	bo->ndev = ndev;
-	kref_get(&ndev->ref);
-	/* The BO stays charged to its creator until its last reference goes. */
-	kref_get(&ctx->ref);
-	bo->owner = ctx;
-	atomic64_inc(&ndev->bo_count);
-	atomic64_add(bo->size, &ndev->bo_bytes);
-
-	ret = xa_alloc(&ctx->bos, &handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
+	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
-		goto err_put_bo;
-	bo->handle = handle;
-	trace_npu_bo_create(handle, bo->size);
-
+		return ret;
 	args.handle = handle;
 	args.mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
 	args.alloc_size = bo->size;
-	if (copy_to_user(arg, &args, sizeof(args))) {
-		xa_erase(&ctx->bos, handle);
-		npu_bo_put(bo);
-		return -EFAULT;
-	}
-	return 0;
-
-err_put_bo:
-	npu_bo_put(bo);
-	return ret;
+	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
 }
 
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
@@ -272,22 +289,8 @@ int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
 	return 0;
 }
 
-/* Give @bo a handle in @ctx; on failure the BO is put. */
-static int npu_bo_install(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
-{
-	int ret = xa_alloc(&ctx->bos, handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
-
-	if (ret) {
-		npu_bo_put(bo);
-		return ret;
-	}
-	bo->handle = *handle;
-	return 0;
-}
-
 int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 {
-	struct npu_device *ndev = ctx->ndev;
 	struct npu_bo_userptr args;
 	bool writable;
 	struct npu_bo *bo;
@@ -330,26 +333,14 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 		ret = pinned < 0 ? pinned : -EFAULT;
 		goto err_free_array;
 	}
-	ret = npu_bo_map_pages(ndev, bo, writable);
+	ret = npu_bo_map_pages(ctx->ndev, bo, writable);
 	if (ret)
 		goto err_unpin;
-	bo->ndev = ndev;
-	kref_get(&ndev->ref);
-	kref_get(&ctx->ref);
-	bo->owner = ctx;
-	atomic64_inc(&ndev->bo_count);
-	atomic64_add(bo->size, &ndev->bo_bytes);
-	ret = npu_bo_install(ctx, bo, &handle);
+	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
 		return ret;
-	trace_npu_bo_create(handle, bo->size);
 	args.handle = handle;
-	if (copy_to_user(arg, &args, sizeof(args))) {
-		xa_erase(&ctx->bos, handle);
-		npu_bo_put(bo);
-		return -EFAULT;
-	}
-	return 0;
+	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
 
 err_unpin:
 	unpin_user_pages(bo->pages, bo->npages);

@@ -22,10 +22,15 @@ GUEST_FILES = sorted(p.name for p in GUEST_TESTS.glob("test_*.py"))
 JUNIT_HOST = ROOT / "build" / "guest-junit.xml"
 JUNIT_GUEST = "/mnt/npu/build/guest-junit.xml"
 SUITE_TIMEOUT = float(os.environ.get("NPU_GUEST_SUITE_TIMEOUT", "") or 3600)
-SUITE_CMD = (
-    "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/guest "
-    f"tests/guest --junitxml={JUNIT_GUEST}"
-)
+
+
+def suite_cmd(junit_guest: str) -> str:
+    """The in-guest pytest command writing its junit XML to junit_guest."""
+    return (
+        "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/guest "
+        f"tests/guest --junitxml={junit_guest}"
+    )
+
 
 pytestmark = pytest.mark.guest
 
@@ -72,31 +77,37 @@ def _case_file(classname: str, name: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def guest_suite(guest_holder) -> SuiteRun:
-    g = guest_holder.get()
-    gm = sys.modules["npu_guest"]  # loaded by tests/conftest.py
+def run_suite(g, gm, junit_host: Path, junit_guest: str) -> tuple[SuiteRun, list]:
+    """Run tests/guest in the booted guest g; (the run, its new kernel log lines)."""
     run = SuiteRun()
-    JUNIT_HOST.parent.mkdir(parents=True, exist_ok=True)
-    JUNIT_HOST.unlink(missing_ok=True)  # never read a stale result
+    junit_host.parent.mkdir(parents=True, exist_ok=True)
+    junit_host.unlink(missing_ok=True)  # never read a stale result
     mark = g.dmesg_mark()
     t0 = time.monotonic()
     try:
-        run.rc, run.output = g.run(f"{SUITE_CMD}; rc=$?; sync; exit $rc", timeout=SUITE_TIMEOUT)
+        run.rc, run.output = g.run(
+            f"{suite_cmd(junit_guest)}; rc=$?; sync; exit $rc", timeout=SUITE_TIMEOUT
+        )
     except gm.GuestError as e:
         run.error = f"{e}\n{getattr(e, 'output', '')[-4000:]}"
     run.seconds = time.monotonic() - t0
-    if g.alive:
-        run.bad_dmesg = gm.bad_dmesg_lines(g.new_dmesg(mark))
+    dmesg = g.new_dmesg(mark) if g.alive else []
+    run.bad_dmesg = gm.bad_dmesg_lines(dmesg)
     if not run.error:
-        if not JUNIT_HOST.is_file():
-            run.error = f"the guest's pytest (rc {run.rc}) wrote no {JUNIT_HOST}"
+        if not junit_host.is_file():
+            run.error = f"the guest's pytest (rc {run.rc}) wrote no {junit_host}"
         else:
             try:
-                run.cases = _parse_junit(JUNIT_HOST)
+                run.cases = _parse_junit(junit_host)
             except ET.ParseError as e:
-                run.error = f"bad junit XML {JUNIT_HOST}: {e}"
-    return run
+                run.error = f"bad junit XML {junit_host}: {e}"
+    return run, dmesg
+
+
+@pytest.fixture(scope="session")
+def guest_suite(guest_holder) -> SuiteRun:
+    gm = sys.modules["npu_guest"]  # loaded by tests/conftest.py
+    return run_suite(guest_holder.get(), gm, JUNIT_HOST, JUNIT_GUEST)[0]
 
 
 def _tail(text: str, n: int = 60) -> str:

@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_guest_suite import SUITE_TIMEOUT, SuiteRun, _parse_junit, _tail
+from test_guest_suite import SuiteRun, _tail, run_suite
 
 from conftest import _guest_module
 
 ROOT = Path(__file__).resolve().parent.parent
 JUNIT_HOST = ROOT / "build" / "guest-junit-iommu.xml"
 JUNIT_GUEST = "/mnt/npu/build/guest-junit-iommu.xml"
-SUITE_CMD = (
-    "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/guest "
-    f"tests/guest --junitxml={JUNIT_GUEST}"
-)
 DMAR_FAULT_RE = re.compile(r"DMAR: \[DMA (Read|Write)|DMAR:.*fault", re.IGNORECASE)
 
 pytestmark = pytest.mark.guest
@@ -46,27 +41,11 @@ def iommu_suite() -> Iterator[tuple[SuiteRun, list[str], str]]:
             os.environ.pop("NPU_IOMMU", None)
         else:
             os.environ["NPU_IOMMU"] = old
-    run = SuiteRun()
     try:
         g.load_module()
         rc, group = g.run("basename $(readlink /sys/class/npu/npu0/device/iommu_group)", timeout=60)
-        JUNIT_HOST.parent.mkdir(parents=True, exist_ok=True)
-        JUNIT_HOST.unlink(missing_ok=True)
-        mark = g.dmesg_mark()
-        t0 = time.monotonic()
-        try:
-            run.rc, run.output = g.run(f"{SUITE_CMD}; rc=$?; sync; exit $rc", timeout=SUITE_TIMEOUT)
-        except gm.GuestError as e:
-            run.error = f"{e}\n{getattr(e, 'output', '')[-4000:]}"
-        run.seconds = time.monotonic() - t0
-        dmesg: list[str] = g.new_dmesg(mark) if g.alive else []
-        run.bad_dmesg = gm.bad_dmesg_lines(dmesg)
+        run, dmesg = run_suite(g, gm, JUNIT_HOST, JUNIT_GUEST)
         faults = [line for line in dmesg if DMAR_FAULT_RE.search(line)]
-        if not run.error:
-            if JUNIT_HOST.is_file():
-                run.cases = _parse_junit(JUNIT_HOST)
-            else:
-                run.error = f"the guest's pytest (rc {run.rc}) wrote no {JUNIT_HOST}"
         yield run, faults, group.strip() if rc == 0 else ""
     finally:
         g.close()
