@@ -17,18 +17,22 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 /* Size of the bounce/pattern buffers of the command engine. */
 #define NPU_CHUNK (1 * MiB)
 
+/* L2 tables a walk keeps: an op's operands usually span a few L1 entries. */
+#define NPU_WALK_WAYS 4
+
 /* Per-command view of the device MMU (npu_mmu.c). */
 typedef struct NpuWalk {
     bool enabled;
     uint64_t l1_base;
     uint32_t l1_entries;
-    uint64_t cached_l1;     /* L1 index of l2[], UINT64_MAX if none */
-    uint64_t cached_l2;     /* bus address of that L2 table */
+    uint32_t victim;        /* the way the next L2 table replaces */
+    uint64_t cached_l1[NPU_WALK_WAYS];  /* L1 index of l2[way], or UINT64_MAX */
     /*
-     * A copy of that L2 table, read whole once: the tables cannot change
-     * while a command runs (the driver unmaps only after its jobs retire).
+     * Copies of those L2 tables, each read whole once: the tables cannot
+     * change while a command runs (the driver unmaps only after its jobs
+     * retire).
      */
-    uint64_t l2[NPU_MMU_L2_ENTRIES];
+    uint64_t l2[NPU_WALK_WAYS][NPU_MMU_L2_ENTRIES];
 } NpuWalk;
 
 typedef struct NpuQueue {

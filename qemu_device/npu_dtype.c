@@ -70,6 +70,39 @@ static inline int32_t npu_f32_to_i32(float f)
     return (int32_t)f;
 }
 
+/*
+ * npu_f32_to_fp16() on 4 lanes at once (GCC vector extensions), the same
+ * bits: each case is computed and the lane's own selected. Subnormal
+ * results come from an fp32 addition of 0.5, whose rounding (to nearest
+ * even, the host default) is exactly the binary16 one at 2^-24.
+ */
+typedef uint32_t NpuV4u __attribute__((vector_size(16)));
+typedef int32_t NpuV4m __attribute__((vector_size(16)));
+typedef float NpuV4f32 __attribute__((vector_size(16)));
+typedef uint16_t NpuV4h __attribute__((vector_size(8)));
+
+static inline NpuV4u npu_v4_sel(NpuV4m m, NpuV4u a, NpuV4u b)
+{
+    return ((NpuV4u)m & a) | (~(NpuV4u)m & b);
+}
+
+static inline NpuV4h npu_v4_f32_to_fp16(NpuV4u x)
+{
+    NpuV4u sign = (x >> 16) & 0x8000;
+    NpuV4u ax = x & 0x7fffffff;
+    NpuV4u nan = 0x7e00 | ((ax >> 13) & 0x3ff);
+    NpuV4u nrm = (ax - (112u << 23) + 0xfff + ((ax >> 13) & 1)) >> 13;
+    NpuV4u half = { 0x3f000000, 0x3f000000, 0x3f000000, 0x3f000000 };
+    NpuV4u sub = (NpuV4u)((NpuV4f32)ax + (NpuV4f32)half) - half;
+    NpuV4u r;
+
+    r = npu_v4_sel((NpuV4m)(ax >= 0x38800000), nrm, sub);
+    r = npu_v4_sel((NpuV4m)(ax >= 0x477ff000), (NpuV4u){ 0x7c00, 0x7c00,
+                   0x7c00, 0x7c00 }, r);
+    r = npu_v4_sel((NpuV4m)(ax > 0x7f800000), nan, r);
+    return __builtin_convertvector(sign | r, NpuV4h);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Loads and stores of runs of elements (strides in elements) */
 
@@ -139,12 +172,24 @@ void npu_store_f32(uint8_t *dst, uint32_t dtype, const float *v,
         if ((const uint8_t *)v == dst) {
             return;                 /* computed in place */
         }
+        if (!HOST_BIG_ENDIAN) {
+            memcpy(dst, v, n * 4);
+            return;
+        }
         for (i = 0; i < n; i++) {
             stl_le_p(dst + i * 4, npu_f2u(v[i]));
         }
         break;
     case NPU_DTYPE_FP16:
-        for (i = 0; i < n; i++) {
+        for (i = 0; !HOST_BIG_ENDIAN && i + 4 <= n; i += 4) {
+            NpuV4u x;
+            NpuV4h h;
+
+            memcpy(&x, v + i, sizeof(x));
+            h = npu_v4_f32_to_fp16(x);
+            memcpy(dst + i * 2, &h, sizeof(h));
+        }
+        for (; i < n; i++) {
             stw_le_p(dst + i * 2, npu_f32_to_fp16(v[i]));
         }
         break;
@@ -196,6 +241,10 @@ void npu_store_i32(uint8_t *dst, uint32_t dtype, const int32_t *v,
         break;
     default: /* NPU_DTYPE_INT32 */
         if ((const uint8_t *)v == dst) {
+            return;
+        }
+        if (!HOST_BIG_ENDIAN) {
+            memcpy(dst, v, n * 4);
             return;
         }
         for (i = 0; i < n; i++) {

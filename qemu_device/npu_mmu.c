@@ -15,7 +15,7 @@
 /* Does [addr, addr + len) overlap a BAR of this device? */
 bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
 {
-    PCIDevice *pdev = PCI_DEVICE(s);
+    PCIDevice *pdev = &s->parent_obj;
     int i;
 
     for (i = 0; i < PCI_NUM_REGIONS; i++) {
@@ -52,8 +52,8 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w)
     w->enabled = s->mmu_control & NPU_MMU_ENABLE;
     w->l1_base = s->mmu_l1_base;
     w->l1_entries = s->mmu_l1_entries;
-    w->cached_l1 = UINT64_MAX;
-    w->cached_l2 = 0;
+    w->victim = 0;
+    memset(w->cached_l1, 0xff, sizeof(w->cached_l1));
 }
 
 static uint32_t npu_fault(NpuState *s, uint64_t va, uint32_t info)
@@ -76,6 +76,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     uint64_t l2i = (va >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1);
     uint32_t wbit = write ? NPU_FAULT_WRITE : 0;
     uint64_t pte, l2;
+    uint32_t way;
 
     if (!w->enabled) {
         *pa = va;
@@ -84,11 +85,14 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     if (l1i >= w->l1_entries) {
         return npu_fault(s, va, wbit | NPU_FAULT_RANGE);
     }
-    if (l1i != w->cached_l1) {
+    for (way = 0; way < NPU_WALK_WAYS && w->cached_l1[way] != l1i; way++) {
+        continue;
+    }
+    if (way == NPU_WALK_WAYS) {
         uint64_t l1e;
 
         if (!npu_dma_range_ok(s, w->l1_base + l1i * 8, 8) ||
-            pci_dma_read(PCI_DEVICE(s), w->l1_base + l1i * 8, &l1e,
+            pci_dma_read(&s->parent_obj, w->l1_base + l1i * 8, &l1e,
                          sizeof(l1e)) != MEMTX_OK) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 read failed\n");
             return NPU_ST_DMA_ERROR;
@@ -98,17 +102,18 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
             return npu_fault(s, va, wbit | NPU_FAULT_L1);
         }
         l2 = l1e & NPU_PTE_ADDR_MASK;
-        if (!npu_dma_range_ok(s, l2, sizeof(w->l2)) ||
-            pci_dma_read(PCI_DEVICE(s), l2, w->l2, sizeof(w->l2)) !=
+        way = w->victim;
+        w->victim = (way + 1) % NPU_WALK_WAYS;
+        w->cached_l1[way] = UINT64_MAX;
+        if (!npu_dma_range_ok(s, l2, sizeof(w->l2[way])) ||
+            pci_dma_read(&s->parent_obj, l2, w->l2[way], sizeof(w->l2[way])) !=
             MEMTX_OK) {
-            w->cached_l1 = UINT64_MAX;
             qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
             return NPU_ST_DMA_ERROR;
         }
-        w->cached_l1 = l1i;
-        w->cached_l2 = l2;
+        w->cached_l1[way] = l1i;
     }
-    pte = le64_to_cpu(w->l2[l2i]);
+    pte = le64_to_cpu(w->l2[way][l2i]);
     if (!(pte & NPU_PTE_VALID)) {
         return npu_fault(s, va, wbit);
     }
@@ -205,8 +210,8 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
         if (st != NPU_ST_OK) {
             return st;
         }
-        r = write ? pci_dma_write(PCI_DEVICE(s), pa, p, run)
-                  : pci_dma_read(PCI_DEVICE(s), pa, p, run);
+        r = write ? pci_dma_write(&s->parent_obj, pa, p, run)
+                  : pci_dma_read(&s->parent_obj, pa, p, run);
         if (r != MEMTX_OK) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA %s at 0x%" PRIx64
                           " failed\n", write ? "write" : "read", pa);
@@ -234,8 +239,8 @@ uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
 /*
  * Direct access for streamed tensor ops: map the run of [va, va + len)
  * that starts at @va (contiguous in bus address space, at most @len bytes,
- * after the same MMU and own-BAR checks as npu_mem_rw()) and return a host
- * pointer to it, its length in *plen. Returns NULL with NPU_ST_OK in *st
+ * translated as npu_mem_rw() does) and return a host pointer to it, its
+ * length in *plen. Returns NULL with NPU_ST_OK in *st
  * when the run is not RAM the device may access in place (MMIO, ROM for a
  * write, bus mastering off): *plen is then the length the caller should
  * move with npu_mem_read()/npu_mem_write(), which report any error.
@@ -243,7 +248,7 @@ uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
 void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
                   bool write, uint64_t *plen, uint32_t *st)
 {
-    PCIDevice *pdev = PCI_DEVICE(s);
+    PCIDevice *pdev = &s->parent_obj;
     AddressSpace *as = pci_get_address_space(pdev);
     uint64_t pa, run;
     dma_addr_t mlen;
@@ -251,8 +256,12 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     bool direct;
     void *p;
 
+    /*
+     * No own-BAR check here: a BAR is never RAM, so a run reaching one is
+     * cut short or left to the copy, which makes that check.
+     */
     *plen = 0;
-    *st = npu_map_run(s, w, va, len, write, &pa, &run);
+    *st = npu_translate_run(s, w, va, len, write, &pa, &run);
     if (*st != NPU_ST_OK) {
         return NULL;
     }
@@ -278,6 +287,6 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
 void npu_mem_unmap(NpuState *s, void *p, uint64_t len, bool write,
                    uint64_t done)
 {
-    pci_dma_unmap(PCI_DEVICE(s), p, len, write ? DMA_DIRECTION_FROM_DEVICE :
+    pci_dma_unmap(&s->parent_obj, p, len, write ? DMA_DIRECTION_FROM_DEVICE :
                   DMA_DIRECTION_TO_DEVICE, done);
 }

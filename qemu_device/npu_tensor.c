@@ -28,6 +28,8 @@
 #include "qemu/osdep.h"
 #include "qemu/log.h"
 #include "qemu/units.h"
+#include "qemu/madvise.h"
+#include "qemu/memalign.h"
 #include "qemu/bswap.h"
 #include <math.h>
 #include "npu_tensor_int.h"
@@ -41,31 +43,41 @@
  * areas of the chunk: NPU_TENSOR_PIECE output elements per unit, each
  * input's range staged at once when it fits NPU_TENSOR_STAGE bytes, else
  * row by row. Gathered ops (strided inner dimensions, overlaps) have their
- * inputs in host memory and compute bands of up to NPU_TENSOR_BAND rows,
- * NPU_TENSOR_GCOLS columns at a time, so that a transposed input is read
- * cache line by cache line.
+ * inputs in host memory and compute bands of up to NPU_TENSOR_BAND rows
+ * (NPU_TENSOR_GPIECE elements); a strided input is first packed densely
+ * in 16 x 16 tiles, so that a transposed input is read a cache line at a
+ * time.
  */
 #define NPU_TENSOR_PIECE (16 * 1024)
 #define NPU_TENSOR_STAGE (128 * KiB)
-#define NPU_TENSOR_GPIECE (NPU_CHUNK / 4)
+#define NPU_TENSOR_GPIECE (64 * 1024)
 #define NPU_TENSOR_BAND 64
-#define NPU_TENSOR_GCOLS 256
 /* Elements converted and computed at a time (fits the stack scratch). */
 #define NPU_TENSOR_BLK 1024
 /* Gathers of at least this many bytes are split across the cores. */
 #define NPU_GATHER_SPLIT (1 * MiB)
-/* ELTWISE/UNARY/CONVERT of fewer output elements run as one tile. */
+/*
+ * ELTWISE/UNARY/CONVERT of fewer output elements run as one tile: handing
+ * tiles to the cores costs tens of microseconds, which only pays off from
+ * about 512K elements for memory-bound ops, and much earlier for the
+ * others (transcendentals, fp16/bf16 rounding, transposes).
+ */
 #define NPU_TENSOR_SPLIT_MIN (1u << 16)
+#define NPU_TENSOR_SPLIT_MIN_CHEAP (1u << 19)
 /* Largest gather scratch kept between ops. */
 #define NPU_SCRATCH_KEEP (64 * MiB)
 
 QEMU_BUILD_BUG_ON(NPU_TENSOR_PIECE * 4 + 2 * NPU_TENSOR_STAGE > NPU_CHUNK);
 QEMU_BUILD_BUG_ON(NPU_TENSOR_STAGE < 2 * 4 * NPU_TENSOR_PIECE);
+/* Room for the padding of NPU_TENSOR_BAND packed rows. */
+#define NPU_TENSOR_PACK_SLACK (NPU_TENSOR_BAND * 16 * 4)
+QEMU_BUILD_BUG_ON(3 * 4 * NPU_TENSOR_GPIECE + 2 * NPU_TENSOR_PACK_SLACK >
+                  NPU_CHUNK);
 
 /* One input operand after dimension collapsing. */
 typedef struct NpuTensorIn {
     const uint8_t *data;    /* host copy of the extent; NULL if streamed */
-    uint64_t va;
+    uint64_t va, end;       /* the extent in VA space */
     uint32_t dtype;
     uint32_t size;          /* bytes per element */
     uint64_t stride[NPU_MAX_RANK];  /* elements; 0 where broadcast */
@@ -76,6 +88,7 @@ typedef struct NpuTensorJob {
     uint32_t opcode, kind;
     uint32_t nin;
     bool stream;            /* inputs read by the units themselves */
+    bool direct;            /* ... in place in guest RAM (aligned) */
     NpuTensorIn in[2];
     uint64_t out_va;
     uint32_t odtype, osize;
@@ -419,6 +432,135 @@ static void npu_tensor_run(const NpuTensorJob *job, const uint8_t *const *src,
 }
 
 /*
+ * A window of guest memory for a directly streamed operand: host pointer
+ * @ptr for VAs [va, va + len), or NULL when that run must be copied.
+ */
+typedef struct NpuMapWin {
+    uint64_t va, len;
+    uint8_t *ptr;
+    uint64_t done;          /* bytes written from ptr on (outputs) */
+    bool write;
+} NpuMapWin;
+
+static void npu_win_release(NpuState *s, NpuMapWin *m)
+{
+    if (m->ptr) {
+        npu_mem_unmap(s, m->ptr, m->len, m->write, m->done);
+    }
+    m->ptr = NULL;
+    m->len = 0;
+}
+
+/* Point @m at @va, mapping at most @max bytes from there if it must. */
+static uint32_t npu_win_at(NpuState *s, NpuWalk *w, NpuMapWin *m, uint64_t va,
+                           uint64_t max)
+{
+    uint32_t st;
+
+    if (va >= m->va && va - m->va < m->len) {
+        return NPU_ST_OK;
+    }
+    npu_win_release(s, m);
+    m->ptr = npu_mem_map(s, w, va, max, m->write, &m->len, &st);
+    m->va = va;
+    m->done = 0;
+    return st;
+}
+
+/*
+ * Rows [0, nrows) of a unit, computed straight from guest RAM into guest
+ * RAM through npu_mem_map() windows; runs that are not mappable RAM, and
+ * elements straddling two runs, go through the chunk with DMA copies.
+ */
+static uint32_t npu_tensor_direct(NpuCore *core, const NpuTensorJob *job,
+                                  NpuWalk *w, uint64_t (*roff)[2],
+                                  uint64_t row0, uint64_t nrows, uint64_t c0,
+                                  uint64_t ncols, NpuTensorBlk *blk)
+{
+    NpuState *s = core->s;
+    uint64_t len = job->shape[job->ndim - 1];
+    uint64_t oend = job->out_va + ((row0 + nrows - 1) * len + c0 + ncols) *
+                    job->osize;
+    uint64_t step[2] = { 0, 0 }, r, pos, n, k;
+    NpuMapWin win[3] = { { 0 } };
+    uint8_t scal[2][4];
+    const uint8_t *src[2];
+    uint8_t *stage[2] = { core->chunk + NPU_TENSOR_PIECE * 4,
+                          core->chunk + NPU_TENSOR_PIECE * 4 +
+                          NPU_TENSOR_STAGE };
+    uint32_t st = NPU_ST_OK, i;
+
+    win[2].write = true;
+    for (i = 0; i < job->nin; i++) {
+        step[i] = job->in[i].stride[job->ndim - 1];
+    }
+    for (r = 0; r < nrows && st == NPU_ST_OK; r++) {
+        uint64_t ova = job->out_va + ((row0 + r) * len + c0) * job->osize;
+
+        for (i = 0; i < job->nin && st == NPU_ST_OK; i++) {
+            const NpuTensorIn *in = &job->in[i];
+
+            if (!step[i]) {
+                st = npu_mem_read(s, w, in->va + roff[r][i] * in->size,
+                                  scal[i], in->size);
+            }
+        }
+        for (pos = 0; pos < ncols && st == NPU_ST_OK; pos += n) {
+            bool direct = true;
+            uint64_t va[2], o = ova + pos * job->osize;
+
+            n = ncols - pos;
+            for (i = 0; i < job->nin && st == NPU_ST_OK; i++) {
+                const NpuTensorIn *in = &job->in[i];
+
+                if (!step[i]) {
+                    src[i] = scal[i];
+                    continue;
+                }
+                va[i] = in->va + (roff[r][i] + c0 + pos) * in->size;
+                st = npu_win_at(s, w, &win[i], va[i], in->end - va[i]);
+                k = (win[i].va + win[i].len - va[i]) / in->size;
+                n = MIN(n, k);
+                direct = direct && win[i].ptr;
+                src[i] = win[i].ptr ? win[i].ptr + (va[i] - win[i].va) : NULL;
+            }
+            if (st == NPU_ST_OK) {
+                st = npu_win_at(s, w, &win[2], o, oend - o);
+            }
+            if (st != NPU_ST_OK) {
+                break;
+            }
+            n = MIN(n, (win[2].va + win[2].len - o) / job->osize);
+            direct = direct && win[2].ptr && n;
+            if (direct) {
+                npu_tensor_run(job, src, step,
+                               win[2].ptr + (o - win[2].va), n, blk);
+                win[2].done = MAX(win[2].done,
+                                  o + n * job->osize - win[2].va);
+                continue;
+            }
+            /* Copy through the chunk: at least one element. */
+            n = MAX(MIN(n, (uint64_t)NPU_TENSOR_PIECE), 1);
+            for (i = 0; i < job->nin && st == NPU_ST_OK; i++) {
+                if (step[i]) {
+                    st = npu_mem_read(s, w, va[i], stage[i],
+                                      n * job->in[i].size);
+                    src[i] = stage[i];
+                }
+            }
+            if (st == NPU_ST_OK) {
+                npu_tensor_run(job, src, step, core->chunk, n, blk);
+                st = npu_mem_write(s, w, o, core->chunk, n * job->osize);
+            }
+        }
+    }
+    for (i = 0; i < 3; i++) {
+        npu_win_release(s, &win[i]);
+    }
+    return st;
+}
+
+/*
  * Stage elements [lo, hi) of a streamed input in @stage (bytes from
  * element lo on).
  */
@@ -428,6 +570,52 @@ static uint32_t npu_tensor_stage(NpuCore *core, NpuWalk *w,
 {
     return npu_mem_read(core->s, w, in->va + lo * in->size, stage,
                         (hi - lo) * in->size);
+}
+
+/* Copy one element of @size bytes. */
+#define NPU_PACK_LOOP(type) do {                                        \
+        for (cb = 0; cb < ncols; cb += NPU_PACK_TILE) {                 \
+            for (rb = 0; rb < nrows; rb += NPU_PACK_TILE) {             \
+                for (c = cb; c < MIN(cb + NPU_PACK_TILE, ncols); c++) { \
+                    for (r = rb; r < MIN(rb + NPU_PACK_TILE, nrows); r++) { \
+                        ((type *)dst)[r * (ncols + NPU_PACK_PAD) + c] = \
+                            ((const type *)in->data)[roff[r][i] +       \
+                                                     (c0 + c) * step];  \
+                    }                                                   \
+                }                                                       \
+            }                                                           \
+        }                                                               \
+    } while (0)
+
+#define NPU_PACK_TILE 16
+/*
+ * Packed rows are padded by 16 elements: with a power-of-two row length,
+ * the 16 rows a tile writes would otherwise share one set of the cache.
+ */
+#define NPU_PACK_PAD 16
+
+/*
+ * Input @i (gathered, inner stride @step) of rows [0, nrows), columns
+ * [c0, c0 + ncols) into an nrows x ncols block at @dst (rows padded), in
+ * 16 x 16 tiles: a transposed input is read a cache line at a time.
+ */
+static void npu_tensor_pack(const NpuTensorIn *in, uint64_t (*roff)[2],
+                            uint32_t i, uint64_t nrows, uint64_t c0,
+                            uint64_t ncols, uint64_t step, uint8_t *dst)
+{
+    uint64_t cb, rb, c, r;
+
+    switch (in->size) {
+    case 4:
+        NPU_PACK_LOOP(uint32_t);
+        break;
+    case 2:
+        NPU_PACK_LOOP(uint16_t);
+        break;
+    default:
+        NPU_PACK_LOOP(uint8_t);
+        break;
+    }
 }
 
 /* Unit @u: compute its piece of the output into the chunk, write it. */
@@ -449,7 +637,7 @@ static uint32_t npu_tensor_unit(NpuCore *core, const NpuTensorJob *job,
                           core->chunk + NPU_TENSOR_PIECE * 4 +
                           NPU_TENSOR_STAGE };
     bool rowwise[2] = { false, false };
-    uint64_t r = row0, cc, k;
+    uint64_t r = row0;
     uint32_t st;
 
     /* Input offsets of the unit's rows: multi-index, then odometer steps. */
@@ -478,6 +666,14 @@ static uint32_t npu_tensor_unit(NpuCore *core, const NpuTensorJob *job,
         }
     }
 
+    if (!job->stream) {         /* packing areas after the output */
+        stage[0] = core->chunk + NPU_TENSOR_GPIECE * 4;
+        stage[1] = stage[0] + NPU_TENSOR_GPIECE * 4 + NPU_TENSOR_PACK_SLACK;
+    }
+    if (job->direct) {
+        return npu_tensor_direct(core, job, w, roff, row0, nrows, c0, ncols,
+                                 blk);
+    }
     for (i = 0; i < job->nin; i++) {
         const NpuTensorIn *in = &job->in[i];
         uint64_t hi = 0;
@@ -525,18 +721,32 @@ static uint32_t npu_tensor_unit(NpuCore *core, const NpuTensorJob *job,
                            ncols, blk);
         }
     } else {
-        /* Column blocks outside, rows inside: transposes stay in cache. */
-        k = nrows > 1 ? NPU_TENSOR_GCOLS : ncols;
-        for (cc = 0; cc < ncols; cc += k) {
-            for (r = 0; r < nrows; r++) {
-                for (i = 0; i < job->nin; i++) {
-                    src[i] = base[i] + (roff[r][i] + (c0 + cc) * step[i]) *
-                             job->in[i].size;
-                }
-                npu_tensor_run(job, src, step,
-                               obuf + (r * ncols + cc) * job->osize,
-                               MIN(k, ncols - cc), blk);
+        /*
+         * Gathered: strided inputs of several rows are packed densely
+         * first, tile by tile, so that transposes stay in cache.
+         */
+        uint64_t pstep[2];
+        bool packed[2] = { false, false };
+
+        for (i = 0; i < job->nin; i++) {
+            pstep[i] = step[i];
+            if (nrows > 1 && step[i] > 1) {
+                npu_tensor_pack(&job->in[i], roff, i, nrows, c0, ncols,
+                                step[i], stage[i]);
+                packed[i] = true;
+                pstep[i] = 1;
             }
+        }
+        for (r = 0; r < nrows; r++) {
+            for (i = 0; i < job->nin; i++) {
+                src[i] = packed[i] ?
+                         stage[i] + r * (ncols + NPU_PACK_PAD) *
+                         job->in[i].size :
+                         base[i] + (roff[r][i] + c0 * step[i]) *
+                         job->in[i].size;
+            }
+            npu_tensor_run(job, src, pstep, obuf + r * ncols * job->osize,
+                           ncols, blk);
         }
     }
     return npu_mem_write(core->s, w, job->out_va +
@@ -676,6 +886,26 @@ static bool npu_tensor_streamable(const NpuTensorJob *job,
     return true;
 }
 
+/* Is the op memory-bound: streamed, fp32/int, no transcendental? */
+static bool npu_tensor_cheap(const NpuTensorJob *job)
+{
+    uint32_t i;
+
+    if (!job->stream || job->odtype == NPU_DTYPE_FP16 ||
+        job->odtype == NPU_DTYPE_BF16 ||
+        (job->opcode == NPU_OP_UNARY && job->kind >= NPU_UNARY_GELU &&
+         job->kind <= NPU_UNARY_LOG)) {
+        return false;
+    }
+    for (i = 0; i < job->nin; i++) {
+        if (job->in[i].dtype == NPU_DTYPE_FP16 ||
+            job->in[i].dtype == NPU_DTYPE_BF16) {
+            return false;
+        }
+    }
+    return true;
+}
+
 typedef struct NpuGatherJob {
     NpuWalk walk;
     uint64_t va;
@@ -723,7 +953,7 @@ static uint32_t npu_tensor_gather(NpuState *s, NpuWalk *w,
 
 void npu_scratch_free(NpuState *s)
 {
-    g_free(s->gather_buf);
+    qemu_vfree(s->gather_buf);
     s->gather_buf = NULL;
     s->gather_size = 0;
 }
@@ -743,10 +973,12 @@ static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
     }
     if (total > s->gather_size) {
         npu_scratch_free(s);
-        s->gather_buf = g_try_malloc(total);
+        /* Huge pages: a transpose touches a new 4 KiB page per element. */
+        s->gather_buf = qemu_try_memalign(2 * MiB, total);
         if (!s->gather_buf) {
             return false;
         }
+        qemu_madvise(s->gather_buf, total, QEMU_MADV_HUGEPAGE);
         s->gather_size = total;
     }
     for (i = 0; i < n; i++) {
@@ -812,11 +1044,16 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     if (opcode <= NPU_OP_CONVERT) {
         for (i = 0; i < job.nin; i++) {
             job.in[i].va = p.t[i].va;
+            job.in[i].end = p.t[i].va + sizes[i];
             job.in[i].dtype = p.t[i].dtype;
             job.in[i].size = npu_dtype_size(p.t[i].dtype);
         }
         npu_tensor_collapse(&job, &p);
         job.stream = npu_tensor_streamable(&job, &p, numel);
+        job.direct = job.stream && !(job.out_va % job.osize);
+        for (i = 0; i < job.nin; i++) {
+            job.direct = job.direct && !(job.in[i].va % job.in[i].size);
+        }
         nbuf = job.stream ? 0 : job.nin;    /* units compute in the chunks */
     } else {
         sizes[job.nin] = numel * job.osize;
@@ -880,7 +1117,9 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     job.walk = *w;
     /* Large ops: about four tiles per core for load balance. */
     st = npu_run_tiles(s, npu_tensor_tile, &job, units,
-                       numel < NPU_TENSOR_SPLIT_MIN ? units :
+                       numel < (npu_tensor_cheap(&job) ?
+                                NPU_TENSOR_SPLIT_MIN_CHEAP :
+                                NPU_TENSOR_SPLIT_MIN) ? units :
                        DIV_ROUND_UP(units, s->cores.n * 4));
 out:
     if (s->gather_size > NPU_SCRATCH_KEEP) {
