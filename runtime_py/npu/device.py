@@ -173,6 +173,7 @@ class PackedOps:
     ops: tuple[AnyOp, ...]
     tensor: bool
     raw: ctypes.Array[Any]
+    buffers: tuple[Buffer, ...]  # each distinct runtime buffer the ops name
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,9 +430,15 @@ class Device:
             run = batch[start:end]
             struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
             raw = (struct * len(run))()
+            bufs: dict[int, Buffer] = {}
             for i, op in enumerate(run):
                 raw[i] = op.pack()
-            runs.append(PackedOps(run, tensor, raw))
+                for buf in op.buffers:
+                    if isinstance(buf, Buffer):
+                        if buf.device is not self:
+                            raise ValueError(f"pack: {op} uses {buf!r} of {buf.device!r}")
+                        bufs[id(buf)] = buf
+            runs.append(PackedOps(run, tensor, raw, tuple(bufs.values())))
             start = end
         return runs
 
@@ -439,15 +446,20 @@ class Device:
         """Submit ops packed by :meth:`pack` (one SUBMIT per run); the last fence.
 
         Nothing is re-validated or re-packed here, which is what makes a
-        replay cheap; the driver still checks every op.
+        replay cheap; the driver still checks every op. Only that no buffer
+        the ops name was freed meanwhile is checked (its handle could name
+        another buffer object by now).
 
         Raises:
             ValueError: nothing to submit.
-            NpuError: as :meth:`submit`.
+            NpuError: a buffer was freed (``EBADF``), or as :meth:`submit`.
         """
         if not packed:
             raise ValueError("submit_packed: no ops")
         queue = _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
+        for run in packed:
+            for buf in run.buffers:
+                buf.handle  # noqa: B018 - raises NpuError(EBADF) if freed
         fence = 0
         for run in packed:
             fence = self._submit_one_kind(run.ops, queue, run.tensor, run.raw)

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import _abi, ops
 from ..buffer import Buffer
-from ..device import Device
+from ..device import Device, PackedOps
 from ..errors import NpuDeviceError, NpuError
 from ..ops import TensorOp
 from ..validate import window_out
@@ -122,6 +122,7 @@ class PartitionPlan:
 
     tensor_ops: list[TensorOp]
     chunks: list[list[TensorOp]]
+    packed: list[list[PackedOps]]  # chunks packed once for submit_packed
     host_inputs: list[tuple[str, Array]]
     outputs: list[tuple[str, Array]]
     op_nodes: dict[int, Node]
@@ -390,7 +391,10 @@ class NpuProvider:
             len(built),
             size,
         )
-        return PartitionPlan(built, chunks, host_inputs, outputs, op_nodes, arena, size, b.vals)
+        packed = [self.device.pack(chunk) for chunk in chunks]
+        return PartitionPlan(
+            built, chunks, packed, host_inputs, outputs, op_nodes, arena, size, b.vals
+        )
 
     def _plan_node(self, b: _Builder, node: Node) -> None:
         op = node.op_type
@@ -711,9 +715,9 @@ class NpuProvider:
         if plan.chunks:
             dev = self.device
             fence = 0
-            for chunk in plan.chunks:
+            for chunk, packed in zip(plan.chunks, plan.packed, strict=True):
                 try:
-                    fence = dev.submit(chunk)
+                    fence = dev.submit_packed(packed)
                 except NpuError as exc:
                     names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in chunk))
                     raise NpuError(
