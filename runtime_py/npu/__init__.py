@@ -83,7 +83,7 @@ from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
 from .quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
-from .tensor import Tensor, from_numpy, permute, tensor
+from .tensor import Tensor, from_numpy, permute, synchronize, tensor
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
@@ -170,6 +170,7 @@ __all__ = [
     "status_name",
     "subtract",
     "sum",
+    "synchronize",
     "tanh",
     "tensor",
 ]

@@ -54,6 +54,7 @@ import collections
 import logging
 import math
 import operator
+import os
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex, TypeAlias
@@ -697,7 +698,41 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
             since = builtins.min(since, t._since)
     out._fence = fence
     out._since = since
+    if _launch_blocking():
+        out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
+
+
+#: Environment variable: ``1`` makes every tensor op wait for itself (debugging).
+LAUNCH_BLOCKING_ENV = "NPU_LAUNCH_BLOCKING"
+
+
+def _launch_blocking() -> bool:
+    return os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
+
+
+def synchronize(device: Device | None = None) -> None:
+    """Wait until every op submitted to ``device`` (default: the default device) is done.
+
+    Like ``torch.cuda.synchronize()``. A failure of any of those ops raises
+    here (:class:`npu.NpuDeviceError`, naming the op); it is also kept for
+    the tensors computed from it.
+
+    Raises:
+        NpuDeviceError: an op that had not been waited for failed.
+        RuntimeError: called while a graph captures.
+    """
+    dev = device if device is not None else default_device()
+    if dev._capturing is not None:
+        raise RuntimeError("synchronize: not while a graph is capturing")
+    failures = _FAILURES.setdefault(dev, collections.deque(maxlen=_FAILURE_HISTORY))
+    for queue, fence in dev.submitted_fences().items():
+        while not dev.completed(queue, fence):
+            try:
+                dev.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
+            except NpuDeviceError as exc:
+                failures.append(exc)
+                raise
 
 
 def _upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:

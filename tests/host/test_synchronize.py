@@ -1,0 +1,49 @@
+"""npu.synchronize and NPU_LAUNCH_BLOCKING: waiting for all queued work, and
+failures raised where the work is waited for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npu
+from fake_driver import FakeDriver
+from npu import _abi
+
+
+def test_synchronize_waits_for_every_submitted_op(default_device: npu.Device) -> None:
+    t = npu.relu(npu.tensor(np.arange(-4, 4, dtype=np.float32)) * 2)
+    last = default_device.submitted_fences()[0]
+    assert not default_device.completed(0, last)
+    npu.synchronize()
+    assert default_device.completed(0, last)
+    np.testing.assert_array_equal(t.numpy(), np.maximum(np.arange(-4, 4) * 2, 0))
+
+
+def test_synchronize_raises_the_failure_and_the_tensor_keeps_it(
+    default_device: npu.Device, driver: FakeDriver
+) -> None:
+    driver.fail_opcode[_abi.NPU_OP_UNARY] = _abi.NPU_ST_BAD_ARGS
+    t = npu.relu(npu.tensor([1.0, -1.0]))
+    with pytest.raises(npu.NpuDeviceError) as info:
+        npu.synchronize()
+    assert "UNARY.RELU" in str(info.value)
+    with pytest.raises(npu.NpuDeviceError):
+        t.numpy()
+
+
+def test_launch_blocking_raises_at_the_failing_call(
+    default_device: npu.Device, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPU_LAUNCH_BLOCKING", "1")
+    x = npu.tensor([1.0, -1.0])
+    y = x * 3  # fine, and already waited for
+    assert y.fence is None
+    driver.fail_opcode[_abi.NPU_OP_UNARY] = _abi.NPU_ST_BAD_ARGS
+    with pytest.raises(npu.NpuDeviceError, match=r"UNARY\.RELU"):
+        npu.relu(x)
+
+
+def test_synchronize_inside_a_capture_raises(default_device: npu.Device) -> None:
+    with npu.Graph().capture(), pytest.raises(RuntimeError, match="capturing"):
+        npu.synchronize()
