@@ -73,6 +73,19 @@ struct npu_bo_userptr {
 	__u32 handle;		/* out: nonzero, per file descriptor */
 };
 
+/*
+ * FENCE_INFO: when the device ran the op of a completed fence, from its
+ * completion record. Records are kept for the last ring_entries fences of
+ * the queue (until a device reset restarts the ring).
+ */
+struct npu_fence_info {
+	__u64 fence;		/* in: a completed fence of the queue */
+	__u32 queue;		/* in */
+	__u32 status;		/* out: the op's device status (NPU_ST_*) */
+	__u64 t_start;		/* out: device clock (ns) when the op started */
+	__u64 t_end;		/* out: device clock (ns) when it completed */
+};
+
 /* A byte range of a buffer object. */
 struct npu_buf_ref {
 	__u32 handle;
@@ -165,5 +178,6 @@ struct npu_wait {
 #define NPU_IOCTL_SUBMIT	_IOWR(NPU_IOCTL_BASE, 0x03, struct npu_submit)
 #define NPU_IOCTL_WAIT		_IOWR(NPU_IOCTL_BASE, 0x04, struct npu_wait)
 #define NPU_IOCTL_BO_USERPTR	_IOWR(NPU_IOCTL_BASE, 0x05, struct npu_bo_userptr)
+#define NPU_IOCTL_FENCE_INFO	_IOWR(NPU_IOCTL_BASE, 0x06, struct npu_fence_info)
 
 #endif /* NPU_UAPI_H */

@@ -478,3 +478,38 @@ int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
 		return -EFAULT;
 	return -EIO;
 }
+
+/*
+ * FENCE_INFO: the completion record of a completed fence. The record is
+ * read twice around the copy: a slot reused meanwhile (the ring wrapped)
+ * gives -ENOENT instead of a torn record.
+ */
+int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue *q = &ndev->queue;
+	struct npu_fence_info args;
+	const struct npu_cpl *rec;
+	struct npu_cpl cpl;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.queue >= ndev->num_queues || !args.fence ||
+	    args.fence > READ_ONCE(q->next_fence))
+		return -EINVAL;
+	if (READ_ONCE(q->wb->value) < args.fence)
+		return -EBUSY;
+	rec = &q->cpl[npu_fence_slot(q, args.fence)];
+	/* The device writes records in host byte order (x86, as npu_hw.c). */
+	if (READ_ONCE(rec->fence) != args.fence)
+		return -ENOENT;
+	memcpy(&cpl, rec, sizeof(cpl));
+	/* Order the copy before the second look at the slot's fence. */
+	smp_rmb();
+	if (cpl.fence != args.fence || READ_ONCE(rec->fence) != args.fence)
+		return -ENOENT;
+	args.status = cpl.status;
+	args.t_start = cpl.t_start;
+	args.t_end = cpl.t_end;
+	return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+}

@@ -78,6 +78,7 @@ from .elementwise import (
     tanh,
 )
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .event import Event
 from .graph import Graph
 from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
@@ -102,6 +103,7 @@ __all__ = [
     "DeviceInfo",
     "DeviceNotFoundError",
     "EltwiseKind",
+    "Event",
     "Graph",
     "InferenceSession",
     "ModelError",

@@ -543,6 +543,18 @@ class NpuBoDestroy(ctypes.Structure):
     ]
 
 
+class NpuFenceInfo(ctypes.Structure):
+    """``struct npu_fence_info`` (FENCE_INFO: a completed op's timestamps)."""
+
+    _fields_ = [
+        ("fence", ctypes.c_uint64),
+        ("queue", ctypes.c_uint32),
+        ("status", ctypes.c_uint32),
+        ("t_start", ctypes.c_uint64),
+        ("t_end", ctypes.c_uint64),
+    ]
+
+
 #: BO_USERPTR flag: the device may only read the memory.
 NPU_BO_USERPTR_READONLY: Final = 1 << 0
 NPU_BO_USERPTR_FLAGS: Final = NPU_BO_USERPTR_READONLY
@@ -649,6 +661,7 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_bo_create": NpuBoCreate,
     "npu_bo_destroy": NpuBoDestroy,
     "npu_bo_userptr": NpuBoUserptr,
+    "npu_fence_info": NpuFenceInfo,
     "npu_buf_ref": NpuBufRef,
     "npu_op": NpuOp,
     "npu_tensor_ref": NpuTensorRef,
@@ -667,3 +680,4 @@ NPU_IOCTL_BO_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x02, NpuBoDestroy))
 NPU_IOCTL_SUBMIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x03, NpuSubmit))
 NPU_IOCTL_WAIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x04, NpuWait))
 NPU_IOCTL_BO_USERPTR: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x05, NpuBoUserptr))
+NPU_IOCTL_FENCE_INFO: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x06, NpuFenceInfo))

@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Device",
     "DeviceInfo",
+    "FenceInfo",
     "PackedOps",
     "close_default_device",
     "default_device",
@@ -164,6 +165,20 @@ class DeviceInfo:
 
 def _version_str(version: int) -> str:
     return f"{version >> 16}.{version & 0xFFFF}"
+
+
+@dataclass(frozen=True, slots=True)
+class FenceInfo:
+    """What the device recorded for a completed op (:meth:`Device.fence_info`).
+
+    ``t_start_ns``/``t_end_ns`` are the device clock when the op started and
+    completed; ``status`` is its ``npu.Status`` value.
+    """
+
+    fence: int
+    status: int
+    t_start_ns: int
+    t_end_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,6 +581,20 @@ class Device:
             if fence > self._completed.get(queue, 0):
                 self._completed[queue] = fence
         log.debug("WAIT queue=%d fence=%d done", queue, fence)
+
+    def fence_info(self, fence: int, queue: int = 0) -> FenceInfo:
+        """The device status and timestamps of a completed fence (FENCE_INFO).
+
+        Raises:
+            NpuError: ``EINVAL`` (a fence never submitted), ``EBUSY`` (not
+                completed yet), ``ENOENT`` (its record was reused: more than
+                ``ring_entries`` later ops, or a device reset).
+        """
+        fence = _check_u(f"FENCE_INFO fence={fence}", fence, _abi.U64_MAX)
+        queue = _check_u(f"FENCE_INFO queue={queue}", queue, _abi.U32_MAX)
+        arg = _abi.NpuFenceInfo(fence=fence, queue=queue)
+        self._ioctl(_abi.NPU_IOCTL_FENCE_INFO, arg, f"FENCE_INFO(fence={fence}, queue={queue})")
+        return FenceInfo(fence, int(arg.status), int(arg.t_start), int(arg.t_end))
 
     def submitted_fences(self) -> dict[int, int]:
         """The last fence submitted on each queue used so far (a copy)."""

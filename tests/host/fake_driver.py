@@ -32,6 +32,7 @@ import math
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -70,6 +71,7 @@ class FakeDriver:
     calls: list[tuple[int, bytes]] = field(default_factory=list)
     submitted: list[_abi.NpuOp] = field(default_factory=list)
     submitted_tensor: list[_abi.NpuTensorOp] = field(default_factory=list)
+    stamps: dict[int, int] = field(default_factory=dict)  # fence -> completion time, ns
     submits: list[tuple[int, int]] = field(default_factory=list)  # (op_size, num_ops)
 
     # -- helpers ---------------------------------------------------------------
@@ -173,7 +175,16 @@ class FakeDriver:
                         self.failed = (self.fence, status)
                     else:
                         self.completed = self.fence
+                        self.stamps[self.fence] = time.monotonic_ns()
             arg.fence = self.fence
+            return 0
+        if request == _abi.NPU_IOCTL_FENCE_INFO:
+            if arg.queue or not 0 < arg.fence <= self.fence:
+                raise _err(errno.EINVAL)
+            if arg.fence not in self.stamps:
+                raise _err(errno.EBUSY)
+            arg.status = 0
+            arg.t_start = arg.t_end = self.stamps[arg.fence]
             return 0
         if request == _abi.NPU_IOCTL_WAIT:
             if arg.flags or arg.rsvd or arg.fence > self.fence:
@@ -203,6 +214,7 @@ class FakeDriver:
                     continue
                 self._execute_tensor(op)
                 self.completed = self.fence
+                self.stamps[self.fence] = time.monotonic_ns()
         arg.fence = self.fence
         return 0
 

@@ -40,6 +40,7 @@ FIELDS: dict[str, list[str]] = {
     "npu_bo_create": ["size", "flags", "handle", "mmap_offset", "alloc_size"],
     "npu_bo_destroy": ["handle", "rsvd"],
     "npu_bo_userptr": ["addr", "size", "flags", "handle"],
+    "npu_fence_info": ["fence", "queue", "status", "t_start", "t_end"],
     "npu_buf_ref": ["handle", "rsvd", "offset", "size"],
     "npu_op": ["opcode", "flags", "num_bufs", "bufs", "params", "rsvd"],
     "npu_tensor_ref": [
@@ -94,7 +95,8 @@ CONSTANTS = [
     "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV", "NPU_INFO_CAP_QUANT",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
-    "NPU_IOCTL_WAIT", "NPU_IOCTL_BO_USERPTR", "NPU_BO_USERPTR_READONLY", "NPU_BO_USERPTR_FLAGS",
+    "NPU_IOCTL_WAIT", "NPU_IOCTL_BO_USERPTR", "NPU_IOCTL_FENCE_INFO",
+    "NPU_BO_USERPTR_READONLY", "NPU_BO_USERPTR_FLAGS",
 ]  # fmt: skip
 
 
