@@ -27,8 +27,18 @@
 #define NPU_HW_VERSION		0x00010000	/* major << 16 | minor */
 #define NPU_ABI_VERSION		1		/* descriptor/completion format */
 
+/*
+ * Hardware queues. Each has its registers, a doorbell page, an MSI-X vector
+ * and a priority; the command processor runs one command at a time, from
+ * the highest-priority queue with work, round-robin among equal priorities.
+ */
+#define NPU_NUM_QUEUES		8
+#define NPU_MAX_QUEUES		16
+#define NPU_RING_MAX_ENTRIES	65536
+#define NPU_Q_PRIORITY_MAX	3
+
 /* MSI-X vectors: 0 for device events, 1 + q for queue q completions. */
-#define NPU_MSIX_VECTORS	2
+#define NPU_MSIX_VECTORS	(1 + NPU_NUM_QUEUES)
 #define NPU_VEC_DEVICE		0
 #define NPU_VEC_QUEUE(q)	(1 + (q))
 
@@ -127,6 +137,7 @@ enum npu_qreg {
 	NPU_Q_STATUS		= 0x28,	/* RO: NPU_QSTAT_* */
 	NPU_Q_DONE_LO		= 0x30,	/* RO: last completed fence value */
 	NPU_Q_DONE_HI		= 0x34,
+	NPU_Q_PRIORITY		= 0x38,	/* RW: 0..NPU_Q_PRIORITY_MAX, higher first */
 };
 
 #define NPU_QCTL_ENABLE		(1u << 0)
@@ -143,9 +154,6 @@ enum npu_qreg {
 #define NPU_DOORBELL_STRIDE	0x1000
 #define NPU_DOORBELL(q)		(NPU_DOORBELL_BASE + (q) * NPU_DOORBELL_STRIDE)
 
-#define NPU_NUM_QUEUES		1
-#define NPU_MAX_QUEUES		16
-#define NPU_RING_MAX_ENTRIES	65536
 
 /* Opcodes */
 enum npu_opcode {

@@ -97,6 +97,7 @@ static void npu_reset_state_locked(NpuState *s)
         memset(&s->q[qi], 0, sizeof(s->q[qi]));
         s->q[qi].gen = gen + 1;
     }
+    s->last_queue = 0;
     s->control = 0;
     s->irq_status = 0;
     s->irq_mask = 0;
@@ -222,6 +223,25 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
 }
 
+/*
+ * The scheduler: the runnable queue of the highest priority; among equal
+ * priorities the first after the one served last (round-robin). -1 if none.
+ */
+static int npu_pick_queue_locked(NpuState *s)
+{
+    int best = -1, i;
+
+    for (i = 1; i <= NPU_NUM_QUEUES; i++) {
+        int qi = (s->last_queue + i) % NPU_NUM_QUEUES;
+
+        if (npu_queue_runnable_locked(s, &s->q[qi]) &&
+            (best < 0 || s->q[qi].priority > s->q[best].priority)) {
+            best = qi;
+        }
+    }
+    return best;
+}
+
 static void *npu_worker(void *opaque)
 {
     NpuState *s = opaque;
@@ -229,8 +249,6 @@ static void *npu_worker(void *opaque)
 
     qemu_mutex_lock(&s->lock);
     while (!s->stop) {
-        bool busy = false;
-
         if (s->reset_pending) {
             npu_reset_state_locked(s);
             s->reset_pending = false;
@@ -238,15 +256,14 @@ static void *npu_worker(void *opaque)
             qemu_cond_broadcast(&s->reset_done);
             continue;
         }
-        for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
-            if (npu_queue_runnable_locked(s, &s->q[qi])) {
-                npu_process_one_locked(s, qi);
-                busy = true;
-            }
-        }
-        if (!busy) {
+        /* One command at a time, so a higher priority wins at each one. */
+        qi = npu_pick_queue_locked(s);
+        if (qi < 0) {
             qemu_cond_wait(&s->cond, &s->lock);
+            continue;
         }
+        s->last_queue = qi;
+        npu_process_one_locked(s, qi);
     }
     qemu_mutex_unlock(&s->lock);
     return NULL;
@@ -302,6 +319,8 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
         return (uint32_t)q->done_fence;
     case NPU_Q_DONE_HI:
         return q->done_fence >> 32;
+    case NPU_Q_PRIORITY:
+        return q->priority;
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown queue register"
                       " 0x%" HWADDR_PRIx "\n", reg);
@@ -506,6 +525,14 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_TAIL:
         npu_doorbell_locked(s, qi, val);
+        break;
+    case NPU_Q_PRIORITY:
+        if (val > NPU_Q_PRIORITY_MAX) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d priority %u is above"
+                          " %u; ignored\n", qi, val, NPU_Q_PRIORITY_MAX);
+            break;
+        }
+        q->priority = val;      /* takes effect at the next command */
         break;
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or unknown"

@@ -45,6 +45,7 @@ typedef struct NpuQueue {
     uint32_t tail;          /* free-running producer index */
     uint32_t status;        /* NPU_QSTAT_STOPPED */
     uint32_t gen;           /* bumped when the queue is (re)enabled or reset */
+    uint32_t priority;      /* 0..NPU_Q_PRIORITY_MAX, higher runs first */
     uint64_t done_fence;
 } NpuQueue;
 
@@ -116,6 +117,7 @@ struct NpuState {
     uint32_t mmu_fault_info;
     uint32_t mmu_faults;
     NpuQueue q[NPU_NUM_QUEUES];
+    int last_queue;         /* served last: where round-robin resumes */
 
     /* Command-processor private: bounce buffer, and itself as a core. */
     uint8_t *chunk;
