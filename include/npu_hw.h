@@ -154,7 +154,6 @@ enum npu_qreg {
 #define NPU_DOORBELL_STRIDE	0x1000
 #define NPU_DOORBELL(q)		(NPU_DOORBELL_BASE + (q) * NPU_DOORBELL_STRIDE)
 
-
 /* Opcodes */
 enum npu_opcode {
 	NPU_OP_NOP	= 0,
