@@ -138,7 +138,14 @@ enum npu_qreg {
 	NPU_Q_DONE_LO		= 0x30,	/* RO: last completed fence value */
 	NPU_Q_DONE_HI		= 0x34,
 	NPU_Q_PRIORITY		= 0x38,	/* RW: 0..NPU_Q_PRIORITY_MAX, higher first */
+	/* Interrupt moderation of the queue's completion interrupt */
+	NPU_Q_IRQ_COUNT		= 0x40,	/* RW: signal every Nth (0, 1: each) */
+	NPU_Q_IRQ_DELAY		= 0x44,	/* RW: or after this many us (0: none) */
+	NPU_Q_IRQS		= 0x48,	/* RO: completion interrupts signalled */
 };
+
+#define NPU_IRQ_COUNT_MAX	65536
+#define NPU_IRQ_DELAY_MAX	1000000	/* us */
 
 #define NPU_QCTL_ENABLE		(1u << 0)
 

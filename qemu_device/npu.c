@@ -77,6 +77,52 @@ static void npu_raise_locked(NpuState *s, uint32_t bits)
     qemu_bh_schedule(s->irq_bh);
 }
 
+/* Signal queue @qi's completion interrupt for everything held so far. */
+static void npu_queue_irq_locked(NpuState *s, int qi)
+{
+    NpuQueue *q = &s->q[qi];
+
+    q->irq_held = 0;
+    q->irqs++;
+    timer_del(s->irq_timer[qi].timer);
+    npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
+}
+
+/*
+ * A completion that wants an interrupt. Without moderation it is signalled
+ * at once. With it, it is held until irq_count are held, the queue has no
+ * more work (so an isolated op is never delayed), or irq_delay_us passed
+ * since the first held one (0: no timer; the count or the idle queue end
+ * the wait).
+ */
+static void npu_queue_completed_locked(NpuState *s, int qi)
+{
+    NpuQueue *q = &s->q[qi];
+
+    q->irq_held++;
+    if (q->irq_count <= 1 || q->irq_held >= q->irq_count ||
+        q->head == q->tail) {
+        npu_queue_irq_locked(s, qi);
+    } else if (q->irq_held == 1 && q->irq_delay_us) {
+        timer_mod(s->irq_timer[qi].timer,
+                  qemu_clock_get_ns(QEMU_CLOCK_VIRTUAL) +
+                  (int64_t)q->irq_delay_us * 1000);
+    }
+}
+
+/* The moderation delay passed: signal what the queue holds. */
+static void npu_irq_timer_cb(void *opaque)
+{
+    NpuIrqTimer *t = opaque;
+    NpuState *s = t->s;
+
+    qemu_mutex_lock(&s->lock);
+    if (s->q[t->qi].irq_held) {
+        npu_queue_irq_locked(s, t->qi);
+    }
+    qemu_mutex_unlock(&s->lock);
+}
+
 static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
 {
     s->q[qi].status |= NPU_QSTAT_STOPPED;
@@ -96,6 +142,7 @@ static void npu_reset_state_locked(NpuState *s)
 
         memset(&s->q[qi], 0, sizeof(s->q[qi]));
         s->q[qi].gen = gen + 1;
+        timer_del(s->irq_timer[qi].timer);
     }
     s->last_queue = 0;
     s->control = 0;
@@ -218,8 +265,12 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
     q->head = idx + 1;
     q->done_fence = cmd.fence;
-    if ((cmd.flags & NPU_CMD_F_IRQ) || status != NPU_ST_OK) {
-        npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
+    if (status != NPU_ST_OK) {
+        npu_queue_irq_locked(s, qi);    /* errors are never held back */
+    } else if (cmd.flags & NPU_CMD_F_IRQ) {
+        npu_queue_completed_locked(s, qi);
+    } else if (q->irq_held && q->head == q->tail) {
+        npu_queue_irq_locked(s, qi);    /* idle: nothing left to wait for */
     }
 }
 
@@ -321,6 +372,12 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
         return q->done_fence >> 32;
     case NPU_Q_PRIORITY:
         return q->priority;
+    case NPU_Q_IRQ_COUNT:
+        return q->irq_count;
+    case NPU_Q_IRQ_DELAY:
+        return q->irq_delay_us;
+    case NPU_Q_IRQS:
+        return q->irqs;
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown queue register"
                       " 0x%" HWADDR_PRIx "\n", reg);
@@ -534,6 +591,24 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         }
         q->priority = val;      /* takes effect at the next command */
         break;
+    case NPU_Q_IRQ_COUNT:
+    case NPU_Q_IRQ_DELAY:
+        if (val > (reg == NPU_Q_IRQ_COUNT ? NPU_IRQ_COUNT_MAX :
+                   NPU_IRQ_DELAY_MAX)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d moderation register"
+                          " 0x%" HWADDR_PRIx " value %u too large; ignored\n",
+                          qi, reg, val);
+            break;
+        }
+        if (reg == NPU_Q_IRQ_COUNT) {
+            q->irq_count = val;
+        } else {
+            q->irq_delay_us = val;
+        }
+        if (q->irq_held) {      /* do not strand what is held */
+            npu_queue_irq_locked(s, qi);
+        }
+        break;
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or unknown"
                       " queue register 0x%" HWADDR_PRIx "\n", reg);
@@ -702,6 +777,12 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     qemu_cond_init(&s->reset_done);
     s->irq_bh = qemu_bh_new_guarded(npu_irq_bh, s,
                                     &DEVICE(pdev)->mem_reentrancy_guard);
+    for (i = 0; i < NPU_NUM_QUEUES; i++) {
+        s->irq_timer[i] = (NpuIrqTimer) { .s = s, .qi = i };
+        s->irq_timer[i].timer = timer_new_ns(QEMU_CLOCK_VIRTUAL,
+                                             npu_irq_timer_cb,
+                                             &s->irq_timer[i]);
+    }
     s->stop = false;
     npu_reset_state_locked(s);
     qemu_thread_create(&s->thread, "npu-cp", npu_worker, s,
@@ -711,6 +792,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
 static void npu_exit(PCIDevice *pdev)
 {
     NpuState *s = NPU_PCI(pdev);
+    int i;
 
     qemu_mutex_lock(&s->lock);
     s->stop = true;
@@ -720,6 +802,9 @@ static void npu_exit(PCIDevice *pdev)
     npu_cores_fini(s);
 
     qemu_bh_delete(s->irq_bh);
+    for (i = 0; i < NPU_NUM_QUEUES; i++) {
+        timer_free(s->irq_timer[i].timer);
+    }
     qemu_cond_destroy(&s->reset_done);
     qemu_cond_destroy(&s->cond);
     qemu_mutex_destroy(&s->lock);

@@ -46,8 +46,19 @@ typedef struct NpuQueue {
     uint32_t status;        /* NPU_QSTAT_STOPPED */
     uint32_t gen;           /* bumped when the queue is (re)enabled or reset */
     uint32_t priority;      /* 0..NPU_Q_PRIORITY_MAX, higher runs first */
+    uint32_t irq_count;     /* moderation: signal every irq_count-th ... */
+    uint32_t irq_delay_us;  /* ... or irq_delay_us after the first held one */
+    uint32_t irq_held;      /* completions waiting to be signalled */
+    uint32_t irqs;          /* completion interrupts signalled */
     uint64_t done_fence;
 } NpuQueue;
+
+/* The interrupt-moderation timer of one queue. */
+typedef struct NpuIrqTimer {
+    NpuState *s;
+    int qi;
+    QEMUTimer *timer;
+} NpuIrqTimer;
 
 typedef struct NpuCores NpuCores;
 
@@ -117,6 +128,8 @@ struct NpuState {
     uint32_t mmu_fault_info;
     uint32_t mmu_faults;
     NpuQueue q[NPU_NUM_QUEUES];
+    /* Moderation timers of the queues (main loop; they take the lock). */
+    NpuIrqTimer irq_timer[NPU_NUM_QUEUES];
     int last_queue;         /* served last: where round-robin resumes */
 
     /* Command-processor private: bounce buffer, and itself as a core. */

@@ -178,3 +178,68 @@ def test_a_nop_on_the_last_queue_completes(npu: Npu) -> None:
     npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
     wait_all(npu, {q: 1})
     assert completions(npu, q, 1)[0].fence == 7
+
+
+# -- interrupt moderation -------------------------------------------------------
+
+
+def irq_nops(n: int) -> list[bytes]:
+    return [nop(i + 1, flags=hw.CMD_F_IRQ) for i in range(n)]
+
+
+def test_without_moderation_every_irq_command_is_signalled(npu: Npu) -> None:
+    setup_queue(npu, 0)
+    post(npu, 0, irq_nops(10))
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_all(npu, {0: 10})
+    assert npu.qrd(hw.Q_IRQS, 0) == 10
+
+
+def test_a_count_coalesces_a_burst(npu: Npu) -> None:
+    setup_queue(npu, 1)
+    npu.qwr(hw.Q_IRQ_COUNT, 8, 1)
+    post(npu, 1, irq_nops(RING_ENTRIES))
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_all(npu, {1: RING_ENTRIES})
+    assert npu.qrd(hw.Q_IRQS, 1) == RING_ENTRIES // 8
+
+
+def test_an_isolated_command_is_signalled_at_once_under_moderation(npu: Npu) -> None:
+    setup_queue(npu, 2)
+    npu.qwr(hw.Q_IRQ_COUNT, 16, 2)
+    npu.qwr(hw.Q_IRQ_DELAY, 1000, 2)
+    npu.wr(hw.REG_IRQ_STATUS, U32)
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    post(npu, 2, irq_nops(1))
+    wait_all(npu, {2: 1})
+    deadline = time.monotonic() + 5
+    while npu.qrd(hw.Q_IRQS, 2) != 1:  # no clock step: the queue went idle
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert npu.rd(hw.REG_IRQ_STATUS) & (1 << 2)
+
+
+def test_held_completions_are_signalled_when_the_delay_passes(npu: Npu) -> None:
+    setup_queue(npu, 3)
+    npu.qwr(hw.Q_IRQ_COUNT, 1000, 3)
+    npu.qwr(hw.Q_IRQ_DELAY, 50, 3)
+    big = fill(DATA, 256 << 20, 0x5A5A5A5A, 4)  # ~25 ms or more: the queue stays busy
+    post(npu, 3, [*irq_nops(3), big])
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    deadline = time.monotonic() + 5
+    while npu.qrd(hw.Q_HEAD, 3) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    assert npu.qrd(hw.Q_HEAD, 3) == 3, "the FILL finished too soon to observe"
+    assert npu.qrd(hw.Q_IRQS, 3) == 0  # held: more work is queued
+    npu.qt.clock_step(50_000)  # the virtual clock is the device's timer clock
+    assert npu.qrd(hw.Q_IRQS, 3) == 1
+    wait_all(npu, {3: 4})
+
+
+def test_moderation_values_above_the_limits_are_ignored(npu: Npu) -> None:
+    npu.qwr(hw.Q_IRQ_COUNT, 4, 4)
+    npu.qwr(hw.Q_IRQ_COUNT, hw.IRQ_COUNT_MAX + 1, 4)
+    npu.qwr(hw.Q_IRQ_DELAY, hw.IRQ_DELAY_MAX + 1, 4)
+    assert (npu.qrd(hw.Q_IRQ_COUNT, 4), npu.qrd(hw.Q_IRQ_DELAY, 4)) == (4, 0)
+    npu.assert_alive()
