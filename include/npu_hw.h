@@ -68,6 +68,7 @@ enum npu_reg {
 	NPU_REG_MMU_FAULT_HI	= 0x064,
 	NPU_REG_MMU_FAULT_INFO	= 0x068,	/* RO: NPU_FAULT_* of the last fault */
 	NPU_REG_MMU_FAULTS	= 0x06c,	/* RO: faults since reset */
+	NPU_REG_MMU_FAULT_QUEUE	= 0x070,	/* RO: queue of the last fault */
 };
 
 #define NPU_CAP_COPY		(1u << 0)
@@ -142,6 +143,14 @@ enum npu_qreg {
 	NPU_Q_IRQ_COUNT		= 0x40,	/* RW: signal every Nth (0, 1: each) */
 	NPU_Q_IRQ_DELAY		= 0x44,	/* RW: or after this many us (0: none) */
 	NPU_Q_IRQS		= 0x48,	/* RO: completion interrupts signalled */
+	/*
+	 * The queue's own address space: with Q_MMU_L1_ENTRIES != 0 its
+	 * commands translate through this L1 table instead of the device-wide
+	 * one (writable only while the queue is disabled).
+	 */
+	NPU_Q_MMU_L1_LO		= 0x50,	/* RW: L1 table DMA address, 4 KiB aligned */
+	NPU_Q_MMU_L1_HI		= 0x54,
+	NPU_Q_MMU_L1_ENTRIES	= 0x58,	/* RW: 0 (device-wide MMU), 1..NPU_MMU_MAX_L1 */
 };
 
 #define NPU_IRQ_COUNT_MAX	65536

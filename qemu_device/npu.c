@@ -157,6 +157,7 @@ static void npu_reset_state_locked(NpuState *s)
     s->mmu_l1_entries = 0;
     s->mmu_fault_addr = 0;
     s->mmu_fault_info = 0;
+    s->mmu_fault_queue = 0;
     s->mmu_faults = 0;
 }
 
@@ -205,7 +206,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         npu_queue_error_locked(s, qi, NPU_ERR_RING_OVERRUN);
         return;
     }
-    npu_walk_init_locked(s, &walk);
+    npu_walk_init_locked(s, &walk, qi);
     qemu_mutex_unlock(&s->lock);
 
     /* The descriptor is copied once; only the local copy is looked at. */
@@ -378,6 +379,12 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
         return q->irq_delay_us;
     case NPU_Q_IRQS:
         return q->irqs;
+    case NPU_Q_MMU_L1_LO:
+        return (uint32_t)q->mmu_l1_base;
+    case NPU_Q_MMU_L1_HI:
+        return q->mmu_l1_base >> 32;
+    case NPU_Q_MMU_L1_ENTRIES:
+        return q->mmu_l1_entries;
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown queue register"
                       " 0x%" HWADDR_PRIx "\n", reg);
@@ -467,6 +474,9 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
     case NPU_REG_MMU_FAULTS:
         val = s->mmu_faults;
         break;
+    case NPU_REG_MMU_FAULT_QUEUE:
+        val = s->mmu_fault_queue;
+        break;
     default:
         if (addr >= NPU_QREG_BASE &&
             addr < NPU_QREG_BASE + NPU_NUM_QUEUES * NPU_QREG_STRIDE) {
@@ -526,6 +536,9 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
     case NPU_Q_CPL_HI:
     case NPU_Q_FENCE_LO:
     case NPU_Q_FENCE_HI:
+    case NPU_Q_MMU_L1_LO:
+    case NPU_Q_MMU_L1_HI:
+    case NPU_Q_MMU_L1_ENTRIES:
         if (enabled) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d register 0x%"
                           HWADDR_PRIx " written while enabled\n", qi, reg);
@@ -557,6 +570,24 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_FENCE_HI:
         q->fence_addr = deposit64(q->fence_addr, 32, 32, val);
+        break;
+    case NPU_Q_MMU_L1_LO:
+        if (val & (NPU_PAGE_SIZE - 1)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d MMU L1 table 0x%x"
+                          " is not page aligned\n", qi, val);
+        }
+        q->mmu_l1_base = deposit64(q->mmu_l1_base, 0, 32,
+                                   val & ~(NPU_PAGE_SIZE - 1));
+        break;
+    case NPU_Q_MMU_L1_HI:
+        q->mmu_l1_base = deposit64(q->mmu_l1_base, 32, 32, val);
+        break;
+    case NPU_Q_MMU_L1_ENTRIES:
+        if (val > NPU_MMU_MAX_L1) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d MMU L1 size %u"
+                          " clamped to %u\n", qi, val, NPU_MMU_MAX_L1);
+        }
+        q->mmu_l1_entries = MIN(val, NPU_MMU_MAX_L1);
         break;
     case NPU_Q_CONTROL:
         if (val & ~NPU_QCTL_ENABLE) {

@@ -23,6 +23,7 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 /* Per-command view of the device MMU (npu_mmu.c). */
 typedef struct NpuWalk {
     bool enabled;
+    int queue;              /* whose command: recorded with a fault */
     uint64_t l1_base;
     uint32_t l1_entries;
     uint32_t victim;        /* the way the next L2 table replaces */
@@ -50,6 +51,8 @@ typedef struct NpuQueue {
     uint32_t irq_delay_us;  /* ... or irq_delay_us after the first held one */
     uint32_t irq_held;      /* completions waiting to be signalled */
     uint32_t irqs;          /* completion interrupts signalled */
+    uint64_t mmu_l1_base;   /* the queue's own address space ... */
+    uint32_t mmu_l1_entries; /* ... if non-zero */
     uint64_t done_fence;
 } NpuQueue;
 
@@ -126,6 +129,7 @@ struct NpuState {
     uint32_t mmu_l1_entries;
     uint64_t mmu_fault_addr;
     uint32_t mmu_fault_info;
+    uint32_t mmu_fault_queue;
     uint32_t mmu_faults;
     NpuQueue q[NPU_NUM_QUEUES];
     /* Moderation timers of the queues (main loop; they take the lock). */
@@ -166,7 +170,7 @@ uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
                        uint64_t total, uint64_t grain);
 
 /* npu_mmu.c */
-void npu_walk_init_locked(NpuState *s, NpuWalk *w);
+void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi);
 bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len);
 bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len);
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,

@@ -46,23 +46,38 @@ bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len)
            !npu_hits_own_bar(s, addr, len);
 }
 
-/* Snapshot the MMU configuration for one command (called with the lock). */
-void npu_walk_init_locked(NpuState *s, NpuWalk *w)
+/*
+ * Snapshot the MMU configuration for one command of queue @qi (called with
+ * the lock): the queue's own address space if it has one, else the
+ * device-wide one.
+ */
+void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
 {
-    w->enabled = s->mmu_control & NPU_MMU_ENABLE;
-    w->l1_base = s->mmu_l1_base;
-    w->l1_entries = s->mmu_l1_entries;
+    const NpuQueue *q = &s->q[qi];
+
+    w->queue = qi;
+    if (q->mmu_l1_entries) {
+        w->enabled = true;
+        w->l1_base = q->mmu_l1_base;
+        w->l1_entries = q->mmu_l1_entries;
+    } else {
+        w->enabled = s->mmu_control & NPU_MMU_ENABLE;
+        w->l1_base = s->mmu_l1_base;
+        w->l1_entries = s->mmu_l1_entries;
+    }
     w->victim = 0;
     memset(w->cached_l1, 0xff, sizeof(w->cached_l1));
 }
 
-static uint32_t npu_fault(NpuState *s, uint64_t va, uint32_t info)
+static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
+                          uint32_t info)
 {
     qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU fault at VA 0x%" PRIx64
-                  " (info 0x%x)\n", va, info);
+                  " (info 0x%x, queue %d)\n", va, info, w->queue);
     qemu_mutex_lock(&s->lock);
     s->mmu_fault_addr = va;
     s->mmu_fault_info = info;
+    s->mmu_fault_queue = w->queue;
     s->mmu_faults++;
     qemu_mutex_unlock(&s->lock);
     return NPU_ST_MMU_FAULT;
@@ -83,7 +98,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         return NPU_ST_OK;
     }
     if (l1i >= w->l1_entries) {
-        return npu_fault(s, va, wbit | NPU_FAULT_RANGE);
+        return npu_fault(s, w, va, wbit | NPU_FAULT_RANGE);
     }
     for (way = 0; way < NPU_WALK_WAYS && w->cached_l1[way] != l1i; way++) {
         continue;
@@ -99,7 +114,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         }
         l1e = le64_to_cpu(l1e);
         if (!(l1e & NPU_PTE_VALID)) {
-            return npu_fault(s, va, wbit | NPU_FAULT_L1);
+            return npu_fault(s, w, va, wbit | NPU_FAULT_L1);
         }
         l2 = l1e & NPU_PTE_ADDR_MASK;
         way = w->victim;
@@ -115,10 +130,10 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     }
     pte = le64_to_cpu(w->l2[way][l2i]);
     if (!(pte & NPU_PTE_VALID)) {
-        return npu_fault(s, va, wbit);
+        return npu_fault(s, w, va, wbit);
     }
     if (write && !(pte & NPU_PTE_WRITE)) {
-        return npu_fault(s, va, wbit | NPU_FAULT_PERM);
+        return npu_fault(s, w, va, wbit | NPU_FAULT_PERM);
     }
     *pa = (pte & NPU_PTE_ADDR_MASK) | (va & (NPU_PAGE_SIZE - 1));
     return NPU_ST_OK;

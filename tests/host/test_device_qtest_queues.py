@@ -4,6 +4,7 @@ first, and queues of equal priority take turns command by command."""
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +244,71 @@ def test_moderation_values_above_the_limits_are_ignored(npu: Npu) -> None:
     npu.qwr(hw.Q_IRQ_DELAY, hw.IRQ_DELAY_MAX + 1, 4)
     assert (npu.qrd(hw.Q_IRQ_COUNT, 4), npu.qrd(hw.Q_IRQ_DELAY, 4)) == (4, 0)
     npu.assert_alive()
+
+
+# -- per-queue address spaces -------------------------------------------------------
+
+AS_TABLES = DATA + (128 << 20)  # page tables of the address-space tests
+AS_PAGES = AS_TABLES + 0x10_0000  # the pages they map
+
+
+def address_space(npu: Npu, q: int, pages: dict[int, int]) -> None:
+    """Give queue q (disabled) its own table mapping VA page -> physical page (writable)."""
+    l1 = AS_TABLES + q * 0x2000
+    l2 = l1 + 0x1000
+    npu.qt.memset(l1, 0x2000, 0)
+    npu.qt.memwrite(l1, struct.pack("<Q", l2 | hw.PTE_VALID))
+    for va, pa in pages.items():
+        pte = pa | hw.PTE_VALID | hw.PTE_WRITE
+        npu.qt.memwrite(l2 + (va >> hw.PAGE_SHIFT) * 8, struct.pack("<Q", pte))
+    npu.qwr(hw.Q_MMU_L1_LO, l1, q)
+    npu.qwr(hw.Q_MMU_L1_HI, 0, q)
+    npu.qwr(hw.Q_MMU_L1_ENTRIES, 1, q)
+
+
+def test_each_queue_translates_through_its_own_tables(npu: Npu) -> None:
+    page_a, page_b = AS_PAGES, AS_PAGES + 0x1000
+    npu.qt.memset(page_a, 0x2000, 0)
+    address_space(npu, 1, {0x0: page_a})
+    address_space(npu, 2, {0x0: page_b})
+    for q in (1, 2):
+        setup_queue(npu, q)
+        post(npu, q, [fill(0x0, 4096, 0x11111111 * q, 1)])  # the same VA on both
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_all(npu, {1: 1, 2: 1})
+    assert completions(npu, 1, 1)[0].status == completions(npu, 2, 1)[0].status == hw.ST_OK
+    assert npu.qt.readl(page_a) == 0x11111111 and npu.qt.readl(page_b) == 0x22222222
+
+
+def test_a_queue_cannot_reach_pages_only_another_queue_maps(npu: Npu) -> None:
+    secret = AS_PAGES + 0x4000
+    npu.qt.memset(secret, 4096, 0x5A)
+    address_space(npu, 1, {0x0: AS_PAGES, 0x1000: secret})  # queue 1 may reach the page
+    address_space(npu, 2, {0x0: AS_PAGES + 0x2000})  # queue 2 maps only its own
+    setup_queue(npu, 2)
+    post(npu, 2, [copy(0x1000, 0x0, 4096, 1)])  # read VA 0x1000: not in queue 2's tables
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_all(npu, {2: 1})
+    assert completions(npu, 2, 1)[0].status == hw.ST_MMU_FAULT
+    assert npu.rd(hw.REG_MMU_FAULT_QUEUE) == 2
+    assert npu.rd(hw.REG_MMU_FAULT_LO) == 0x1000
+    assert npu.qt.memread(AS_PAGES + 0x2000, 16) != b"\x5a" * 16
+
+
+def test_queues_without_tables_use_the_device_wide_setting(npu: Npu) -> None:
+    address_space(npu, 1, {0x0: AS_PAGES})
+    setup_queue(npu, 0)  # MMU_CONTROL is off: queue 0 uses bus addresses
+    post(npu, 0, [fill(AS_PAGES + 0x3000, 4096, 0xC0FFEE, 1)])
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_all(npu, {0: 1})
+    assert completions(npu, 0, 1)[0].status == hw.ST_OK
+    assert npu.qt.readl(AS_PAGES + 0x3000) == 0xC0FFEE
+
+
+def test_address_space_registers_are_locked_while_the_queue_is_enabled(npu: Npu) -> None:
+    address_space(npu, 3, {0x0: AS_PAGES})
+    setup_queue(npu, 3)
+    npu.qwr(hw.Q_MMU_L1_ENTRIES, 0, 3)  # ignored: the queue is enabled
+    npu.qwr(hw.Q_MMU_L1_LO, 0x5000, 3)
+    assert npu.qrd(hw.Q_MMU_L1_ENTRIES, 3) == 1
+    assert npu.qrd(hw.Q_MMU_L1_LO, 3) == AS_TABLES + 3 * 0x2000
