@@ -106,8 +106,8 @@ def run_suite(g, gm, junit_host: Path, junit_guest: str) -> tuple[SuiteRun, list
 
 @pytest.fixture(scope="session")
 def guest_suite(guest_holder) -> SuiteRun:
-    gm = sys.modules["npu_guest"]  # loaded by tests/conftest.py
-    return run_suite(guest_holder.get(), gm, JUNIT_HOST, JUNIT_GUEST)[0]
+    g = guest_holder.get()  # imports scripts/guest.py as npu_guest (tests/conftest.py)
+    return run_suite(g, sys.modules["npu_guest"], JUNIT_HOST, JUNIT_GUEST)[0]
 
 
 def _tail(text: str, n: int = 60) -> str:
