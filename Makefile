@@ -3,6 +3,7 @@
 #   make demo     build what is missing, boot the guest, load the driver and
 #                 run the example inference script
 #   make test     host tests + the guest suite (boots the guest once)
+#   make stress   the reliability suite at full size (tests/stress/; long)
 #
 # Build products are cached outside the clone, in $(NPU_CACHE), keyed by
 # their inputs, so a fresh clone on the same machine rebuilds nothing.
@@ -17,12 +18,12 @@ KVER = $(shell cat $(NPU_CACHE)/guest/current/kver)
 DEMO ?= examples/infer_digits.py
 
 .PHONY: all deps qemu guest module demo test test-host test-guest lint bench \
-	shell guest-run models clean help
+	shell guest-run models clean help stress
 
 all: qemu guest module
 
 help:
-	@sed -n '1,12p' Makefile
+	@sed -n '1,13p' Makefile
 
 deps:
 	@bash scripts/deps.sh
@@ -47,6 +48,10 @@ test-host: deps
 
 test-guest: qemu guest module
 	@$(PY) -m pytest tests --ignore=tests/host
+
+# The reliability suite at the issue's sizes (make test runs it short).
+stress: qemu guest module
+	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py
 
 lint: deps qemu module
 	@bash scripts/lint.sh

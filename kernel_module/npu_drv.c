@@ -29,6 +29,7 @@ static void npu_device_free(struct kref *ref)
 {
 	struct npu_device *ndev = container_of(ref, struct npu_device, ref);
 
+	npu_hw_free(ndev);
 	npu_mmu_fini(ndev);
 	pci_dev_put(ndev->pdev);
 	kfree(ndev);
@@ -128,6 +129,9 @@ static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		break;
 	case NPU_IOCTL_BO_USERPTR:
 		ret = npu_ioctl_bo_userptr(ctx, uarg);
+		break;
+	case NPU_IOCTL_FENCE_INFO:
+		ret = npu_ioctl_fence_info(ctx, uarg);
 		break;
 	case NPU_IOCTL_SUBMIT:
 		ret = npu_ioctl_submit(ctx, uarg);

@@ -172,6 +172,7 @@ void npu_device_put(struct npu_device *ndev);
 /* npu_hw.c */
 int npu_hw_init(struct npu_device *ndev);
 void npu_hw_fini(struct npu_device *ndev);
+void npu_hw_free(struct npu_device *ndev);
 void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
 void npu_queue_kick(struct npu_queue *q);
 u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p);
@@ -203,6 +204,7 @@ u64 npu_ctx_mem_limit(void);
 /* npu_job.c */
 int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_wait(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
 

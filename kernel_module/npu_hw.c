@@ -233,6 +233,11 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 		return IRQ_HANDLED;
 	dev_err(&ndev->pdev->dev, "device error %u; resetting\n", err);
 	mutex_lock(&q->submit_lock);
+	/* Removal stopped the device under submit_lock: do not restart it. */
+	if (READ_ONCE(ndev->unplugged)) {
+		mutex_unlock(&q->submit_lock);
+		return IRQ_HANDLED;
+	}
 	npu_queue_process(q);
 	if (!npu_hw_reset(ndev)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
@@ -256,11 +261,17 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	INIT_LIST_HEAD(&q->jobs);
 	init_waitqueue_head(&q->wq);
 
-	q->ring = dmam_alloc_coherent(dev, q->entries * sizeof(*q->ring),
-				      &q->ring_dma, GFP_KERNEL);
-	q->cpl = dmam_alloc_coherent(dev, q->entries * sizeof(*q->cpl),
-				     &q->cpl_dma, GFP_KERNEL);
-	q->wb = dmam_alloc_coherent(dev, sizeof(*q->wb), &q->wb_dma, GFP_KERNEL);
+	/*
+	 * Not device-managed: a WAIT on a file opened before an unbind reads
+	 * the fence write-back (and may process completions) without the
+	 * unplug lock, so this memory lives as long as the npu_device
+	 * (npu_hw_free()), not just as long as the driver binding.
+	 */
+	q->ring = dma_alloc_coherent(dev, q->entries * sizeof(*q->ring),
+				     &q->ring_dma, GFP_KERNEL);
+	q->cpl = dma_alloc_coherent(dev, q->entries * sizeof(*q->cpl),
+				    &q->cpl_dma, GFP_KERNEL);
+	q->wb = dma_alloc_coherent(dev, sizeof(*q->wb), &q->wb_dma, GFP_KERNEL);
 	if (!q->ring || !q->cpl || !q->wb)
 		return -ENOMEM;
 
@@ -350,8 +361,8 @@ int npu_hw_init(struct npu_device *ndev)
 }
 
 /*
- * Stop the device and fail everything in flight. The IRQs, vectors and ring
- * memory are managed and go after this, IRQs first.
+ * Stop the device and fail everything in flight. The IRQs and vectors are
+ * managed and go after this; the ring memory stays until npu_hw_free().
  */
 void npu_hw_fini(struct npu_device *ndev)
 {
@@ -370,4 +381,18 @@ void npu_hw_fini(struct npu_device *ndev)
 		npu_queue_fini(q);
 	}
 	mutex_unlock(&q->submit_lock);
+}
+
+/* Free the ring memory of the queue; the last reference to @ndev is gone. */
+void npu_hw_free(struct npu_device *ndev)
+{
+	struct npu_queue *q = &ndev->queue;
+	struct device *dev = &ndev->pdev->dev;
+
+	if (q->ring)
+		dma_free_coherent(dev, q->entries * sizeof(*q->ring), q->ring, q->ring_dma);
+	if (q->cpl)
+		dma_free_coherent(dev, q->entries * sizeof(*q->cpl), q->cpl, q->cpl_dma);
+	if (q->wb)
+		dma_free_coherent(dev, sizeof(*q->wb), q->wb, q->wb_dma);
 }

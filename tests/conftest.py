@@ -86,6 +86,12 @@ class _GuestHolder:
 
 
 @pytest.fixture(scope="session")
+def guest_module():
+    """scripts/guest.py (the Guest class and its helpers), for tests that boot their own guest."""
+    return _guest_module()
+
+
+@pytest.fixture(scope="session")
 def guest_holder():
     h = _GuestHolder()
     yield h

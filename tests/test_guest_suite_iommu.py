@@ -13,11 +13,10 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_guest_suite import SuiteRun, _tail, run_suite
-
-from conftest import _guest_module
 
 ROOT = Path(__file__).resolve().parent.parent
 JUNIT_HOST = ROOT / "build" / "guest-junit-iommu.xml"
@@ -28,9 +27,9 @@ pytestmark = pytest.mark.guest
 
 
 @pytest.fixture(scope="module")
-def iommu_suite() -> Iterator[tuple[SuiteRun, list[str], str]]:
+def iommu_suite(guest_module: Any) -> Iterator[tuple[SuiteRun, list[str], str]]:
     """(the suite's run, DMAR fault lines, the IOMMU group of the NPU) of one IOMMU guest."""
-    gm = _guest_module()
+    gm = guest_module
     old = os.environ.get("NPU_IOMMU")
     os.environ["NPU_IOMMU"] = "1"
     g = gm.Guest(log_path=ROOT / "build" / "guest-console-iommu.log")

@@ -1,0 +1,126 @@
+"""rmmod/insmod cycles with work in each: no leak of slab objects or memory.
+
+Every cycle unloads and reloads npu.ko, then opens the device, creates,
+maps and fills a BO, runs a GEMM, checks fdinfo and closes. After two
+warm-up cycles (first-use allocations of the kernel: kernfs nodes, slab
+pages) the kmalloc slab caches (/proc/slabinfo, active objects) and MemFree
+are sampled; after all cycles they are compared.
+
+Tolerances: SLUB's active-object counts move in whole slabs (a per-CPU slab
+counts as fully used), so each cache may differ by one slab's objects plus
+a quarter of the cycles; a leak of one object per cycle then shows in the
+full run (50 cycles, 12 objects of slack beyond one slab) for kmalloc-128
+and larger (at most 32 objects a slab); the short run catches only several
+objects per cycle. MemFree moves by up to ~40 MiB between samples on its own (pages
+on the per-CPU free lists are not counted), so it may drop by at most
+48 MiB: leaking one cycle's DMA memory (ring 512 KiB, completions 128 KiB,
+parameter blocks 1 MiB, page tables: ~1.7 MiB) shows over the full run's
+50 cycles (~85 MiB), not over the short run's 5. The exact counters
+(bo_count/bo_bytes, module refcount) are checked in every cycle.
+
+Size: NPU_STRESS_MODULE_CYCLES (full 50, short 5).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import numpy as np
+
+from npu import ops
+
+from . import stress_util as su
+
+
+def _slabinfo_objsperslab() -> dict[str, int]:
+    out = {}
+    with open("/proc/slabinfo") as f:
+        for line in f:
+            if line.startswith(("slabinfo", "#")):
+                continue
+            p = line.split()
+            out[p[0]] = int(p[4])
+    return out
+
+
+def _one_job() -> None:
+    fd = os.open(su.DEV_PATH, os.O_RDWR)
+    try:
+        bo = su.Bo(fd, 64 * 1024)
+        m = bo.map()
+        su.wait(fd, su.submit(fd, [ops.fill(bo, 0xC0FFEE00, bo.size).pack()]))
+        assert (np.frombuffer(m, np.uint32) == 0xC0FFEE00).all()
+        d = 32
+        a, b, c = (su.Bo(fd, d * d * 4) for _ in range(3))
+        su.wait(fd, su.submit(fd, [ops.gemm(a, b, c, d, d, d).pack()]))
+        info = su.fdinfo(fd)
+        assert info["npu-bo-count"] == "4", info
+        assert info["npu-memory-host"] == "76 KiB", info
+        m.close()
+    finally:
+        os.close(fd)
+
+
+def _cycle() -> None:
+    su.rmmod()
+    assert not os.path.exists("/sys/module/npu")
+    su.insmod()
+    assert su.read_int("/sys/module/npu/refcnt") == 0
+    # One driver-owned BO (the parameter blocks) after load.
+    count, nbytes = su.bo_counters()
+    assert count == 1, (count, nbytes)
+    _one_job()
+    assert su.bo_counters() == (count, nbytes)
+    assert su.read_int("/sys/module/npu/refcnt") == 0
+
+
+def test_rmmod_refuses_while_a_file_is_open_and_works_after_close():
+    fd = os.open(su.DEV_PATH, os.O_RDWR)
+    try:
+        # The open file holds the module (file operations and cdev owner).
+        assert su.read_int("/sys/module/npu/refcnt") > 0
+        r = subprocess.run(["rmmod", "npu"], capture_output=True, text=True)
+        assert r.returncode != 0 and "in use" in r.stderr, r
+        assert su.module_loaded()
+    finally:
+        os.close(fd)
+    _cycle()
+
+
+def test_rmmod_insmod_cycles_leak_nothing(record_property):
+    cycles = su.size("MODULE_CYCLES")
+    assert su.read_int("/sys/module/npu/refcnt") == 0, "a device file is open"
+    for _ in range(2):  # warm-up
+        _cycle()
+    su.drop_caches()
+    time.sleep(0.5)
+    slab0, free0 = su.slab_objects(), su.meminfo()["MemFree"]
+    t0 = time.monotonic()
+    for _ in range(cycles):
+        _cycle()
+    seconds = time.monotonic() - t0
+    su.drop_caches()
+    time.sleep(0.5)
+    slab1, free1 = su.slab_objects(), su.meminfo()["MemFree"]
+    per_slab = _slabinfo_objsperslab()
+    grew = {
+        name: slab1.get(name, 0) - n0
+        for name, n0 in slab0.items()
+        if slab1.get(name, 0) - n0 > per_slab.get(name, 0) + cycles // 4
+    }
+    total = sum(slab1.values()) - sum(slab0.values())
+    lsmod = subprocess.run(["lsmod"], capture_output=True, text=True).stdout
+    line = next(ln for ln in lsmod.splitlines() if ln.split()[:1] == ["npu"])
+    record_property("module_cycles", cycles)
+    record_property("module_cycle_seconds", round(seconds, 1))
+    record_property("module_kmalloc_objects_delta", total)
+    record_property("module_memfree_delta_kib", free0 - free1)
+    print(
+        f"module cycles: {cycles} in {seconds:.1f} s; kmalloc objects {total:+d}, "
+        f"MemFree {free1 - free0:+d} kB; lsmod: {line}"
+    )
+    assert line.split()[2] == "0", f"module still used: {line}"
+    assert not grew, f"slab caches grew over {cycles} cycles: {grew}"
+    assert free0 - free1 <= 48 * 1024, f"MemFree {free0} -> {free1} kB"
