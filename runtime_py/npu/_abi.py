@@ -51,7 +51,7 @@ NPU_CAP_MATMUL: Final = 1 << 8
 NPU_CAP_CONV: Final = 1 << 9
 NPU_CAP_QUANT: Final = 1 << 10
 
-NPU_NUM_QUEUES: Final = 1
+NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
 NPU_RING_MAX_ENTRIES: Final = 65536
 
