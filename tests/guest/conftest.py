@@ -5,7 +5,7 @@ Run from the project root in the guest (/mnt/npu)::
     python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/guest tests/guest
 
 - every test: the kernel log (/dev/kmsg) is read before and after; new
-  records matching BAD_KMSG_RE fail the test (error in its teardown);
+  records matching kmsg.BAD_KMSG_RE fail the test (error in its teardown);
 - session: the driver is loaded (insmod) if it is not, and /dev/npu0 awaited;
 - fixtures: `dev` (an open npu.Device), `dev_path` ("/dev/npu0"),
   `fd` (a raw O_RDWR file descriptor on /dev/npu0).
@@ -14,68 +14,26 @@ Run from the project root in the guest (/mnt/npu)::
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import re
 import subprocess
 import sys
 import time
 
+import kmsg  # tests/guest/kmsg.py: the kernel-log gate
 import pytest
 
 DEV_PATH = "/dev/npu0"
 MODULE = "/mnt/npu/kernel_module/npu.ko"
 RUNTIME = "/mnt/npu/runtime_py"
-BAD_KMSG_RE = re.compile(
-    r"Oops|BUG:|WARNING:|general protection|circular locking|"
-    r"sleeping function called|KASAN"
-)
 
 if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
     sys.path.insert(0, RUNTIME)
 
 
-def _kmsg_open() -> int:
-    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    os.lseek(fd, 0, os.SEEK_END)
-    return fd
-
-
-def _kmsg_read(fd: int) -> list:
-    """New kernel log records (message text, continuation lines joined)."""
-    out = []
-    while True:
-        try:
-            rec = os.read(fd, 8192)
-        except BlockingIOError:
-            break
-        except OSError as e:
-            if e.errno == errno.EPIPE:  # overwritten before we read it: skip on
-                continue
-            if e.errno == errno.EAGAIN:
-                break
-            raise
-        if not rec:
-            break
-        text = rec.decode("utf-8", "replace")
-        _, _, msg = text.partition(";")
-        out.append(msg.rstrip("\n"))
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _kmsg_gate():
-    fd = _kmsg_open()
-    try:
+    with kmsg.checked():
         yield
-        new = _kmsg_read(fd)
-    finally:
-        os.close(fd)
-    bad = [m for m in new if BAD_KMSG_RE.search(m)]
-    if bad:
-        pytest.fail(
-            "kernel log has errors after this test:\n" + "\n".join(new[-80:]), pytrace=False
-        )
 
 
 @pytest.fixture(scope="session", autouse=True)

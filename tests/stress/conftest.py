@@ -9,7 +9,7 @@ Host side: ``tests/test_stress_suite.py`` (``make test``: short sizes) and
 ``make stress`` (the issue's full sizes).
 
 - every test: the kernel log (/dev/kmsg) is read before and after; a new
-  record matching BAD_KMSG_RE (Oops, BUG, WARNING, KASAN, ...) fails it;
+  record matching kmsg.BAD_KMSG_RE (tests/guest/kmsg.py) fails it;
 - session: the driver is loaded (insmod) if it is not, and /dev/npu0
   awaited; at the end it is loaded again if a test left it unloaded;
 - sizes: ``stress_util.size()`` (NPU_STRESS_SCALE=full|short, per-size
@@ -20,9 +20,7 @@ On the host (outside the guest) nothing here is collected.
 
 from __future__ import annotations
 
-import errno
 import os
-import re
 import sys
 
 import pytest
@@ -36,53 +34,17 @@ RUNTIME = "/mnt/npu/runtime_py"
 if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
     sys.path.insert(0, RUNTIME)
 
-BAD_KMSG_RE = re.compile(
-    r"Oops|BUG:|WARNING:|general protection|circular locking|"
-    r"sleeping function called|KASAN|kernel BUG|refcount_t:|list_(add|del) corruption|"
-    r"Unable to handle|page allocation failure"
-)
-
-
-def _kmsg_open() -> int:
-    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    os.lseek(fd, 0, os.SEEK_END)
-    return fd
-
-
-def _kmsg_read(fd: int) -> list[str]:
-    """New kernel log records since the last read (message text only)."""
-    out = []
-    while True:
-        try:
-            rec = os.read(fd, 8192)
-        except BlockingIOError:
-            break
-        except OSError as e:
-            if e.errno == errno.EPIPE:  # overwritten before we read it: skip on
-                continue
-            if e.errno == errno.EAGAIN:
-                break
-            raise
-        if not rec:
-            break
-        _, _, msg = rec.decode("utf-8", "replace").partition(";")
-        out.append(msg.rstrip("\n"))
-    return out
+# The kernel-log gate is shared with tests/guest (tests/guest/kmsg.py).
+_GUEST_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "guest")
+if _GUEST_TESTS not in sys.path:
+    sys.path.insert(0, _GUEST_TESTS)
+import kmsg  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _kmsg_gate():
-    fd = _kmsg_open()
-    try:
+    with kmsg.checked():
         yield
-        new = _kmsg_read(fd)
-    finally:
-        os.close(fd)
-    bad = [m for m in new if BAD_KMSG_RE.search(m)]
-    if bad:
-        pytest.fail(
-            "kernel log has errors after this test:\n" + "\n".join(new[-80:]), pytrace=False
-        )
 
 
 @pytest.fixture(scope="session", autouse=True)
