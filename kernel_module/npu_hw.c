@@ -6,6 +6,7 @@
 #include <linux/delay.h>
 #include <linux/interrupt.h>
 #include <linux/iopoll.h>
+#include <linux/moduleparam.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
@@ -28,6 +29,15 @@ static int npu_hw_reset(struct npu_device *ndev)
 	return ret;
 }
 
+static unsigned int irq_coalesce_ops = 16;
+module_param(irq_coalesce_ops, uint, 0444);
+MODULE_PARM_DESC(irq_coalesce_ops,
+		 "Completion interrupts: at most one per this many SUBMITs while the queue stays busy (0, 1: one each)");
+static unsigned int irq_coalesce_us = 100;
+module_param(irq_coalesce_us, uint, 0444);
+MODULE_PARM_DESC(irq_coalesce_us,
+		 "Completion interrupts: the longest a held one waits, in us (0: until the count or an idle queue)");
+
 /* Program the ring registers of @q and enable it; the device is disabled. */
 static void npu_queue_start(struct npu_queue *q)
 {
@@ -49,6 +59,9 @@ static void npu_queue_start(struct npu_queue *q)
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_HI), upper_32_bits(q->cpl_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_LO), lower_32_bits(q->wb_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_HI), upper_32_bits(q->wb_dma));
+	/* The device signals at once when the queue goes idle: no added latency. */
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), min(irq_coalesce_ops, NPU_IRQ_COUNT_MAX));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), min(irq_coalesce_us, NPU_IRQ_DELAY_MAX));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
 }
 
