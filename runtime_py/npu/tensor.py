@@ -698,17 +698,15 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
             since = builtins.min(since, t._since)
     out._fence = fence
     out._since = since
-    if _launch_blocking():
+    if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
 
 
 #: Environment variable: ``1`` makes every tensor op wait for itself (debugging).
+#: Read once, when ``npu`` is imported (like ``CUDA_LAUNCH_BLOCKING``).
 LAUNCH_BLOCKING_ENV = "NPU_LAUNCH_BLOCKING"
-
-
-def _launch_blocking() -> bool:
-    return os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
+_launch_blocking = os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
 
 
 def synchronize(device: Device | None = None) -> None:

@@ -3,6 +3,8 @@ failures raised where the work is waited for."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,8 @@ def test_synchronize_raises_the_failure_and_the_tensor_keeps_it(
 def test_launch_blocking_raises_at_the_failing_call(
     default_device: npu.Device, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("NPU_LAUNCH_BLOCKING", "1")
+    # The variable is read at import (as CUDA_LAUNCH_BLOCKING); set what it sets.
+    monkeypatch.setattr(sys.modules["npu.tensor"], "_launch_blocking", True)
     x = npu.tensor([1.0, -1.0])
     y = x * 3  # fine, and already waited for
     assert y.fence is None
