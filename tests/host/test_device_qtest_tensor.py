@@ -1464,12 +1464,9 @@ MM_OPS = {"matmul": hw.OP_MATMUL, "linear": hw.OP_LINEAR}
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
-def check_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
-                 kind: int, dtype: int, what: str = "") -> None:  # fmt: skip
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    acc, mag = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
-    if bias is not None:
-        acc, mag = acc + bias.astype(np.float64), mag + np.abs(bias.astype(np.float64))
+def check_accumulated(got: np.ndarray, acc: np.ndarray, mag: np.ndarray, kind: int,
+                      dtype: int, what: str) -> None:  # fmt: skip
+    """got vs act(acc) within the MATMUL/CONV2D tolerance of dtype (mag: sum of |terms|)."""
     want = ref_act(kind, acc)
     tol = (2e-5 if kind == hw.ACT_GELU else 1e-5) * mag + MM_REL[dtype] * np.abs(want)
     tol += TINY[dtype] + (2.0**-21 * np.abs(want) if kind == hw.ACT_GELU else 0.0)
@@ -1480,6 +1477,15 @@ def check_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray
         f"{what}: {bad.sum()} of {bad.size} off, first at {np.argwhere(bad)[0]}: "
         f"got {got[bad][0]!r} want {want[bad][0]!r} tol {tol[bad][0]!r}"
     )
+
+
+def check_matmul(got: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
+                 kind: int, dtype: int, what: str = "") -> None:  # fmt: skip
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc, mag = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
+    if bias is not None:
+        acc, mag = acc + bias.astype(np.float64), mag + np.abs(bias.astype(np.float64))
+    check_accumulated(got, acc, mag, kind, dtype, what)
 
 
 def run_mm(rig: Rig, opcode: int, kind: int, a: Operand, b: Operand, bias: Operand | None,
@@ -1744,16 +1750,7 @@ def check_conv(got: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, kin
                dtype: int, stride: Sequence[int], pad: Sequence[int], dil: Sequence[int],
                groups: int, what: str = "") -> None:  # fmt: skip
     acc, mag = ref_conv(x, w, b, stride, pad, dil, groups)
-    want = ref_act(kind, acc)
-    tol = (2e-5 if kind == hw.ACT_GELU else 1e-5) * mag + MM_REL[dtype] * np.abs(want)
-    tol += TINY[dtype] + (2.0**-21 * np.abs(want) if kind == hw.ACT_GELU else 0.0)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    err = np.abs(got.astype(np.float64) - want)
-    bad = ~(err <= tol)
-    assert not bad.any(), (
-        f"{what}: {bad.sum()} of {bad.size} off, first at {np.argwhere(bad)[0]}: "
-        f"got {got[bad][0]!r} want {want[bad][0]!r} tol {tol[bad][0]!r}"
-    )
+    check_accumulated(got, acc, mag, kind, dtype, what)
 
 
 def run_conv(rig: Rig, kind: int, x: Operand, w: Operand, b: Operand,
