@@ -20,6 +20,7 @@
 
 /* BARs */
 #define NPU_BAR_REGS		0	/* MMIO registers + doorbell pages */
+#define NPU_BAR_MEM		2	/* device memory: 64-bit, prefetchable */
 #define NPU_BAR_MSIX		4	/* MSI-X table and PBA */
 #define NPU_BAR0_SIZE		0x100000
 
@@ -69,6 +70,13 @@ enum npu_reg {
 	NPU_REG_MMU_FAULT_INFO	= 0x068,	/* RO: NPU_FAULT_* of the last fault */
 	NPU_REG_MMU_FAULTS	= 0x06c,	/* RO: faults since reset */
 	NPU_REG_MMU_FAULT_QUEUE	= 0x070,	/* RO: queue of the last fault */
+	/* Context table: the address spaces descriptors select by npu_cmd.ctx */
+	NPU_REG_MMU_CTX_LO	= 0x074,	/* RW: table DMA address, 4 KiB aligned */
+	NPU_REG_MMU_CTX_HI	= 0x078,
+	NPU_REG_MMU_CTX_COUNT	= 0x07c,	/* RW: entries, 0..NPU_MMU_MAX_CTX */
+	NPU_REG_MMU_FAULT_CTX	= 0x080,	/* RO: npu_cmd.ctx of the last fault */
+	NPU_REG_MEM_SIZE_LO	= 0x084,	/* RO: device memory bytes (BAR2), 0: none */
+	NPU_REG_MEM_SIZE_HI	= 0x088,
 };
 
 #define NPU_CAP_COPY		(1u << 0)
@@ -82,6 +90,7 @@ enum npu_reg {
 #define NPU_CAP_MATMUL		(1u << 8)	/* MATMUL, LINEAR */
 #define NPU_CAP_CONV		(1u << 9)	/* CONV2D, POOL2D */
 #define NPU_CAP_QUANT		(1u << 10)	/* int8 MATMUL/LINEAR/CONV2D, REQUANT */
+#define NPU_CAP_LOCAL_MEM	(1u << 11)	/* device memory in BAR2 */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -98,6 +107,10 @@ enum npu_reg {
  *   L2[(va >> 12) & 511] -> 4 KiB page
  * The VA space is NPU_MMU_L1_ENTRIES * 2 MiB. Entries are little-endian
  * __u64: bus address of the next level / page in bits 63..12, flags below.
+ * A PTE with NPU_PTE_LOCAL holds an offset into the device memory
+ * (BAR2) instead of a bus address: the device reaches it directly, not
+ * over the bus; an offset at or past the memory's end faults
+ * (NPU_FAULT_LOCAL).
  * Ring, completion and fence addresses are always bus addresses.
  * With the MMU disabled, descriptor addresses are bus addresses.
  */
@@ -109,12 +122,31 @@ enum npu_reg {
 #define NPU_MMU_MAX_L1		4096		/* 8 GiB of VA */
 #define NPU_PTE_VALID		(1ull << 0)
 #define NPU_PTE_WRITE		(1ull << 1)
+#define NPU_PTE_LOCAL		(1ull << 2)	/* the page is in device memory */
 #define NPU_PTE_ADDR_MASK	(~0xfffull)
 
 #define NPU_FAULT_WRITE		(1u << 0)	/* the access was a write */
 #define NPU_FAULT_L1		(1u << 1)	/* no L1 entry (else no PTE) */
 #define NPU_FAULT_PERM		(1u << 2)	/* write to a read-only page */
 #define NPU_FAULT_RANGE		(1u << 3)	/* VA beyond the L1 table */
+#define NPU_FAULT_CTX		(1u << 4)	/* npu_cmd.ctx names no address space */
+#define NPU_FAULT_LOCAL		(1u << 5)	/* local PTE beyond the device memory */
+
+/*
+ * Context table (NPU_REG_MMU_CTX_*, writable while CONTROL.ENABLE = 0):
+ * entry c is the address space of descriptors with npu_cmd.ctx = c on a
+ * queue without an address space of its own. The device reads the entry
+ * when such a command starts, so the driver may fill and clear entries
+ * while the device runs (not those of commands in flight). Entry 0 is
+ * never read: ctx 0 selects the device-wide table.
+ */
+#define NPU_MMU_MAX_CTX		4096
+
+struct npu_mmu_ctx_entry {
+	__u64 l1;		/* L1 table bus address | NPU_PTE_VALID */
+	__u32 l1_entries;	/* 1..NPU_MMU_MAX_L1 */
+	__u32 rsvd;		/* zero */
+};
 
 #define NPU_IRQ_QUEUE(q)	(1u << (q))	/* queue q completed a command */
 #define NPU_IRQ_ERROR		(1u << 31)	/* a queue stopped: see NPU_REG_ERROR */
@@ -136,6 +168,7 @@ enum npu_qreg {
 	NPU_Q_FENCE_LO		= 0x20,	/* RW: fence write-back address, 0 = none */
 	NPU_Q_FENCE_HI		= 0x24,
 	NPU_Q_STATUS		= 0x28,	/* RO: NPU_QSTAT_* */
+	NPU_Q_ERROR		= 0x2c,	/* RO: NPU_ERR_* that stopped the queue */
 	NPU_Q_DONE_LO		= 0x30,	/* RO: last completed fence value */
 	NPU_Q_DONE_HI		= 0x34,
 	NPU_Q_PRIORITY		= 0x38,	/* RW: 0..NPU_Q_PRIORITY_MAX, higher first */
@@ -146,7 +179,10 @@ enum npu_qreg {
 	/*
 	 * The queue's own address space: with Q_MMU_L1_ENTRIES != 0 its
 	 * commands translate through this L1 table instead of the device-wide
-	 * one (writable only while the queue is disabled).
+	 * one (writable only while the queue is disabled). Such a queue is
+	 * confined: a descriptor with npu_cmd.ctx != 0 faults (NPU_FAULT_CTX),
+	 * and after a command that faulted the queue stops with
+	 * NPU_ERR_MMU_FAULT.
 	 */
 	NPU_Q_MMU_L1_LO		= 0x50,	/* RW: L1 table DMA address, 4 KiB aligned */
 	NPU_Q_MMU_L1_HI		= 0x54,
@@ -159,7 +195,8 @@ enum npu_qreg {
 #define NPU_QCTL_ENABLE		(1u << 0)
 
 #define NPU_QSTAT_IDLE		(1u << 0)	/* head == tail */
-#define NPU_QSTAT_STOPPED	(1u << 1)	/* stopped on a ring error */
+#define NPU_QSTAT_STOPPED	(1u << 1)	/* stopped on an error (Q_ERROR) */
+#define NPU_QSTAT_ACTIVE	(1u << 2)	/* a command of the queue is running */
 
 /*
  * Doorbell pages: writing a new TAIL value to offset 0 of page q is the same
@@ -400,7 +437,8 @@ struct npu_tensor_params {
 struct npu_cmd {
 	__u16 opcode;		/* enum npu_opcode */
 	__u16 flags;		/* NPU_CMD_F_* */
-	__u32 rsvd0;
+	__u16 ctx;		/* address space: context table entry, 0: the queue's */
+	__u16 rsvd0;
 	__u64 fence;		/* timeline value written back on completion */
 	union {
 		struct {
@@ -472,6 +510,7 @@ enum npu_dev_error {
 	NPU_ERR_RING_FETCH	= 2,	/* descriptor fetch DMA failed */
 	NPU_ERR_CPL_WRITE	= 3,	/* completion write DMA failed */
 	NPU_ERR_BAD_RING	= 4,	/* ring registers invalid at enable */
+	NPU_ERR_MMU_FAULT	= 5,	/* a confined queue's command faulted */
 };
 
 #endif /* NPU_HW_H */

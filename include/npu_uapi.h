@@ -27,6 +27,7 @@
 #define NPU_INFO_CAP_MATMUL	(1u << 8)
 #define NPU_INFO_CAP_CONV	(1u << 9)
 #define NPU_INFO_CAP_QUANT	(1u << 10)
+#define NPU_INFO_CAP_LOCAL_MEM	(1u << 11)
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -40,17 +41,30 @@ struct npu_info {
 	__u64 max_bo_size;	/* out: bytes */
 	__u16 pci_vendor;	/* out */
 	__u16 pci_device;	/* out */
-	__u32 rsvd[7];		/* out: zero */
+	__u32 user_queues;	/* out: hardware queues QUEUE_CREATE can lend */
+	__u32 rsvd0;		/* out: zero */
+	__u64 device_memory;	/* out: bytes of device memory, 0: none */
+	__u32 rsvd[2];		/* out: zero */
 };
 
 #define NPU_BO_MAX_SIZE		(1ull << 30)
 
+/*
+ * BO_CREATE flags. A device-memory BO lives in the device's own memory
+ * (BAR2): the device reaches it without crossing the bus, and the process
+ * maps it write-combined through the BAR. Without the flag a BO is host
+ * memory, scatter-gather pages mapped for DMA.
+ */
+#define NPU_BO_DEVICE		(1u << 0)
+#define NPU_BO_CREATE_FLAGS	NPU_BO_DEVICE
+
 struct npu_bo_create {
 	__u64 size;		/* in: bytes, 1..max_bo_size; rounded up to pages */
-	__u32 flags;		/* in: must be zero */
+	__u32 flags;		/* in: NPU_BO_* */
 	__u32 handle;		/* out: nonzero, per file descriptor */
 	__u64 mmap_offset;	/* out: offset to pass to mmap() */
 	__u64 alloc_size;	/* out: size after rounding */
+	__u64 va;		/* out: device address in this file's address space */
 };
 
 struct npu_bo_destroy {
@@ -71,6 +85,43 @@ struct npu_bo_userptr {
 	__u64 size;		/* in: bytes, a page multiple, 1..max_bo_size */
 	__u32 flags;		/* in: NPU_BO_USERPTR_* */
 	__u32 handle;		/* out: nonzero, per file descriptor */
+	__u64 va;		/* out: device address in this file's address space */
+};
+
+/*
+ * QUEUE_CREATE: lend a hardware queue to this file (a user-mode queue).
+ * The process writes struct npu_cmd descriptors (npu_hw.h) into the ring,
+ * with device addresses of its own buffers (npu_bo_create.va) and ctx 0,
+ * and rings the doorbell by storing the new free-running tail index at
+ * offset 0 of the doorbell page. The device writes one struct npu_cpl per
+ * slot and the last completed fence to the fence record. The queue's
+ * commands can reach nothing but this file's buffers: any other address
+ * faults, and then the queue stops and the file is marked faulted (its
+ * SUBMITs and WAITs fail with -EBADFD). WAIT takes the queue's index.
+ *
+ * mmap offsets: the doorbell page at doorbell_offset (one page, write
+ * only), the queue memory at mem_offset (mem_size bytes): the ring at 0,
+ * the completion records at cpl_offset, the fence record at fence_offset.
+ */
+#define NPU_QUEUE_MIN_ENTRIES	16
+#define NPU_QUEUE_MAX_ENTRIES	4096
+#define NPU_QUEUE_PRIORITY_USER	1	/* above needs CAP_SYS_NICE */
+
+struct npu_queue_create {
+	__u32 entries;		/* in: ring entries, a power of two */
+	__u32 priority;		/* in: 0..3, higher runs first */
+	__u32 flags;		/* in: must be zero */
+	__u32 queue;		/* out: queue index */
+	__u64 mem_offset;	/* out: mmap offset of the queue memory */
+	__u64 mem_size;		/* out: bytes */
+	__u64 cpl_offset;	/* out: completion records, in the queue memory */
+	__u64 fence_offset;	/* out: struct npu_fence_wb, in the queue memory */
+	__u64 doorbell_offset;	/* out: mmap offset of the doorbell page */
+};
+
+struct npu_queue_destroy {
+	__u32 queue;		/* in: from QUEUE_CREATE */
+	__u32 rsvd;		/* must be zero */
 };
 
 /*
@@ -179,5 +230,7 @@ struct npu_wait {
 #define NPU_IOCTL_WAIT		_IOWR(NPU_IOCTL_BASE, 0x04, struct npu_wait)
 #define NPU_IOCTL_BO_USERPTR	_IOWR(NPU_IOCTL_BASE, 0x05, struct npu_bo_userptr)
 #define NPU_IOCTL_FENCE_INFO	_IOWR(NPU_IOCTL_BASE, 0x06, struct npu_fence_info)
+#define NPU_IOCTL_QUEUE_CREATE	_IOWR(NPU_IOCTL_BASE, 0x07, struct npu_queue_create)
+#define NPU_IOCTL_QUEUE_DESTROY	_IOW(NPU_IOCTL_BASE, 0x08, struct npu_queue_destroy)
 
 #endif /* NPU_UAPI_H */

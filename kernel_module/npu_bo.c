@@ -8,6 +8,8 @@
  * page inside the BO, so part of a BO can be mapped.
  */
 #include <linux/dma-mapping.h>
+#include <linux/genalloc.h>
+#include <linux/io.h>
 #include <linux/mm.h>
 #include <linux/moduleparam.h>
 #include <linux/slab.h>
@@ -72,10 +74,20 @@ static void npu_bo_free(struct kref *ref)
 	trace_npu_bo_free(bo->handle, bo->size);
 	atomic64_dec(&ndev->bo_count);
 	atomic64_sub(bo->size, &ndev->bo_bytes);
-	npu_mmu_unmap(ndev, bo->va, bo->size);
-	dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
-	sg_free_table(&bo->sgt);
-	npu_bo_free_pages(bo);
+	npu_vm_unmap(bo->vm, bo->va, bo->size);
+	/* A user queue's command may still use the old translations. */
+	if (bo->owner)
+		npu_uqueue_sync(bo->owner);
+	if (bo->local) {
+		gen_pool_free(ndev->mem_pool, bo->local_off + NPU_MEM_POOL_BIAS, bo->size);
+		atomic64_sub(bo->size, &ndev->mem_used);
+		if (bo->owner)
+			atomic64_sub(bo->size, &bo->owner->local_bytes);
+	} else {
+		dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+		sg_free_table(&bo->sgt);
+		npu_bo_free_pages(bo);
+	}
 	if (bo->owner) {
 		npu_ctx_uncharge(bo->owner, bo->size);
 		npu_context_put(bo->owner);
@@ -85,8 +97,8 @@ static void npu_bo_free(struct kref *ref)
 }
 
 /*
- * Map the pages of @bo for DMA and into the device's VA space. On failure
- * the mappings made here are undone; the pages stay with the caller.
+ * Map the pages of @bo for DMA and into its address space (bo->vm). On
+ * failure the mappings made here are undone; the pages stay with the caller.
  */
 static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
 			    bool device_writable)
@@ -102,7 +114,7 @@ static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
 	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret)
 		goto err_free_table;
-	bo->va = npu_mmu_map(ndev, &bo->sgt, bo->size, device_writable);
+	bo->va = npu_vm_map(bo->vm, &bo->sgt, bo->size, device_writable);
 	if (!bo->va) {
 		ret = -ENOMEM;
 		goto err_unmap;
@@ -142,6 +154,31 @@ static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
 	return ret;
 }
 
+/*
+ * Back @bo with device memory, cleared (it may hold another file's data),
+ * and map it into bo->vm. On failure everything done here is undone.
+ */
+static int npu_bo_alloc_local(struct npu_device *ndev, struct npu_bo *bo)
+{
+	unsigned long addr;
+
+	if (!ndev->mem_pool)
+		return -EOPNOTSUPP;
+	addr = gen_pool_alloc(ndev->mem_pool, bo->size);
+	if (!addr)
+		return -ENOMEM;
+	bo->local = true;
+	bo->local_off = addr - NPU_MEM_POOL_BIAS;
+	memset_io(ndev->mem + bo->local_off, 0, bo->size);
+	bo->va = npu_vm_map_local(bo->vm, bo->local_off, bo->size, true);
+	if (!bo->va) {
+		gen_pool_free(ndev->mem_pool, addr, bo->size);
+		return -ENOMEM;
+	}
+	atomic64_add(bo->size, &ndev->mem_used);
+	return 0;
+}
+
 void npu_bo_put(struct npu_bo *bo)
 {
 	kref_put(&bo->ref, npu_bo_free);
@@ -164,6 +201,7 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(size);
 	bo->npages = bo->size >> PAGE_SHIFT;
+	bo->vm = &ndev->kvm;
 	ret = npu_bo_alloc_backing(ndev, bo, false);
 	if (ret) {
 		kfree(bo);
@@ -241,10 +279,13 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 
 	if (copy_from_user(&args, arg, sizeof(args)))
 		return -EFAULT;
-	if (args.flags || args.size == 0)
+	if ((args.flags & ~NPU_BO_CREATE_FLAGS) || args.size == 0 ||
+	    args.handle || args.mmap_offset || args.alloc_size || args.va)
 		return -EINVAL;
 	if (args.size > NPU_BO_MAX_SIZE)
 		return -E2BIG;
+	if ((args.flags & NPU_BO_DEVICE) && !ctx->ndev->mem_pool)
+		return -EOPNOTSUPP;
 
 	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
 	if (!bo)
@@ -252,23 +293,30 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(args.size);
 	bo->npages = bo->size >> PAGE_SHIFT;
+	bo->vm = &ctx->vm;
 	ret = npu_ctx_charge(ctx, bo->size);
 	if (ret) {
 		kfree(bo);
 		return ret;
 	}
-	ret = npu_bo_alloc_backing(ctx->ndev, bo, true);
+	if (args.flags & NPU_BO_DEVICE)
+		ret = npu_bo_alloc_local(ctx->ndev, bo);
+	else
+		ret = npu_bo_alloc_backing(ctx->ndev, bo, true);
 	if (ret) {
 		npu_ctx_uncharge(ctx, bo->size);
 		kfree(bo);
 		return ret;
 	}
+	if (bo->local)
+		atomic64_add(bo->size, &ctx->local_bytes);
 	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
 		return ret;
 	args.handle = handle;
 	args.mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
 	args.alloc_size = bo->size;
+	args.va = bo->va;
 	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
 }
 
@@ -316,6 +364,7 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 	bo->npages = bo->size >> PAGE_SHIFT;
 	bo->userptr = true;
 	bo->dev_readonly = !writable;
+	bo->vm = &ctx->vm;
 	ret = npu_ctx_charge(ctx, bo->size);
 	if (ret)
 		goto err_free_bo;
@@ -340,6 +389,7 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 	if (ret)
 		return ret;
 	args.handle = handle;
+	args.va = bo->va;
 	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
 
 err_unpin:
@@ -393,6 +443,8 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 
 	if (!(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
+	if (handle == NPU_MMAP_QUEUE_HANDLE)
+		return npu_uqueue_mmap(ctx, vma);
 	bo = npu_bo_lookup(ctx, handle);
 	if (!bo)
 		return -EINVAL;
@@ -403,7 +455,17 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	/* vm_map_pages() takes vm_pgoff as the page index into the BO. */
 	vma->vm_pgoff = start >> PAGE_SHIFT;
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
-	ret = vm_map_pages(vma, bo->pages, bo->npages);
+	if (bo->local) {
+		/* Device memory: write-combined through the BAR. */
+		vma->vm_flags |= VM_IO;
+		vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
+		phys_addr_t phys = ctx->ndev->mem_phys + bo->local_off + start;
+
+		ret = io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT,
+					 len, vma->vm_page_prot);
+	} else {
+		ret = vm_map_pages(vma, bo->pages, bo->npages);
+	}
 	if (ret)
 		goto err_put;
 	vma->vm_private_data = bo;

@@ -44,6 +44,7 @@ static int npu_open(struct inode *inode, struct file *file)
 {
 	struct npu_device *ndev;
 	struct npu_context *ctx;
+	int ret;
 
 	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
 	if (!ctx)
@@ -60,6 +61,13 @@ static int npu_open(struct inode *inode, struct file *file)
 	}
 
 	ctx->ndev = ndev;
+	ret = npu_vm_create_ctx(ndev, &ctx->vm);
+	if (ret) {
+		npu_device_put(ndev);
+		kfree(ctx);
+		return ret;
+	}
+	ctx->mapping = file->f_mapping;
 	kref_init(&ctx->ref);
 	xa_init_flags(&ctx->bos, XA_FLAGS_ALLOC1);
 	spin_lock_init(&ctx->err_lock);
@@ -76,6 +84,7 @@ static int npu_release(struct inode *inode, struct file *file)
 	struct npu_context *ctx = file->private_data;
 
 	/* Jobs in flight keep the context and their buffers until they retire. */
+	npu_uqueue_release_all(ctx);
 	npu_bo_release_all(ctx);
 	npu_context_put(ctx);
 	return 0;
@@ -96,6 +105,8 @@ static int npu_ioctl_get_info(struct npu_context *ctx, void __user *arg)
 		.max_bo_size = NPU_BO_MAX_SIZE,
 		.pci_vendor = ndev->pdev->vendor,
 		.pci_device = ndev->pdev->device,
+		.user_queues = ndev->hw_queues - 1,
+		.device_memory = ndev->mem_size,
 	};
 
 	return copy_to_user(arg, &info, sizeof(info)) ? -EFAULT : 0;
@@ -136,6 +147,12 @@ static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	case NPU_IOCTL_SUBMIT:
 		ret = npu_ioctl_submit(ctx, uarg);
 		break;
+	case NPU_IOCTL_QUEUE_CREATE:
+		ret = npu_ioctl_queue_create(ctx, uarg);
+		break;
+	case NPU_IOCTL_QUEUE_DESTROY:
+		ret = npu_ioctl_queue_destroy(ctx, uarg);
+		break;
 	default:
 		ret = -ENOTTY;
 		break;
@@ -172,8 +189,12 @@ static void npu_show_fdinfo(struct seq_file *m, struct file *file)
 	seq_printf(m, "npu-client-id:\t%u\n", ctx->client_id);
 	seq_printf(m, "npu-bo-count:\t%lld\n", atomic64_read(&ctx->bo_count));
 	seq_printf(m, "npu-memory-host:\t%lld KiB\n",
-		   atomic64_read(&ctx->bo_bytes) >> 10);
+		   (atomic64_read(&ctx->bo_bytes) - atomic64_read(&ctx->local_bytes)) >> 10);
+	seq_printf(m, "npu-memory-device:\t%lld KiB\n",
+		   atomic64_read(&ctx->local_bytes) >> 10);
 	seq_printf(m, "npu-memory-limit:\t%llu KiB\n", limit >> 10);
+	seq_printf(m, "npu-ctx:\t%u\n", ctx->vm.ctx);
+	seq_printf(m, "npu-faulted:\t%u\n", READ_ONCE(ctx->faulted));
 }
 
 static const struct file_operations npu_fops = {
@@ -251,9 +272,9 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 	pci_set_drvdata(pdev, ndev);
 	npu_debugfs_init(ndev);
-	dev_info(dev, "NPU %u.%u, ABI %u, %u queue(s), %u core(s): /dev/npu%d\n",
-		 ndev->hw_version >> 16, ndev->hw_version & 0xffff,
-		 ndev->abi_version, ndev->num_queues, ndev->num_cores, ndev->minor);
+	dev_info(dev, "NPU %u.%u, ABI %u, %u queues, %u cores, %llu MiB device memory: /dev/npu%d\n",
+		 ndev->hw_version >> 16, ndev->hw_version & 0xffff, ndev->abi_version,
+		 ndev->hw_queues, ndev->num_cores, ndev->mem_size >> 20, ndev->minor);
 	return 0;
 
 err_del_cdev:

@@ -4,7 +4,8 @@
  *
  *   npu_drv.c    PCI probe/remove, char device, file operations
  *   npu_hw.c     registers, queue rings, interrupts, completions, reset
- *   npu_mmu.c    device page tables and the device VA allocator
+ *   npu_mmu.c    address spaces: page tables, VA allocators, context table
+ *   npu_uqueue.c user-mode queues: rings and doorbells mapped to processes
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_sysfs.c  device attributes
@@ -14,11 +15,13 @@
 #define NPU_DRV_H
 
 #include <linux/cdev.h>
+#include <linux/idr.h>
 #include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/pci.h>
 #include <linux/scatterlist.h>
+#include <linux/sizes.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
@@ -31,11 +34,28 @@
 #define NPU_DRIVER_VERSION	0x00010000	/* major << 16 | minor */
 #define NPU_MAX_DEVICES		16
 #define NPU_RING_ENTRIES	4096
+#define NPU_MAX_CONTEXTS	1024	/* open files per device, ctx 0 is the driver's */
+#define NPU_VA_PARAMS		SZ_2M	/* kernel queue parameter arena, every VM */
+#define NPU_MMAP_QUEUE_HANDLE	0	/* mmap offsets below 4 GiB: user queues */
+/* Device memory offsets in mem_pool are biased: gen_pool cannot hand out 0. */
+#define NPU_MEM_POOL_BIAS	BIT_ULL(40)
 
 #define npu_dbg(ndev, fmt, ...) \
 	dev_dbg(&(ndev)->pdev->dev, fmt, ##__VA_ARGS__)
 
 struct npu_device;
+struct npu_uqueue;
+
+/* A device address space: page tables and a VA allocator (npu_mmu.c). */
+struct npu_vm {
+	struct npu_device *ndev;
+	u32 ctx;			/* context table entry, 0: device-wide */
+	__le64 *l1;			/* NPU_MMU_MAX_L1 entries */
+	dma_addr_t l1_dma;
+	struct gen_pool *va_pool;	/* free VA ranges; own lock */
+	struct mutex lock;		/* protects l1 and l2 contents */
+	__le64 **l2;			/* NPU_MMU_MAX_L1, allocated on first use, kept */
+};
 
 /* A failed op, kept until a WAIT covering its fence reports it. */
 struct npu_error {
@@ -54,6 +74,10 @@ struct npu_context {
 	u32 client_id;			/* unique per open, for fdinfo */
 	atomic64_t bo_count;		/* live BOs this context created */
 	atomic64_t bo_bytes;		/* their backing bytes (charged to the limit) */
+	atomic64_t local_bytes;		/* of which in device memory */
+	struct npu_vm vm;		/* where its buffers are mapped */
+	bool faulted;			/* a command of it faulted: submits fail */
+	struct address_space *mapping;	/* of its file: to zap doorbell maps */
 };
 
 struct npu_bo {
@@ -63,19 +87,34 @@ struct npu_bo {
 	unsigned long npages;
 	struct page **pages;
 	struct sg_table sgt;		/* DMA-mapped pages */
-	u64 va;				/* device virtual address */
+	u64 va;				/* device virtual address in vm */
+	struct npu_vm *vm;		/* the owner's address space, or the driver's */
 	u32 handle;
 	struct npu_context *owner;	/* charged context (holds a ref); NULL: kernel BO */
 	bool userptr;			/* pages pinned from user memory */
+	bool local;			/* in device memory at local_off, no pages */
+	u64 local_off;
 	bool dev_readonly;		/* the device may not write it */
 };
 
-struct npu_mmu {
-	__le64 *l1;			/* NPU_MMU_MAX_L1 entries */
-	dma_addr_t l1_dma;
-	struct gen_pool *va_pool;	/* free device VA ranges; own lock */
-	struct mutex lock;		/* protects l1 and l2 contents */
-	__le64 *l2[NPU_MMU_MAX_L1];	/* allocated on first use, kept */
+/*
+ * A user-mode queue (npu_uqueue.c): a hardware queue lent to one context,
+ * confined to its address space, whose ring, completion records and fence
+ * write-back are mapped into the process along with its doorbell page.
+ */
+struct npu_uqueue {
+	struct kref ref;		/* npu_device.uq[], each mapping */
+	struct npu_device *ndev;	/* holds a reference */
+	struct npu_context *ctx;	/* owner while in npu_device.uq[], then NULL */
+	u32 index;			/* hardware queue */
+	u32 entries;
+	size_t mem_size;		/* ring + completions + fence page */
+	void *mem;			/* coherent DMA memory */
+	dma_addr_t mem_dma;
+	struct npu_fence_wb *wb;	/* inside mem */
+	bool stopped;			/* the device stopped it (error, reset) */
+	u32 error;			/* NPU_ERR_* it stopped with */
+	wait_queue_head_t wq;		/* fence write-backs and stops */
 };
 
 struct npu_job {
@@ -146,8 +185,28 @@ struct npu_device {
 	atomic_t op_errors;		/* ops completed with a non-OK status */
 	atomic64_t bo_count;		/* live buffer objects */
 	atomic64_t bo_bytes;		/* bytes of their backing pages */
-	struct npu_mmu mmu;
+	/* Device memory (BAR2): size, CPU mapping, allocator (own lock). */
+	u64 mem_size;
+	phys_addr_t mem_phys;
+	void __iomem *mem;
+	struct gen_pool *mem_pool;
+	atomic64_t mem_used;
+	struct npu_vm kvm;		/* the driver's address space (ctx 0) */
+	struct npu_mmu_ctx_entry *ctx_table;	/* NPU_MAX_CONTEXTS, coherent */
+	dma_addr_t ctx_table_dma;
+	struct ida ctx_ida;		/* ctx ids of open files */
 	struct npu_queue queue;
+	/*
+	 * uq_mutex protects uq[] (hardware queue -> user queue), the
+	 * registers of queues 1.. and the stopped/error fields of user queues.
+	 */
+	struct mutex uq_mutex;
+	struct npu_uqueue *uq[NPU_NUM_QUEUES];
+	struct npu_uq_vec {		/* IRQ cookie of queue index's vector */
+		struct npu_device *ndev;
+		u32 index;
+	} uq_vec[NPU_NUM_QUEUES];
+	u32 hw_queues;			/* queues in use: 0 (driver's) and 1.. (users') */
 };
 
 /* Ring slot of @fence: fences are consecutive from fence_base + 1 at slot 0. */
@@ -185,9 +244,28 @@ void npu_queue_process(struct npu_queue *q);
 int npu_mmu_init(struct npu_device *ndev);
 void npu_mmu_fini(struct npu_device *ndev);
 void npu_mmu_enable(struct npu_device *ndev);
-u64 npu_mmu_map(struct npu_device *ndev, struct sg_table *sgt, u64 size,
-		bool device_writable);
-void npu_mmu_unmap(struct npu_device *ndev, u64 va, u64 size);
+int npu_vm_init(struct npu_device *ndev, struct npu_vm *vm, u32 ctx);
+void npu_vm_fini(struct npu_vm *vm);
+int npu_vm_create_ctx(struct npu_device *ndev, struct npu_vm *vm);
+void npu_vm_destroy_ctx(struct npu_vm *vm);
+int npu_vm_map_at(struct npu_vm *vm, u64 va, struct sg_table *sgt, u64 size,
+		  bool device_writable);
+u64 npu_vm_map_local(struct npu_vm *vm, u64 offset, u64 size, bool device_writable);
+u64 npu_vm_map(struct npu_vm *vm, struct sg_table *sgt, u64 size,
+	       bool device_writable);
+void npu_vm_unmap_range(struct npu_vm *vm, u64 va, u64 size);
+void npu_vm_unmap(struct npu_vm *vm, u64 va, u64 size);
+
+/* npu_uqueue.c */
+int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_queue_destroy(struct npu_context *ctx, void __user *arg);
+int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args);
+int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
+void npu_uqueue_release_all(struct npu_context *ctx);
+void npu_uqueue_sync(struct npu_context *ctx);
+void npu_uqueue_irq(struct npu_device *ndev, u32 index);
+void npu_uqueue_check_stopped(struct npu_device *ndev);
+void npu_uqueue_stop_all(struct npu_device *ndev);
 
 /* npu_bo.c */
 int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);

@@ -4,6 +4,7 @@
  * MSI-X interrupts, completion processing and recovery from queue errors.
  */
 #include <linux/delay.h>
+#include <linux/genalloc.h>
 #include <linux/interrupt.h>
 #include <linux/iopoll.h>
 #include <linux/moduleparam.h>
@@ -62,6 +63,8 @@ static void npu_queue_start(struct npu_queue *q)
 	/* The device signals at once when the queue goes idle: no added latency. */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), min(irq_coalesce_ops, NPU_IRQ_COUNT_MAX));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), min(irq_coalesce_us, NPU_IRQ_DELAY_MAX));
+	/* User queues default to priority 0, and may ask for 1 (uapi.md). */
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), NPU_QUEUE_PRIORITY_USER);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
 }
 
@@ -70,7 +73,8 @@ static void npu_hw_start(struct npu_device *ndev)
 	npu_mmu_enable(ndev);
 	npu_queue_start(&ndev->queue);
 	npu_wr(ndev, NPU_REG_IRQ_STATUS, ~0u);
-	npu_wr(ndev, NPU_REG_IRQ_MASK, NPU_IRQ_QUEUE(0) | NPU_IRQ_ERROR);
+	npu_wr(ndev, NPU_REG_IRQ_MASK,
+	       GENMASK(ndev->hw_queues - 1, 0) | NPU_IRQ_ERROR);
 	npu_wr(ndev, NPU_REG_CONTROL, NPU_CONTROL_ENABLE);
 }
 
@@ -100,7 +104,7 @@ u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p)
 	u32 slot = q->tail & (q->entries - 1);
 
 	q->params[slot] = *p;
-	return q->params_bo->va + (u64)slot * sizeof(*p);
+	return NPU_VA_PARAMS + (u64)slot * sizeof(*p);
 }
 
 /* Make the new descriptors visible to the device, then ring the doorbell. */
@@ -230,9 +234,21 @@ static irqreturn_t npu_queue_irq_thread(int irq, void *arg)
 	return IRQ_HANDLED;
 }
 
+static irqreturn_t npu_uq_irq_thread(int irq, void *arg)
+{
+	struct npu_uq_vec *vec = arg;
+
+	atomic_inc(&vec->ndev->irq_count);
+	npu_wr(vec->ndev, NPU_REG_IRQ_STATUS, NPU_IRQ_QUEUE(vec->index));
+	npu_uqueue_irq(vec->ndev, vec->index);
+	return IRQ_HANDLED;
+}
+
 /*
- * A queue stopped on a ring error (the driver wrote something the device
- * could not use): reset the device, fail what was in flight, start again.
+ * A queue stopped on an error. A user queue stays stopped and its owner
+ * learns of it (npu_uqueue_check_stopped()). The driver's queue stopped on
+ * a ring error (the driver wrote something the device could not use):
+ * reset the device, fail what was in flight, start again.
  */
 static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 {
@@ -244,6 +260,10 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	atomic_inc(&ndev->irq_count);
 	if (!(status & NPU_IRQ_ERROR))
 		return IRQ_HANDLED;
+	npu_wr(ndev, NPU_REG_IRQ_STATUS, NPU_IRQ_ERROR);
+	npu_uqueue_check_stopped(ndev);
+	if (!(npu_rd(ndev, NPU_QREG(0, NPU_Q_STATUS)) & NPU_QSTAT_STOPPED))
+		return IRQ_HANDLED;
 	dev_err(&ndev->pdev->dev, "device error %u; resetting\n", err);
 	mutex_lock(&q->submit_lock);
 	/* Removal stopped the device under submit_lock: do not restart it. */
@@ -252,11 +272,14 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 		return IRQ_HANDLED;
 	}
 	npu_queue_process(q);
+	mutex_lock(&ndev->uq_mutex);
 	if (!npu_hw_reset(ndev)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_uqueue_stop_all(ndev);
 		npu_hw_start(ndev);
 		atomic_inc(&ndev->recoveries);
 	}
+	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
 	return IRQ_HANDLED;
 }
@@ -295,6 +318,11 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 		q->params_bo = NULL;
 		return ret;
 	}
+	/* Every address space has the arena at NPU_VA_PARAMS (npu_mmu.c). */
+	ret = npu_vm_map_at(&ndev->kvm, NPU_VA_PARAMS, &q->params_bo->sgt,
+			    q->params_bo->size, false);
+	if (ret)
+		return ret;
 
 	q->irq = pci_irq_vector(ndev->pdev, NPU_VEC_QUEUE(index));
 	ret = devm_request_threaded_irq(dev, q->irq, npu_irq_hard,
@@ -310,16 +338,54 @@ static void npu_queue_fini(struct npu_queue *q)
 {
 	if (!q->params_bo)
 		return;
+	npu_vm_unmap_range(&q->ndev->kvm, NPU_VA_PARAMS, q->params_bo->size);
 	vunmap(q->params);
 	npu_bo_put(q->params_bo);
 	q->params_bo = NULL;
+}
+
+/*
+ * Device memory: map BAR2 (to clear what a BO gets) and manage it with an
+ * allocator that lives as long as the npu_device (buffer objects in it can
+ * outlive the binding). A BAR the platform did not assign leaves the
+ * device without device memory, not without a driver.
+ */
+static int npu_mem_init(struct npu_device *ndev)
+{
+	struct pci_dev *pdev = ndev->pdev;
+	u64 size;
+	int ret;
+
+	if (!(ndev->caps & NPU_CAP_LOCAL_MEM))
+		return 0;
+	size = npu_rd(ndev, NPU_REG_MEM_SIZE_LO) |
+	       (u64)npu_rd(ndev, NPU_REG_MEM_SIZE_HI) << 32;
+	if (!size || pci_resource_len(pdev, NPU_BAR_MEM) < size ||
+	    size >= NPU_MEM_POOL_BIAS) {
+		dev_warn(&pdev->dev, "device memory BAR unusable; host memory only\n");
+		ndev->caps &= ~NPU_CAP_LOCAL_MEM;
+		return 0;
+	}
+	ret = pcim_iomap_regions(pdev, BIT(NPU_BAR_MEM), NPU_DRIVER_NAME);
+	if (ret)
+		return ret;
+	ndev->mem = pcim_iomap_table(pdev)[NPU_BAR_MEM];
+	ndev->mem_phys = pci_resource_start(pdev, NPU_BAR_MEM);
+	ndev->mem_pool = gen_pool_create(PAGE_SHIFT, -1);
+	if (!ndev->mem_pool)
+		return -ENOMEM;
+	ret = gen_pool_add(ndev->mem_pool, NPU_MEM_POOL_BIAS, size, -1);
+	if (ret)
+		return ret;
+	ndev->mem_size = size;
+	return 0;
 }
 
 int npu_hw_init(struct npu_device *ndev)
 {
 	struct pci_dev *pdev = ndev->pdev;
 	struct device *dev = &pdev->dev;
-	u32 magic;
+	u32 magic, i;
 	int ret;
 
 	magic = npu_rd(ndev, NPU_REG_MAGIC);
@@ -341,10 +407,15 @@ int npu_hw_init(struct npu_device *ndev)
 		dev_err(dev, "device offers no usable queue\n");
 		return -ENODEV;
 	}
-	/* This driver drives queue 0; more queues come with user queues. */
+	/* SUBMIT feeds queue 0; the others are lent as user queues. */
+	ndev->hw_queues = min(ndev->num_queues, (u32)NPU_NUM_QUEUES);
 	ndev->num_queues = 1;
+	mutex_init(&ndev->uq_mutex);
 
 	ret = npu_hw_reset(ndev);
+	if (ret)
+		return ret;
+	ret = npu_mem_init(ndev);
 	if (ret)
 		return ret;
 	ret = npu_mmu_init(ndev);
@@ -363,6 +434,16 @@ int npu_hw_init(struct npu_device *ndev)
 					IRQF_ONESHOT, "npu-dev", ndev);
 	if (ret)
 		return ret;
+	for (i = 1; i < ndev->hw_queues; i++) {
+		ndev->uq_vec[i].ndev = ndev;
+		ndev->uq_vec[i].index = i;
+		ret = devm_request_threaded_irq(dev, pci_irq_vector(pdev, NPU_VEC_QUEUE(i)),
+						npu_irq_hard, npu_uq_irq_thread,
+						IRQF_ONESHOT, "npu-uqueue",
+						&ndev->uq_vec[i]);
+		if (ret)
+			return ret;
+	}
 	ret = npu_queue_init(ndev, &ndev->queue, 0);
 	if (ret) {
 		npu_queue_fini(&ndev->queue);
@@ -382,6 +463,7 @@ void npu_hw_fini(struct npu_device *ndev)
 	struct npu_queue *q = &ndev->queue;
 
 	mutex_lock(&q->submit_lock);
+	mutex_lock(&ndev->uq_mutex);
 	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
 	/*
 	 * A device that does not stop may still DMA into the buffers of the
@@ -393,6 +475,8 @@ void npu_hw_fini(struct npu_device *ndev)
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
 		npu_queue_fini(q);
 	}
+	npu_uqueue_stop_all(ndev);
+	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
 }
 
@@ -401,6 +485,9 @@ void npu_hw_free(struct npu_device *ndev)
 {
 	struct npu_queue *q = &ndev->queue;
 	struct device *dev = &ndev->pdev->dev;
+
+	if (ndev->mem_pool)
+		gen_pool_destroy(ndev->mem_pool);
 
 	if (q->ring)
 		dma_free_coherent(dev, q->entries * sizeof(*q->ring), q->ring, q->ring_dma);

@@ -24,6 +24,7 @@ static void npu_context_free(struct kref *ref)
 
 	list_for_each_entry_safe(err, tmp, &ctx->errors, node)
 		kfree(err);
+	npu_vm_destroy_ctx(&ctx->vm);
 	npu_device_put(ctx->ndev);
 	kfree(ctx);
 }
@@ -58,6 +59,9 @@ void npu_job_retire(struct npu_job *job)
 	trace_npu_job_retire(job->first_fence, job->last_fence, job->err_status);
 	if (job->err_fence && job->ctx)
 		npu_context_add_error(job->ctx, job->err_fence, job->err_status);
+	/* A device address outside the context's space: it is faulted. */
+	if (job->ctx && job->err_status == NPU_ST_MMU_FAULT)
+		WRITE_ONCE(job->ctx->faulted, true);
 	for (i = 0; i < job->num_bos; i++)
 		npu_bo_put(job->bos[i]);
 	if (job->ctx)
@@ -330,6 +334,8 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 		return -EINVAL;
 	if (tensor && !(ndev->caps & NPU_CAP_TENSOR))
 		return -EOPNOTSUPP;
+	if (READ_ONCE(ctx->faulted))
+		return -EBADFD;
 
 	ops = vmemdup_user(u64_to_user_ptr(args.ops_ptr),
 			   array_size(args.num_ops, args.op_size));
@@ -362,6 +368,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	job->first_fence = q->next_fence + 1;
 	for (i = 0; i < args.num_ops; i++) {
 		cmds[i].fence = job->first_fence + i;
+		cmds[i].ctx = ctx->vm.ctx;
 		if (i == args.num_ops - 1)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
 		/* The slot is free, so is its parameter block. */
@@ -451,11 +458,20 @@ int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
 
 	if (copy_from_user(&args, arg, sizeof(args)))
 		return -EFAULT;
-	if (args.flags || args.rsvd || args.queue >= ndev->num_queues ||
-	    args.fence > READ_ONCE(q->next_fence))
+	if (args.flags || args.rsvd)
 		return -EINVAL;
 	args.status = NPU_ST_OK;
 	args.error_fence = 0;
+	if (args.queue != 0) {
+		ret = npu_uqueue_wait(ctx, &args);
+		if (ret && ret != -EIO && ret != -EBADFD)
+			return ret;
+		if (copy_to_user(arg, &args, sizeof(args)))
+			return -EFAULT;
+		return ret;
+	}
+	if (args.fence > READ_ONCE(q->next_fence))
+		return -EINVAL;
 
 	if (!npu_wait_spin(q, args.fence)) {
 		if (!args.timeout_ns)
@@ -472,11 +488,13 @@ int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
 	}
 	trace_npu_wait_done(q->index, args.fence);
 
-	if (!npu_context_take_error(ctx, args.fence, &args))
-		return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+	if (npu_context_take_error(ctx, args.fence, &args))
+		ret = -EIO;
+	else
+		ret = READ_ONCE(ctx->faulted) ? -EBADFD : 0;
 	if (copy_to_user(arg, &args, sizeof(args)))
 		return -EFAULT;
-	return -EIO;
+	return ret;
 }
 
 /*

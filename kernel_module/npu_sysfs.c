@@ -29,6 +29,8 @@ NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
 NPU_ATTR(op_errors, "%d", atomic_read(&ndev->op_errors));
 NPU_ATTR(bo_count, "%lld", atomic64_read(&ndev->bo_count));
 NPU_ATTR(bo_bytes, "%lld", atomic64_read(&ndev->bo_bytes));
+NPU_ATTR(mem_device_total, "%llu", ndev->mem_size);
+NPU_ATTR(mem_device_used, "%lld", atomic64_read(&ndev->mem_used));
 
 static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
@@ -53,6 +55,8 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_op_errors.attr,
 	&dev_attr_bo_count.attr,
 	&dev_attr_bo_bytes.attr,
+	&dev_attr_mem_device_total.attr,
+	&dev_attr_mem_device_used.attr,
 	&dev_attr_fences.attr,
 	NULL,
 };

@@ -126,6 +126,7 @@ static void npu_irq_timer_cb(void *opaque)
 static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
 {
     s->q[qi].status |= NPU_QSTAT_STOPPED;
+    s->q[qi].error = err;
     s->error = err;
     trace_npu_queue_error(qi, err);
     npu_raise_locked(s, NPU_IRQ_ERROR);
@@ -158,7 +159,10 @@ static void npu_reset_state_locked(NpuState *s)
     s->mmu_fault_addr = 0;
     s->mmu_fault_info = 0;
     s->mmu_fault_queue = 0;
+    s->mmu_fault_ctx = 0;
     s->mmu_faults = 0;
+    s->mmu_ctx_base = 0;
+    s->mmu_ctx_count = 0;
 }
 
 /*
@@ -197,7 +201,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
     struct npu_fence_wb wb;
     struct npu_cmd cmd;
     struct npu_cpl cpl;
-    uint32_t status;
+    uint32_t status, faults;
     NpuWalk walk;
 
     if (q->tail - q->head > q->ring_size) {
@@ -207,6 +211,8 @@ static void npu_process_one_locked(NpuState *s, int qi)
         return;
     }
     npu_walk_init_locked(s, &walk, qi);
+    faults = s->mmu_faults;     /* one command at a time: the delta is ours */
+    q->status |= NPU_QSTAT_ACTIVE;
     qemu_mutex_unlock(&s->lock);
 
     /* The descriptor is copied once; only the local copy is looked at. */
@@ -215,6 +221,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
                       " 0x%" PRIx64 " failed\n", qi, ring);
         qemu_mutex_lock(&s->lock);
+        q->status &= ~NPU_QSTAT_ACTIVE;
         if (!s->reset_pending && q->gen == gen) {
             npu_queue_error_locked(s, qi, NPU_ERR_RING_FETCH);
         }
@@ -222,6 +229,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
     cmd.opcode = le16_to_cpu(cmd.opcode);
     cmd.flags = le16_to_cpu(cmd.flags);
+    cmd.ctx = le16_to_cpu(cmd.ctx);
     cmd.fence = le64_to_cpu(cmd.fence);
 
     memset(&cpl, 0, sizeof(cpl));
@@ -235,7 +243,10 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
         status = NPU_ST_BAD_RESERVED;
     } else {
-        status = npu_exec_cmd(s, &walk, &cmd);
+        status = npu_walk_select(s, &walk, cmd.ctx);
+        if (status == NPU_ST_OK) {
+            status = npu_exec_cmd(s, &walk, &cmd);
+        }
     }
     cpl.t_end = cpu_to_le64(npu_now_ns());
     cpl.fence = cpu_to_le64(cmd.fence);
@@ -254,6 +265,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
                       " failed\n", qi);
         qemu_mutex_lock(&s->lock);
+        q->status &= ~NPU_QSTAT_ACTIVE;
         if (!s->reset_pending && q->gen == gen) {
             npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
         }
@@ -261,11 +273,16 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
 
     qemu_mutex_lock(&s->lock);
+    q->status &= ~NPU_QSTAT_ACTIVE;
     if (s->reset_pending || q->gen != gen) {
         return;     /* reset or re-enabled meanwhile: the old state is gone */
     }
     q->head = idx + 1;
     q->done_fence = cmd.fence;
+    if (walk.confined && s->mmu_faults != faults) {
+        /* Any fault counts, even one hidden behind another tile's status. */
+        npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
+    }
     if (status != NPU_ST_OK) {
         npu_queue_irq_locked(s, qi);    /* errors are never held back */
     } else if (cmd.flags & NPU_CMD_F_IRQ) {
@@ -367,6 +384,8 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
         return q->fence_addr >> 32;
     case NPU_Q_STATUS:
         return q->status | (q->head == q->tail ? NPU_QSTAT_IDLE : 0);
+    case NPU_Q_ERROR:
+        return q->error;
     case NPU_Q_DONE_LO:
         return (uint32_t)q->done_fence;
     case NPU_Q_DONE_HI:
@@ -413,7 +432,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         val = NPU_CAP_COPY | NPU_CAP_FILL | NPU_CAP_GEMM_FP32 | NPU_CAP_MSIX |
               NPU_CAP_TIMESTAMPS | NPU_CAP_MMU | NPU_CAP_TENSOR |
               NPU_CAP_REDUCE | NPU_CAP_MATMUL | NPU_CAP_CONV |
-              NPU_CAP_QUANT;
+              NPU_CAP_QUANT | (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:
         val = NPU_NUM_QUEUES;
@@ -476,6 +495,24 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         break;
     case NPU_REG_MMU_FAULT_QUEUE:
         val = s->mmu_fault_queue;
+        break;
+    case NPU_REG_MMU_FAULT_CTX:
+        val = s->mmu_fault_ctx;
+        break;
+    case NPU_REG_MEM_SIZE_LO:
+        val = (uint32_t)s->mem_size;
+        break;
+    case NPU_REG_MEM_SIZE_HI:
+        val = s->mem_size >> 32;
+        break;
+    case NPU_REG_MMU_CTX_LO:
+        val = (uint32_t)s->mmu_ctx_base;
+        break;
+    case NPU_REG_MMU_CTX_HI:
+        val = s->mmu_ctx_base >> 32;
+        break;
+    case NPU_REG_MMU_CTX_COUNT:
+        val = s->mmu_ctx_count;
         break;
     default:
         if (addr >= NPU_QREG_BASE &&
@@ -602,7 +639,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
                 return;
             }
             q->head = q->tail = 0;
-            q->status = 0;
+            q->status &= NPU_QSTAT_ACTIVE;  /* an old command may still run */
+            q->error = NPU_ERR_NONE;
             q->done_fence = 0;
         }
         if ((val & NPU_QCTL_ENABLE) != enabled) {
@@ -680,6 +718,24 @@ static void npu_mmu_write_locked(NpuState *s, hwaddr addr, uint32_t val)
         }
         s->mmu_l1_entries = MIN(val, NPU_MMU_MAX_L1);
         break;
+    case NPU_REG_MMU_CTX_LO:
+        if (val & (NPU_PAGE_SIZE - 1)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: context table 0x%x is not"
+                          " page aligned\n", val);
+        }
+        s->mmu_ctx_base = deposit64(s->mmu_ctx_base, 0, 32,
+                                    val & ~(NPU_PAGE_SIZE - 1));
+        break;
+    case NPU_REG_MMU_CTX_HI:
+        s->mmu_ctx_base = deposit64(s->mmu_ctx_base, 32, 32, val);
+        break;
+    case NPU_REG_MMU_CTX_COUNT:
+        if (val > NPU_MMU_MAX_CTX) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: context table size %u"
+                          " clamped to %u\n", val, NPU_MMU_MAX_CTX);
+        }
+        s->mmu_ctx_count = MIN(val, NPU_MMU_MAX_CTX);
+        break;
     }
 }
 
@@ -731,6 +787,9 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     case NPU_REG_MMU_L1_LO:
     case NPU_REG_MMU_L1_HI:
     case NPU_REG_MMU_L1_ENTRIES:
+    case NPU_REG_MMU_CTX_LO:
+    case NPU_REG_MMU_CTX_HI:
+    case NPU_REG_MMU_CTX_COUNT:
         npu_mmu_write_locked(s, addr, val);
         break;
     default:
@@ -783,12 +842,32 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
         error_setg(errp, "npu: cores must be between 1 and 64");
         return;
     }
+    if (s->mem_size && (!is_power_of_2(s->mem_size) || s->mem_size < MiB ||
+                        s->mem_size > 64 * GiB)) {
+        error_setg(errp, "npu: mem-size must be 0 or a power of two from"
+                   " 1 MiB to 64 GiB");
+        return;
+    }
     pci_config_set_interrupt_pin(pdev->config, 1);
 
     memory_region_init_io(&s->mmio, OBJECT(s), &npu_mmio_ops, s, "npu-mmio",
                           NPU_BAR0_SIZE);
     pci_register_bar(pdev, NPU_BAR_REGS, PCI_BASE_ADDRESS_SPACE_MEMORY,
                      &s->mmio);
+    if (s->mem_size) {
+        Error *err = NULL;
+
+        memory_region_init_ram(&s->mem, OBJECT(s), "npu-mem", s->mem_size,
+                               &err);
+        if (err) {
+            error_propagate(errp, err);
+            return;
+        }
+        s->mem_ptr = memory_region_get_ram_ptr(&s->mem);
+        pci_register_bar(pdev, NPU_BAR_MEM, PCI_BASE_ADDRESS_SPACE_MEMORY |
+                         PCI_BASE_ADDRESS_MEM_TYPE_64 |
+                         PCI_BASE_ADDRESS_MEM_PREFETCH, &s->mem);
+    }
     if (msix_init_exclusive_bar(pdev, NPU_MSIX_VECTORS, NPU_BAR_MSIX, errp)) {
         return;
     }
@@ -850,6 +929,7 @@ static void npu_qdev_reset(DeviceState *dev)
 
 static Property npu_properties[] = {
     DEFINE_PROP_UINT32("cores", NpuState, num_cores, 2),
+    DEFINE_PROP_SIZE("mem-size", NpuState, mem_size, 512 * MiB),
     DEFINE_PROP_END_OF_LIST(),
 };
 

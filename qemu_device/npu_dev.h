@@ -23,7 +23,11 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 /* Per-command view of the device MMU (npu_mmu.c). */
 typedef struct NpuWalk {
     bool enabled;
+    bool confined;          /* the queue's own address space */
     int queue;              /* whose command: recorded with a fault */
+    uint32_t ctx;           /* the descriptor's ctx: recorded with a fault */
+    uint64_t ctx_base;      /* context table snapshot */
+    uint32_t ctx_count;
     uint64_t l1_base;
     uint32_t l1_entries;
     uint32_t victim;        /* the way the next L2 table replaces */
@@ -44,7 +48,8 @@ typedef struct NpuQueue {
     uint32_t ctrl;
     uint32_t head;          /* free-running consumer index */
     uint32_t tail;          /* free-running producer index */
-    uint32_t status;        /* NPU_QSTAT_STOPPED */
+    uint32_t status;        /* NPU_QSTAT_STOPPED, NPU_QSTAT_ACTIVE */
+    uint32_t error;         /* NPU_ERR_* that stopped it */
     uint32_t gen;           /* bumped when the queue is (re)enabled or reset */
     uint32_t priority;      /* 0..NPU_Q_PRIORITY_MAX, higher runs first */
     uint32_t irq_count;     /* moderation: signal every irq_count-th ... */
@@ -105,6 +110,11 @@ struct NpuState {
 
     /* Properties */
     uint32_t num_cores;     /* AI core threads */
+    uint64_t mem_size;      /* device memory (BAR2) bytes, 0: none */
+
+    /* Device memory: RAM behind BAR2; the engine uses it directly. */
+    MemoryRegion mem;
+    uint8_t *mem_ptr;
 
     /*
      * @lock protects every field below up to @chunk: register state, queue
@@ -130,7 +140,10 @@ struct NpuState {
     uint64_t mmu_fault_addr;
     uint32_t mmu_fault_info;
     uint32_t mmu_fault_queue;
+    uint32_t mmu_fault_ctx;
     uint32_t mmu_faults;
+    uint64_t mmu_ctx_base;  /* context table */
+    uint32_t mmu_ctx_count;
     NpuQueue q[NPU_NUM_QUEUES];
     /* Moderation timers of the queues (main loop; they take the lock). */
     NpuIrqTimer irq_timer[NPU_NUM_QUEUES];
@@ -171,6 +184,7 @@ uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
 
 /* npu_mmu.c */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi);
+uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx);
 bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len);
 bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len);
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,

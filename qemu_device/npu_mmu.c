@@ -56,7 +56,11 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
     const NpuQueue *q = &s->q[qi];
 
     w->queue = qi;
-    if (q->mmu_l1_entries) {
+    w->ctx = 0;
+    w->ctx_base = s->mmu_ctx_base;
+    w->ctx_count = s->mmu_ctx_count;
+    w->confined = q->mmu_l1_entries != 0;
+    if (w->confined) {
         w->enabled = true;
         w->l1_base = q->mmu_l1_base;
         w->l1_entries = q->mmu_l1_entries;
@@ -69,23 +73,69 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
     memset(w->cached_l1, 0xff, sizeof(w->cached_l1));
 }
 
+/*
+ * Record a fault. Tiles walk with copies of the command's NpuWalk, so
+ * nothing is noted in @w: the command processor sees that the command
+ * faulted from MMU_FAULTS, which only the running command moves.
+ */
 static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
                           uint32_t info)
 {
     qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU fault at VA 0x%" PRIx64
-                  " (info 0x%x, queue %d)\n", va, info, w->queue);
+                  " (info 0x%x, queue %d, ctx %u)\n", va, info, w->queue,
+                  w->ctx);
     qemu_mutex_lock(&s->lock);
     s->mmu_fault_addr = va;
     s->mmu_fault_info = info;
     s->mmu_fault_queue = w->queue;
+    s->mmu_fault_ctx = w->ctx;
     s->mmu_faults++;
     qemu_mutex_unlock(&s->lock);
     return NPU_ST_MMU_FAULT;
 }
 
-/* Translate the page holding @va; on success *pa is the bus address. */
+/*
+ * Switch the walk to the address space a descriptor names (outside the
+ * lock, before the command runs). ctx 0 keeps the queue's space; a
+ * confined queue may name no other, and any other ctx must be a valid
+ * context table entry. Returns NPU_ST_OK or the fault.
+ */
+uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx)
+{
+    struct npu_mmu_ctx_entry e;
+    uint64_t addr;
+
+    w->ctx = ctx;
+    if (!ctx) {
+        return NPU_ST_OK;
+    }
+    if (w->confined || ctx >= w->ctx_count) {
+        return npu_fault(s, w, 0, NPU_FAULT_CTX);
+    }
+    addr = w->ctx_base + (uint64_t)ctx * sizeof(e);
+    if (!npu_dma_range_ok(s, addr, sizeof(e)) ||
+        pci_dma_read(&s->parent_obj, addr, &e, sizeof(e)) != MEMTX_OK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: context table read failed\n");
+        return NPU_ST_DMA_ERROR;
+    }
+    e.l1 = le64_to_cpu(e.l1);
+    e.l1_entries = le32_to_cpu(e.l1_entries);
+    if (!(e.l1 & NPU_PTE_VALID) || !e.l1_entries ||
+        e.l1_entries > NPU_MMU_MAX_L1 || e.rsvd) {
+        return npu_fault(s, w, 0, NPU_FAULT_CTX);
+    }
+    w->enabled = true;
+    w->l1_base = e.l1 & NPU_PTE_ADDR_MASK;
+    w->l1_entries = e.l1_entries;
+    return NPU_ST_OK;
+}
+
+/*
+ * Translate the page holding @va; on success *pa is the bus address, or
+ * with *local the offset in device memory.
+ */
 static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
-                              bool write, uint64_t *pa)
+                              bool write, uint64_t *pa, bool *local)
 {
     uint64_t l1i = va >> NPU_MMU_L1_SHIFT;
     uint64_t l2i = (va >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1);
@@ -93,6 +143,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     uint64_t pte, l2;
     uint32_t way;
 
+    *local = false;
     if (!w->enabled) {
         *pa = va;
         return NPU_ST_OK;
@@ -136,21 +187,28 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         return npu_fault(s, w, va, wbit | NPU_FAULT_PERM);
     }
     *pa = (pte & NPU_PTE_ADDR_MASK) | (va & (NPU_PAGE_SIZE - 1));
+    if (pte & NPU_PTE_LOCAL) {
+        if ((pte & NPU_PTE_ADDR_MASK) >= s->mem_size) {
+            return npu_fault(s, w, va, wbit | NPU_FAULT_LOCAL);
+        }
+        *local = true;
+    }
     return NPU_ST_OK;
 }
 
 /*
- * Translate as much of [va, va + len) as is contiguous in bus address space
- * (up to @max bytes); returns the run length in *run.
+ * Translate as much of [va, va + len) as is contiguous in bus address space,
+ * or in device memory (*local); returns the run length in *run.
  */
 static uint32_t npu_translate_run(NpuState *s, NpuWalk *w, uint64_t va,
                                   uint64_t len, bool write, uint64_t *pa,
-                                  uint64_t *run)
+                                  bool *local, uint64_t *run)
 {
     uint64_t n, next_pa;
+    bool next_local;
     uint32_t st;
 
-    st = npu_translate(s, w, va, write, pa);
+    st = npu_translate(s, w, va, write, pa, local);
     if (st != NPU_ST_OK) {
         return st;
     }
@@ -160,11 +218,12 @@ static uint32_t npu_translate_run(NpuState *s, NpuWalk *w, uint64_t va,
     }
     n = MIN(len, NPU_PAGE_SIZE - (va & (NPU_PAGE_SIZE - 1)));
     while (n < len) {
-        st = npu_translate(s, w, va + n, write, &next_pa);
+        st = npu_translate(s, w, va + n, write, &next_pa, &next_local);
         if (st != NPU_ST_OK) {
             return st;
         }
-        if (next_pa != *pa + n) {
+        if (next_pa != *pa + n || next_local != *local ||
+            (*local && next_pa >= s->mem_size)) {
             break;
         }
         n += MIN(len - n, (uint64_t)NPU_PAGE_SIZE);
@@ -173,14 +232,19 @@ static uint32_t npu_translate_run(NpuState *s, NpuWalk *w, uint64_t va,
     return NPU_ST_OK;
 }
 
-/* Translate the next run of [va, va + len) and check it against our BARs. */
+/*
+ * Translate the next run of [va, va + len) and check a bus address run
+ * against our BARs.
+ */
 static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
                             uint64_t len, bool write, uint64_t *pa,
-                            uint64_t *run)
+                            bool *local, uint64_t *run)
 {
-    uint32_t st = npu_translate_run(s, w, va, len, write, pa, run);
+    uint32_t st = npu_translate_run(s, w, va, len, write, pa, local, run);
 
-    if (st == NPU_ST_OK && npu_hits_own_bar(s, *pa, *run)) {
+    if (st == NPU_ST_OK && *local) {
+        *run = MIN(*run, s->mem_size - *pa);
+    } else if (st == NPU_ST_OK && npu_hits_own_bar(s, *pa, *run)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
                       " targets the device's own BAR\n", *pa);
         st = NPU_ST_BAD_ADDR;
@@ -199,7 +263,8 @@ uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
 {
     while (len) {
         uint64_t pa, run;
-        uint32_t st = npu_map_run(s, w, va, len, write, &pa, &run);
+        bool local;
+        uint32_t st = npu_map_run(s, w, va, len, write, &pa, &local, &run);
 
         if (st != NPU_ST_OK) {
             return st;
@@ -218,12 +283,24 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
 
     while (len) {
         uint64_t pa, run;
+        bool local;
         uint32_t st;
         MemTxResult r;
 
-        st = npu_map_run(s, w, va, len, write, &pa, &run);
+        st = npu_map_run(s, w, va, len, write, &pa, &local, &run);
         if (st != NPU_ST_OK) {
             return st;
+        }
+        if (local) {
+            if (write) {
+                memcpy(s->mem_ptr + pa, p, run);
+            } else {
+                memcpy(p, s->mem_ptr + pa, run);
+            }
+            va += run;
+            p += run;
+            len -= run;
+            continue;
         }
         r = write ? pci_dma_write(&s->parent_obj, pa, p, run)
                   : pci_dma_read(&s->parent_obj, pa, p, run);
@@ -268,7 +345,7 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     uint64_t pa, run;
     dma_addr_t mlen;
     hwaddr xlat, l;
-    bool direct;
+    bool direct, local;
     void *p;
 
     /*
@@ -276,9 +353,13 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
      * cut short or left to the copy, which makes that check.
      */
     *plen = 0;
-    *st = npu_translate_run(s, w, va, len, write, &pa, &run);
+    *st = npu_translate_run(s, w, va, len, write, &pa, &local, &run);
     if (*st != NPU_ST_OK) {
         return NULL;
+    }
+    if (local) {
+        *plen = MIN(run, s->mem_size - pa);
+        return s->mem_ptr + pa;
     }
     l = run;
     WITH_RCU_READ_LOCK_GUARD() {
@@ -302,6 +383,11 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
 void npu_mem_unmap(NpuState *s, void *p, uint64_t len, bool write,
                    uint64_t done)
 {
+    uint8_t *b = p;
+
+    if (s->mem_ptr && b >= s->mem_ptr && b < s->mem_ptr + s->mem_size) {
+        return;     /* device memory: nothing was mapped */
+    }
     pci_dma_unmap(&s->parent_obj, p, len, write ? DMA_DIRECTION_FROM_DEVICE :
                   DMA_DIRECTION_TO_DEVICE, done);
 }

@@ -50,6 +50,7 @@ NPU_CAP_REDUCE: Final = 1 << 7
 NPU_CAP_MATMUL: Final = 1 << 8
 NPU_CAP_CONV: Final = 1 << 9
 NPU_CAP_QUANT: Final = 1 << 10
+NPU_CAP_LOCAL_MEM: Final = 1 << 11
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -176,6 +177,7 @@ NPU_ERR_RING_OVERRUN: Final = 1
 NPU_ERR_RING_FETCH: Final = 2
 NPU_ERR_CPL_WRITE: Final = 3
 NPU_ERR_BAD_RING: Final = 4
+NPU_ERR_MMU_FAULT: Final = 5
 
 # --------------------------------------------------------------------------
 # npu_uapi.h: constants
@@ -194,6 +196,7 @@ NPU_INFO_CAP_REDUCE: Final = 1 << 7
 NPU_INFO_CAP_MATMUL: Final = 1 << 8
 NPU_INFO_CAP_CONV: Final = 1 << 9
 NPU_INFO_CAP_QUANT: Final = 1 << 10
+NPU_INFO_CAP_LOCAL_MEM: Final = 1 << 11
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -309,6 +312,7 @@ class DevError(enum.IntEnum):
     RING_FETCH = NPU_ERR_RING_FETCH
     CPL_WRITE = NPU_ERR_CPL_WRITE
     BAD_RING = NPU_ERR_BAD_RING
+    MMU_FAULT = NPU_ERR_MMU_FAULT
 
 
 class Cap(enum.IntFlag):
@@ -325,6 +329,7 @@ class Cap(enum.IntFlag):
     MATMUL = NPU_INFO_CAP_MATMUL
     CONV = NPU_INFO_CAP_CONV
     QUANT = NPU_INFO_CAP_QUANT
+    LOCAL_MEM = NPU_INFO_CAP_LOCAL_MEM
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""
@@ -449,7 +454,8 @@ class NpuCmd(ctypes.LittleEndianStructure):
     _fields_ = [
         ("opcode", ctypes.c_uint16),
         ("flags", ctypes.c_uint16),
-        ("rsvd0", ctypes.c_uint32),
+        ("ctx", ctypes.c_uint16),
+        ("rsvd0", ctypes.c_uint16),
         ("fence", ctypes.c_uint64),
         ("args", NpuCmdArgs),
     ]
@@ -518,8 +524,16 @@ class NpuInfo(ctypes.Structure):
         ("max_bo_size", ctypes.c_uint64),
         ("pci_vendor", ctypes.c_uint16),
         ("pci_device", ctypes.c_uint16),
-        ("rsvd", ctypes.c_uint32 * 7),
+        ("user_queues", ctypes.c_uint32),
+        ("rsvd0", ctypes.c_uint32),
+        ("device_memory", ctypes.c_uint64),
+        ("rsvd", ctypes.c_uint32 * 2),
     ]
+
+
+#: BO_CREATE flag: place the buffer in device memory (BAR2).
+NPU_BO_DEVICE: Final = 1 << 0
+NPU_BO_CREATE_FLAGS: Final = NPU_BO_DEVICE
 
 
 class NpuBoCreate(ctypes.Structure):
@@ -531,6 +545,7 @@ class NpuBoCreate(ctypes.Structure):
         ("handle", ctypes.c_uint32),
         ("mmap_offset", ctypes.c_uint64),
         ("alloc_size", ctypes.c_uint64),
+        ("va", ctypes.c_uint64),
     ]
 
 
@@ -568,6 +583,39 @@ class NpuBoUserptr(ctypes.Structure):
         ("size", ctypes.c_uint64),
         ("flags", ctypes.c_uint32),
         ("handle", ctypes.c_uint32),
+        ("va", ctypes.c_uint64),
+    ]
+
+
+#: QUEUE_CREATE limits: ring entries (a power of two) and the highest
+#: priority without CAP_SYS_NICE.
+NPU_QUEUE_MIN_ENTRIES: Final = 16
+NPU_QUEUE_MAX_ENTRIES: Final = 4096
+NPU_QUEUE_PRIORITY_USER: Final = 1
+
+
+class NpuQueueCreate(ctypes.Structure):
+    """``struct npu_queue_create`` (QUEUE_CREATE: a user-mode queue)."""
+
+    _fields_ = [
+        ("entries", ctypes.c_uint32),
+        ("priority", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("queue", ctypes.c_uint32),
+        ("mem_offset", ctypes.c_uint64),
+        ("mem_size", ctypes.c_uint64),
+        ("cpl_offset", ctypes.c_uint64),
+        ("fence_offset", ctypes.c_uint64),
+        ("doorbell_offset", ctypes.c_uint64),
+    ]
+
+
+class NpuQueueDestroy(ctypes.Structure):
+    """``struct npu_queue_destroy`` (QUEUE_DESTROY)."""
+
+    _fields_ = [
+        ("queue", ctypes.c_uint32),
+        ("rsvd", ctypes.c_uint32),
     ]
 
 
@@ -668,6 +716,8 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_tensor_op": NpuTensorOp,
     "npu_submit": NpuSubmit,
     "npu_wait": NpuWait,
+    "npu_queue_create": NpuQueueCreate,
+    "npu_queue_destroy": NpuQueueDestroy,
 }
 
 # --------------------------------------------------------------------------
@@ -681,3 +731,5 @@ NPU_IOCTL_SUBMIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x03, NpuSubmit))
 NPU_IOCTL_WAIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x04, NpuWait))
 NPU_IOCTL_BO_USERPTR: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x05, NpuBoUserptr))
 NPU_IOCTL_FENCE_INFO: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x06, NpuFenceInfo))
+NPU_IOCTL_QUEUE_CREATE: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x07, NpuQueueCreate))
+NPU_IOCTL_QUEUE_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x08, NpuQueueDestroy))

@@ -182,7 +182,7 @@ def test_ioctl_with_an_unreadable_argument_pointer_fails_with_efault(fd, name):
 
 def test_get_info_reports_the_documented_limits_and_zero_reserved(fd):
     info = _abi.NpuInfo()
-    for i in range(7):
+    for i in range(6):
         info.rsvd[i] = 0xFFFFFFFF
     ioctl(fd, _abi.NPU_IOCTL_GET_INFO, info)
     assert info.max_submit == 256
@@ -190,7 +190,8 @@ def test_get_info_reports_the_documented_limits_and_zero_reserved(fd):
     assert info.max_bo_size == 1 << 30
     assert (info.pci_vendor, info.pci_device) == (0x1234, 0x4E50)
     assert info.num_queues >= 1
-    assert list(info.rsvd) == [0] * 7
+    assert info.user_queues == 7  # the device's 8 queues but the driver's
+    assert list(info.rsvd) == [0] * 6
 
 
 # --------------------------------------------------------------------------
@@ -205,9 +206,16 @@ def test_bo_create_rounds_up_to_pages_and_returns_a_nonzero_handle(fd):
     assert arg.mmap_offset % PAGE == 0
 
 
-@pytest.mark.parametrize("flags", [1, 0x80000000])
-def test_bo_create_with_flags_fails_with_einval(fd, flags):
+@pytest.mark.parametrize("flags", [2, 0x80000000])
+def test_bo_create_with_unknown_flags_fails_with_einval(fd, flags):
     arg = _abi.NpuBoCreate(size=4096, flags=flags)
+    assert_errno(errno.EINVAL, lambda: ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg))
+
+
+@pytest.mark.parametrize("field", ["handle", "mmap_offset", "alloc_size", "va"])
+def test_bo_create_with_an_output_field_set_fails_with_einval(fd, field):
+    arg = _abi.NpuBoCreate(size=4096)
+    setattr(arg, field, 1)
     assert_errno(errno.EINVAL, lambda: ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg))
 
 
@@ -604,11 +612,17 @@ def test_wait_with_reserved_field_set_fails_with_einval(fd):
     wait(fd, fence)
 
 
-@pytest.mark.parametrize("queue", [1, 0xFFFFFFFF])
+@pytest.mark.parametrize("queue", [8, 0xFFFFFFFF])
 def test_wait_on_a_queue_that_does_not_exist_fails_with_einval(fd, queue):
     fence = nop_submit()(fd)
     arg = _abi.NpuWait(fence=fence, timeout_ns=10**9, queue=queue)
     assert_errno(errno.EINVAL, lambda: ioctl(fd, _abi.NPU_IOCTL_WAIT, arg))
+
+
+@pytest.mark.parametrize("queue", [1, 7])
+def test_wait_on_a_queue_not_lent_to_the_file_fails_with_enoent(fd, queue):
+    arg = _abi.NpuWait(fence=1, timeout_ns=10**9, queue=queue)
+    assert_errno(errno.ENOENT, lambda: ioctl(fd, _abi.NPU_IOCTL_WAIT, arg))
 
 
 @pytest.mark.parametrize("beyond", [1, 2, None], ids=["last+1", "last+2", "U64_MAX"])

@@ -343,23 +343,32 @@ PAYLOAD_SIZE = CMD_SIZE - 16
 
 
 def cmd(
-    opcode: int, payload: bytes = b"", *, flags: int = 0, rsvd0: int = 0, fence: int = 0
-) -> bytes:
-    """A ``struct npu_cmd``: header, then the payload zero-padded to 112 bytes."""
+    opcode: int, payload: bytes = b"", *, flags: int = 0, ctx: int = 0, rsvd0: int = 0,
+    fence: int = 0,
+) -> bytes:  # fmt: skip
+    """A ``struct npu_cmd``: header, then the payload zero-padded to 112 bytes.
+
+    ``ctx`` selects the address space (0: the queue's, else a context table
+    entry); ``rsvd0`` is the reserved u16 after it.
+    """
     assert len(payload) <= PAYLOAD_SIZE
-    return struct.pack("<HHIQ", opcode, flags, rsvd0, fence) + payload.ljust(PAYLOAD_SIZE, b"\0")
+    header = struct.pack("<HHHHQ", opcode, flags, ctx, rsvd0, fence)
+    return header + payload.ljust(PAYLOAD_SIZE, b"\0")
 
 
-def nop(fence: int = 0, *, flags: int = 0) -> bytes:
-    return cmd(hw.OP_NOP, fence=fence, flags=flags)
+def nop(fence: int = 0, *, flags: int = 0, ctx: int = 0) -> bytes:
+    return cmd(hw.OP_NOP, fence=fence, flags=flags, ctx=ctx)
 
 
-def copy(src: int, dst: int, length: int, fence: int = 0) -> bytes:
-    return cmd(hw.OP_COPY, struct.pack("<QQQ", src, dst, length), fence=fence)
+def copy(src: int, dst: int, length: int, fence: int = 0, *, ctx: int = 0) -> bytes:
+    return cmd(hw.OP_COPY, struct.pack("<QQQ", src, dst, length), fence=fence, ctx=ctx)
 
 
-def fill(dst: int, length: int, pattern: int, fence: int = 0, *, rsvd: int = 0) -> bytes:
-    return cmd(hw.OP_FILL, struct.pack("<QQII", dst, length, pattern, rsvd), fence=fence)
+def fill(
+    dst: int, length: int, pattern: int, fence: int = 0, *, rsvd: int = 0, ctx: int = 0
+) -> bytes:
+    payload = struct.pack("<QQII", dst, length, pattern, rsvd)
+    return cmd(hw.OP_FILL, payload, fence=fence, ctx=ctx)
 
 
 def gemm(

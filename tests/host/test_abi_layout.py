@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Every field of every struct, as C member designators (the layout spec).
 FIELDS: dict[str, list[str]] = {
     "npu_cmd": [
-        "opcode", "flags", "rsvd0", "fence",
+        "opcode", "flags", "ctx", "rsvd0", "fence",
         "copy", "copy.src", "copy.dst", "copy.len",
         "fill", "fill.dst", "fill.len", "fill.pattern", "fill.rsvd",
         "gemm", "gemm.a", "gemm.b", "gemm.c", "gemm.m", "gemm.n", "gemm.k",
@@ -35,11 +35,17 @@ FIELDS: dict[str, list[str]] = {
     "npu_tensor_params": ["t", "params"],
     "npu_info": [
         "hw_version", "abi_version", "driver_version", "caps", "num_queues", "num_cores",
-        "max_submit", "ring_entries", "max_bo_size", "pci_vendor", "pci_device", "rsvd",
+        "max_submit", "ring_entries", "max_bo_size", "pci_vendor", "pci_device",
+        "user_queues", "rsvd0", "device_memory", "rsvd",
     ],
-    "npu_bo_create": ["size", "flags", "handle", "mmap_offset", "alloc_size"],
+    "npu_bo_create": ["size", "flags", "handle", "mmap_offset", "alloc_size", "va"],
     "npu_bo_destroy": ["handle", "rsvd"],
-    "npu_bo_userptr": ["addr", "size", "flags", "handle"],
+    "npu_bo_userptr": ["addr", "size", "flags", "handle", "va"],
+    "npu_queue_create": [
+        "entries", "priority", "flags", "queue", "mem_offset", "mem_size", "cpl_offset",
+        "fence_offset", "doorbell_offset",
+    ],
+    "npu_queue_destroy": ["queue", "rsvd"],
     "npu_fence_info": ["fence", "queue", "status", "t_start", "t_end"],
     "npu_buf_ref": ["handle", "rsvd", "offset", "size"],
     "npu_op": ["opcode", "flags", "num_bufs", "bufs", "params", "rsvd"],
@@ -58,7 +64,7 @@ CONSTANTS = [
     "NPU_MAGIC", "NPU_HW_VERSION", "NPU_ABI_VERSION",
     "NPU_CAP_COPY", "NPU_CAP_FILL", "NPU_CAP_GEMM_FP32", "NPU_CAP_MSIX", "NPU_CAP_TIMESTAMPS",
     "NPU_CAP_MMU", "NPU_CAP_TENSOR", "NPU_CAP_REDUCE", "NPU_CAP_MATMUL", "NPU_CAP_CONV",
-    "NPU_CAP_QUANT",
+    "NPU_CAP_QUANT", "NPU_CAP_LOCAL_MEM",
     "NPU_NUM_QUEUES", "NPU_MAX_QUEUES", "NPU_RING_MAX_ENTRIES",
     "NPU_OP_NOP", "NPU_OP_COPY", "NPU_OP_FILL", "NPU_OP_GEMM", "NPU_OP_ELTWISE",
     "NPU_OP_UNARY", "NPU_OP_CONVERT", "NPU_OP_REDUCE", "NPU_OP_SOFTMAX", "NPU_OP_LAYERNORM",
@@ -88,14 +94,17 @@ CONSTANTS = [
     "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
     "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_BAD_QUANT", "NPU_ST_COUNT",
     "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
-    "NPU_ERR_BAD_RING",
+    "NPU_ERR_BAD_RING", "NPU_ERR_MMU_FAULT",
     "NPU_IOCTL_BASE",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
     "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU", "NPU_INFO_CAP_TENSOR", "NPU_INFO_CAP_REDUCE",
-    "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV", "NPU_INFO_CAP_QUANT",
+    "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV", "NPU_INFO_CAP_QUANT", "NPU_INFO_CAP_LOCAL_MEM",
+    "NPU_BO_DEVICE", "NPU_BO_CREATE_FLAGS",
+    "NPU_QUEUE_MIN_ENTRIES", "NPU_QUEUE_MAX_ENTRIES", "NPU_QUEUE_PRIORITY_USER",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
     "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
     "NPU_IOCTL_WAIT", "NPU_IOCTL_BO_USERPTR", "NPU_IOCTL_FENCE_INFO",
+    "NPU_IOCTL_QUEUE_CREATE", "NPU_IOCTL_QUEUE_DESTROY",
     "NPU_BO_USERPTR_READONLY", "NPU_BO_USERPTR_FLAGS",
 ]  # fmt: skip
 

@@ -51,7 +51,8 @@ pytestmark = pytest.mark.skipif(
 
 # Registers whose values a command must never change (snapshot checks).
 GLOBAL_CONFIG = ["REG_CONTROL", "REG_IRQ_MASK", "REG_SCRATCH", "REG_MMU_CONTROL",
-                 "REG_MMU_L1_LO", "REG_MMU_L1_HI", "REG_MMU_L1_ENTRIES"]  # fmt: skip
+                 "REG_MMU_L1_LO", "REG_MMU_L1_HI", "REG_MMU_L1_ENTRIES",
+                 "REG_MMU_CTX_LO", "REG_MMU_CTX_HI", "REG_MMU_CTX_COUNT"]  # fmt: skip
 QUEUE_CONFIG = ["Q_RING_LO", "Q_RING_HI", "Q_RING_SIZE", "Q_CONTROL",
                 "Q_CPL_LO", "Q_CPL_HI", "Q_FENCE_LO", "Q_FENCE_HI"]  # fmt: skip
 IRQ_QUEUE0 = 1 << 0  # NPU_IRQ_QUEUE(0)
@@ -113,7 +114,8 @@ def test_pci_identity_and_bar_sizes_match_the_header(npu: Npu) -> None:
 def test_identity_registers_match_the_header(npu: Npu) -> None:
     all_caps = (hw.CAP_COPY | hw.CAP_FILL | hw.CAP_GEMM_FP32 | hw.CAP_MSIX
                 | hw.CAP_TIMESTAMPS | hw.CAP_MMU | hw.CAP_TENSOR
-                | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT)  # fmt: skip
+                | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT
+                | hw.CAP_LOCAL_MEM)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION
@@ -148,8 +150,9 @@ def test_read_only_registers_ignore_writes(ready: Npu) -> None:
         "REG_MAGIC", "REG_HW_VERSION", "REG_ABI_VERSION", "REG_CAPS", "REG_NUM_QUEUES",
         "REG_NUM_CORES", "REG_MAX_RING", "REG_STATUS", "REG_ERROR", "REG_TIMESTAMP_HI",
         "REG_MMU_FAULT_LO", "REG_MMU_FAULT_HI", "REG_MMU_FAULT_INFO", "REG_MMU_FAULTS",
+        "REG_MMU_FAULT_QUEUE", "REG_MMU_FAULT_CTX",
     )] + [hw.qreg(0, getattr(hw, n)) for n in (
-        "Q_HEAD", "Q_STATUS", "Q_DONE_LO", "Q_DONE_HI",
+        "Q_HEAD", "Q_STATUS", "Q_ERROR", "Q_DONE_LO", "Q_DONE_HI",
     )]  # fmt: skip
     before = {off: ready.rd(off) for off in ro}
     for off in ro:
@@ -283,6 +286,7 @@ def test_enabling_a_queue_with_a_bad_ring_config_is_bad_ring(
     npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
     assert npu.qrd(hw.Q_CONTROL) == 0, "the queue must stay disabled"
     assert npu.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED
+    assert npu.qrd(hw.Q_ERROR) == hw.ERR_BAD_RING
     assert npu.rd(hw.REG_STATUS) & hw.STATUS_ERROR
     assert npu.rd(hw.REG_ERROR) == hw.ERR_BAD_RING
     assert npu.rd(hw.REG_IRQ_STATUS) & hw.IRQ_ERROR
@@ -297,8 +301,10 @@ def test_a_queue_with_a_good_config_enables_and_clears_the_error(npu: Npu) -> No
     npu.program_queue(size=3)
     npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
     assert npu.rd(hw.REG_ERROR) == hw.ERR_BAD_RING
+    assert npu.qrd(hw.Q_ERROR) == hw.ERR_BAD_RING
     npu.start(size=4)
     assert npu.qrd(hw.Q_STATUS) == hw.QSTAT_IDLE
+    assert npu.qrd(hw.Q_ERROR) == hw.ERR_NONE
     assert not npu.rd(hw.REG_STATUS) & hw.STATUS_ERROR
     assert npu.rd(hw.REG_ERROR) == hw.ERR_BAD_RING, "ERROR is sticky until reset"
     expect_ok_fill(npu)
@@ -561,6 +567,13 @@ BAD_DESCRIPTORS: dict[str, tuple[bytes, str]] = {
     "copy-flags-bit15": (with_byte(COPY16, 3, 0x80), "BAD_FLAGS"),
     "rsvd0": (cmd(hw.OP_NOP, rsvd0=1), "BAD_RESERVED"),
     "copy-rsvd0-top-bit": (with_byte(COPY16, 7, 0x80), "BAD_RESERVED"),
+    "rsvd0-checked-before-ctx": (cmd(hw.OP_NOP, ctx=1, rsvd0=1), "BAD_RESERVED"),
+    "flags-checked-before-ctx": (cmd(hw.OP_NOP, ctx=1, flags=2), "BAD_FLAGS"),
+    # No context table: every ctx but 0 names no address space.
+    "nop-ctx-1": (cmd(hw.OP_NOP, ctx=1), "MMU_FAULT"),
+    "copy-ctx-top-bit": (with_byte(COPY16, 5, 0x80), "MMU_FAULT"),
+    "ctx-checked-before-the-payload": (with_byte(cmd(hw.OP_NOP, ctx=1), 16), "MMU_FAULT"),
+    "ctx-checked-before-the-opcode": (cmd(hw.OP_COUNT, ctx=1), "MMU_FAULT"),
     "nop-payload-byte-16": (with_byte(nop(), 16), "BAD_RESERVED"),
     "nop-payload-byte-127": (with_byte(nop(), 127), "BAD_RESERVED"),
     "copy-unused-byte-40": (with_byte(COPY16, 40), "BAD_RESERVED"),
@@ -876,6 +889,7 @@ def test_ring_overrun_stops_the_queue_with_ring_overrun(npu: Npu, tail: int) -> 
     assert npu.rd(hw.REG_ERROR) == hw.ERR_RING_OVERRUN
     assert npu.rd(hw.REG_IRQ_STATUS) & hw.IRQ_ERROR
     assert npu.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED
+    assert npu.qrd(hw.Q_ERROR) == hw.ERR_RING_OVERRUN
     assert npu.qrd(hw.Q_HEAD) == 0
     assert npu.qt.memread(npu.cpl, 4 * CPL_SIZE) == b"\xee" * 4 * CPL_SIZE, "nothing may run"
     npu.assert_alive()
@@ -1115,20 +1129,27 @@ def fuzz_descriptor(rng: random.Random, fence: int) -> bytes:
     else:
         payload = rng.randbytes(112)
     flags = rng.choice([0, 0, 0, hw.CMD_F_IRQ, 1 << rng.randrange(16)])
-    rsvd0 = 0 if rng.random() < 0.9 else rng.getrandbits(32)
-    desc = bytearray(cmd(opcode, payload, flags=flags, rsvd0=rsvd0, fence=fence))
+    ctx = 0 if rng.random() < 0.9 else rng.getrandbits(16)
+    rsvd0 = 0 if rng.random() < 0.9 else rng.getrandbits(16)
+    desc = bytearray(cmd(opcode, payload, flags=flags, ctx=ctx, rsvd0=rsvd0, fence=fence))
     if rng.random() < 0.1:
         desc[rng.randrange(16 + len(payload), CMD_SIZE) if len(payload) < 112 else 127] |= 1
     return bytes(desc)
 
 
 def expected_header_status(desc: bytes) -> int | None:
-    """The status decided by the generic checks of spec 6.3 step 4, if any."""
-    opcode, flags, rsvd0 = struct.unpack_from("<HHI", desc)
+    """The status decided by the generic checks of spec 6.3 step 4, if any.
+
+    The fuzz programs no context table, so a ctx other than 0 names no address
+    space: an MMU fault, decided after flags and rsvd0, before the opcode's checks.
+    """
+    opcode, flags, ctx, rsvd0 = struct.unpack_from("<HHHH", desc)
     if flags & ~hw.CMD_F_MASK:
         return hw.ST_BAD_FLAGS
     if rsvd0:
         return hw.ST_BAD_RESERVED
+    if ctx:
+        return hw.ST_MMU_FAULT
     if opcode in PAYLOAD_USED and any(desc[16 + PAYLOAD_USED[opcode] :]):
         return hw.ST_BAD_RESERVED
     if opcode >= hw.OP_COUNT:

@@ -291,6 +291,7 @@ def test_a_queue_cannot_reach_pages_only_another_queue_maps(npu: Npu) -> None:
     wait_all(npu, {2: 1})
     assert completions(npu, 2, 1)[0].status == hw.ST_MMU_FAULT
     assert npu.rd(hw.REG_MMU_FAULT_QUEUE) == 2
+    assert npu.qrd(hw.Q_ERROR, 2) == hw.ERR_MMU_FAULT, "a queue with its own tables stops"
     assert npu.rd(hw.REG_MMU_FAULT_LO) == 0x1000
     assert npu.qt.memread(AS_PAGES + 0x2000, 16) != b"\x5a" * 16
 
@@ -312,3 +313,66 @@ def test_address_space_registers_are_locked_while_the_queue_is_enabled(npu: Npu)
     npu.qwr(hw.Q_MMU_L1_LO, 0x5000, 3)
     assert npu.qrd(hw.Q_MMU_L1_ENTRIES, 3) == 1
     assert npu.qrd(hw.Q_MMU_L1_LO, 3) == AS_TABLES + 3 * 0x2000
+
+
+# -- Q_STATUS.ACTIVE -----------------------------------------------------------------
+
+BIG_FILL = 256 << 20  # tens of ms of device work: long enough to watch
+
+
+def wait_active(npu: Npu, q: int) -> None:
+    deadline = time.monotonic() + 5
+    while not npu.qrd(hw.Q_STATUS, q) & hw.QSTAT_ACTIVE:
+        assert npu.qrd(hw.Q_HEAD, q) == 0, "the command finished before ACTIVE was seen"
+        assert time.monotonic() < deadline
+        time.sleep(0.0002)
+
+
+def wait_inactive(npu: Npu, q: int) -> None:
+    deadline = time.monotonic() + 30
+    while npu.qrd(hw.Q_STATUS, q) & hw.QSTAT_ACTIVE:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_active_is_set_only_while_a_command_of_the_queue_runs(npu: Npu) -> None:
+    setup_queue(npu, 1)
+    setup_queue(npu, 2)
+    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE
+    post(npu, 1, [fill(DATA, BIG_FILL, 0x5A5A5A5A, 1)])
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_active(npu, 1)
+    assert npu.qrd(hw.Q_STATUS, 2) == hw.QSTAT_IDLE, "another queue's command is not ours"
+    wait_all(npu, {1: 1})
+    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE
+    assert completions(npu, 1, 1)[0].status == hw.ST_OK
+
+
+def test_a_disabled_queue_reads_active_until_its_running_command_ends(npu: Npu) -> None:
+    setup_queue(npu, 1)
+    post(npu, 1, [fill(DATA, BIG_FILL, 0x5A5A5A5A, 1), nop(2)])
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_active(npu, 1)
+    npu.qwr(hw.Q_CONTROL, 0, 1)
+    assert npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_ACTIVE, "the FILL still runs: the ring is in use"
+    wait_inactive(npu, 1)
+    assert npu.qrd(hw.Q_HEAD, 1) == 0, "the old generation does not advance Q_HEAD"
+    assert npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_ACTIVE == 0
+    time.sleep(0.05)
+    assert completions(npu, 1, 2)[1].fence != 2, "nothing runs on a disabled queue"
+    npu.assert_alive()
+
+
+def test_re_enabling_a_queue_while_its_old_command_runs_keeps_active(npu: Npu) -> None:
+    setup_queue(npu, 1)
+    post(npu, 1, [fill(DATA, BIG_FILL, 0x5A5A5A5A, 1)])
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    wait_active(npu, 1)
+    npu.qwr(hw.Q_CONTROL, 0, 1)
+    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, 1)
+    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE | hw.QSTAT_ACTIVE
+    wait_inactive(npu, 1)
+    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE
+    post(npu, 1, [nop(5)])  # the new generation runs from slot 0
+    wait_all(npu, {1: 1})
+    assert completions(npu, 1, 1)[0].fence == 5

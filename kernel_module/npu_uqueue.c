@@ -1,0 +1,449 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU user-mode queues: a hardware queue lent to one open file. The
+ * process writes descriptors into a ring mapped into its address space and
+ * rings a doorbell page mapped from BAR0, with no system call per command.
+ * Safety comes from the device: the queue is confined to the file's
+ * address space (its own page table), so a descriptor can reach nothing
+ * but the file's buffers; an address outside them faults, the device stops
+ * the queue, and the file is marked faulted.
+ *
+ * mmap offsets below 4 GiB (BO handle 0) are queue regions:
+ *   (q << 24)          the doorbell page of hardware queue q
+ *   (q << 24) + 1 MiB  the queue memory: ring, completions, fence record
+ */
+#include <linux/capability.h>
+#include <linux/dma-mapping.h>
+#include <linux/iopoll.h>
+#include <linux/mm.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+
+#include "npu_drv.h"
+
+#define NPU_UQ_REGION_SHIFT	24
+#define NPU_UQ_MEM_OFFSET	SZ_1M
+#define NPU_UQ_QUIESCE_US	(10 * USEC_PER_SEC)
+
+static u64 npu_uq_region(u32 index)
+{
+	return (u64)index << NPU_UQ_REGION_SHIFT;
+}
+
+static void npu_uqueue_free(struct kref *ref)
+{
+	struct npu_uqueue *uq = container_of(ref, struct npu_uqueue, ref);
+	struct npu_device *ndev = uq->ndev;
+
+	if (uq->mem)
+		dma_free_coherent(&ndev->pdev->dev, uq->mem_size, uq->mem, uq->mem_dma);
+	kfree(uq);
+	npu_device_put(ndev);
+}
+
+static void npu_uqueue_put(struct npu_uqueue *uq)
+{
+	kref_put(&uq->ref, npu_uqueue_free);
+}
+
+/*
+ * Wait until the device runs no command of hardware queue @index that
+ * started before this call: the running one (if any) completes (HEAD
+ * moves) or the queue, disabled, drops it (ACTIVE clears). Caller holds
+ * uq_mutex, so the device is still bound.
+ */
+static int npu_hwq_quiesce(struct npu_device *ndev, u32 index)
+{
+	u32 head = npu_rd(ndev, NPU_QREG(index, NPU_Q_HEAD));
+	u32 st;
+	int ret;
+
+	ret = readl_poll_timeout(ndev->regs + NPU_QREG(index, NPU_Q_STATUS), st,
+				 !(st & NPU_QSTAT_ACTIVE) ||
+				 npu_rd(ndev, NPU_QREG(index, NPU_Q_HEAD)) != head,
+				 20, NPU_UQ_QUIESCE_US);
+	if (ret)
+		dev_err(&ndev->pdev->dev, "queue %u: command did not finish\n", index);
+	return ret;
+}
+
+/*
+ * Called after the PTEs of a buffer of @ctx were cleared and before its
+ * pages are freed: a command of the context's user queues that started
+ * earlier may hold the old translations (the device reads page tables
+ * once per command), so wait until each has moved on.
+ */
+void npu_uqueue_sync(struct npu_context *ctx)
+{
+	struct npu_device *ndev = ctx->ndev;
+	u32 i;
+
+	mutex_lock(&ndev->uq_mutex);
+	/* After an unbind the device was reset: nothing runs. */
+	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++)
+		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped)
+			npu_hwq_quiesce(ndev, i);
+	mutex_unlock(&ndev->uq_mutex);
+}
+
+/* Zap the process's doorbell mapping of @uq; caller holds uq_mutex. */
+static void npu_uqueue_zap(struct npu_uqueue *uq)
+{
+	if (uq->ctx->mapping)
+		unmap_mapping_range(uq->ctx->mapping, npu_uq_region(uq->index),
+				    NPU_UQ_MEM_OFFSET, 1);
+}
+
+/*
+ * Take @uq off its hardware queue: disable the queue, wait for its command,
+ * zap the doorbell mapping and drop the table's reference. The queue
+ * memory stays while the process maps it. Caller holds uq_mutex.
+ */
+static void npu_uqueue_detach(struct npu_uqueue *uq)
+{
+	struct npu_device *ndev = uq->ndev;
+	u32 i = uq->index;
+
+	/* After an unbind the registers are gone, and the device was reset. */
+	if (!READ_ONCE(ndev->unplugged)) {
+		npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), 0);
+		if (npu_hwq_quiesce(ndev, i)) {
+			/* The device may still write the ring: never free it. */
+			kref_get(&uq->ref);
+		}
+		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
+	}
+	npu_uqueue_zap(uq);
+	ndev->uq[i] = NULL;
+	uq->stopped = true;
+	wake_up_all(&uq->wq);
+	uq->ctx = NULL;
+	npu_uqueue_put(uq);
+}
+
+/* Program hardware queue @uq->index for @uq and enable it. */
+static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority)
+{
+	struct npu_device *ndev = uq->ndev;
+	u32 i = uq->index;
+	dma_addr_t cpl = uq->mem_dma + (u64)uq->entries * sizeof(struct npu_cmd);
+	dma_addr_t wb = uq->mem_dma + ((u8 *)uq->wb - (u8 *)uq->mem);
+
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), 0);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_LO), lower_32_bits(uq->mem_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_HI), upper_32_bits(uq->mem_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_SIZE), uq->entries);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_LO), lower_32_bits(cpl));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_HI), upper_32_bits(cpl));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_LO), lower_32_bits(wb));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_HI), upper_32_bits(wb));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_LO), lower_32_bits(uq->ctx->vm.l1_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_HI), upper_32_bits(uq->ctx->vm.l1_dma));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), NPU_MMU_MAX_L1);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), priority);
+	/* An interrupt for each descriptor that asks (NPU_CMD_F_IRQ). */
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), 1);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), 0);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
+}
+
+static int npu_uqueue_alloc_mem(struct npu_uqueue *uq)
+{
+	size_t ring = (size_t)uq->entries * sizeof(struct npu_cmd);
+	size_t cpl = (size_t)uq->entries * sizeof(struct npu_cpl);
+
+	uq->mem_size = PAGE_ALIGN(ring + cpl) + PAGE_SIZE;
+	uq->mem = dma_alloc_coherent(&uq->ndev->pdev->dev, uq->mem_size,
+				     &uq->mem_dma, GFP_KERNEL);
+	if (!uq->mem)
+		return -ENOMEM;
+	uq->wb = uq->mem + PAGE_ALIGN(ring + cpl);
+	return 0;
+}
+
+int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue_create args;
+	struct npu_uqueue *uq;
+	u32 i;
+	int ret;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.flags || args.queue || args.mem_offset || args.mem_size ||
+	    args.cpl_offset || args.fence_offset || args.doorbell_offset ||
+	    !is_power_of_2(args.entries) || args.entries < NPU_QUEUE_MIN_ENTRIES ||
+	    args.entries > NPU_QUEUE_MAX_ENTRIES || args.priority > NPU_Q_PRIORITY_MAX)
+		return -EINVAL;
+	if (args.priority > NPU_QUEUE_PRIORITY_USER && !capable(CAP_SYS_NICE))
+		return -EACCES;
+	if (READ_ONCE(ctx->faulted))
+		return -EBADFD;
+
+	uq = kzalloc(sizeof(*uq), GFP_KERNEL);
+	if (!uq)
+		return -ENOMEM;
+	kref_init(&uq->ref);
+	init_waitqueue_head(&uq->wq);
+	uq->ndev = ndev;
+	kref_get(&ndev->ref);
+	uq->entries = args.entries;
+	ret = npu_uqueue_alloc_mem(uq);
+	if (ret)
+		goto err_put;
+
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues && ndev->uq[i]; i++)
+		;
+	if (i >= ndev->hw_queues) {
+		mutex_unlock(&ndev->uq_mutex);
+		ret = -EBUSY;
+		goto err_put;
+	}
+	uq->index = i;
+	uq->ctx = ctx;
+	ndev->uq[i] = uq;
+	npu_uqueue_start(uq, args.priority);
+	mutex_unlock(&ndev->uq_mutex);
+
+	args.queue = i;
+	args.doorbell_offset = npu_uq_region(i);
+	args.mem_offset = npu_uq_region(i) + NPU_UQ_MEM_OFFSET;
+	args.mem_size = uq->mem_size;
+	args.cpl_offset = (u64)uq->entries * sizeof(struct npu_cmd);
+	args.fence_offset = (u8 *)uq->wb - (u8 *)uq->mem;
+	if (copy_to_user(arg, &args, sizeof(args))) {
+		mutex_lock(&ndev->uq_mutex);
+		npu_uqueue_detach(uq);
+		mutex_unlock(&ndev->uq_mutex);
+		return -EFAULT;
+	}
+	return 0;
+
+err_put:
+	npu_uqueue_put(uq);
+	return ret;
+}
+
+/* The user queue @index of @ctx; caller holds uq_mutex. */
+static struct npu_uqueue *npu_uqueue_find(struct npu_context *ctx, u32 index)
+{
+	struct npu_device *ndev = ctx->ndev;
+
+	if (index == 0 || index >= ndev->hw_queues)
+		return NULL;
+	if (!ndev->uq[index] || ndev->uq[index]->ctx != ctx)
+		return NULL;
+	return ndev->uq[index];
+}
+
+int npu_ioctl_queue_destroy(struct npu_context *ctx, void __user *arg)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue_destroy args;
+	struct npu_uqueue *uq;
+
+	if (copy_from_user(&args, arg, sizeof(args)))
+		return -EFAULT;
+	if (args.rsvd)
+		return -EINVAL;
+	mutex_lock(&ndev->uq_mutex);
+	uq = npu_uqueue_find(ctx, args.queue);
+	if (uq)
+		npu_uqueue_detach(uq);
+	mutex_unlock(&ndev->uq_mutex);
+	return uq ? 0 : -ENOENT;
+}
+
+/* The file is closing: take its queues back. */
+void npu_uqueue_release_all(struct npu_context *ctx)
+{
+	struct npu_device *ndev = ctx->ndev;
+	u32 i;
+
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues; i++)
+		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx)
+			npu_uqueue_detach(ndev->uq[i]);
+	mutex_unlock(&ndev->uq_mutex);
+}
+
+/*
+ * The device is going away or was reset: every user queue stops (its
+ * state in the device is gone); waiters get -EIO. Caller holds uq_mutex
+ * for removal; a reset calls it with the lock too.
+ */
+void npu_uqueue_stop_all(struct npu_device *ndev)
+{
+	u32 i;
+
+	for (i = 1; i < ndev->hw_queues; i++) {
+		struct npu_uqueue *uq = ndev->uq[i];
+
+		if (!uq)
+			continue;
+		if (!uq->stopped) {
+			uq->stopped = true;
+			uq->error = NPU_ERR_NONE;
+		}
+		npu_uqueue_zap(uq);
+		wake_up_all(&uq->wq);
+	}
+}
+
+/*
+ * The device raised an error: find the user queues it stopped. A stop on
+ * an MMU fault marks the owning file faulted.
+ */
+void npu_uqueue_check_stopped(struct npu_device *ndev)
+{
+	u32 i;
+
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+		struct npu_uqueue *uq = ndev->uq[i];
+
+		if (!uq || uq->stopped ||
+		    !(npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_STOPPED))
+			continue;
+		uq->error = npu_rd(ndev, NPU_QREG(i, NPU_Q_ERROR));
+		uq->stopped = true;
+		if (uq->error == NPU_ERR_MMU_FAULT)
+			WRITE_ONCE(uq->ctx->faulted, true);
+		dev_warn_ratelimited(&ndev->pdev->dev,
+				     "user queue %u (client %u) stopped: error %u\n",
+				     i, uq->ctx->client_id, uq->error);
+		wake_up_all(&uq->wq);
+	}
+	mutex_unlock(&ndev->uq_mutex);
+}
+
+/* Completion interrupt of hardware queue @index. */
+void npu_uqueue_irq(struct npu_device *ndev, u32 index)
+{
+	mutex_lock(&ndev->uq_mutex);
+	if (ndev->uq[index])
+		wake_up_all(&ndev->uq[index]->wq);
+	mutex_unlock(&ndev->uq_mutex);
+}
+
+static bool npu_uqueue_done(struct npu_uqueue *uq, u64 fence)
+{
+	return READ_ONCE(uq->wb->value) >= fence || READ_ONCE(uq->stopped);
+}
+
+/*
+ * WAIT on a user queue: until its fence record reaches @args->fence. A
+ * queue the device stopped gives -EBADFD after an MMU fault (the file is
+ * faulted), else -EIO (NPU_ST_ABORTED in status); error_fence is the last
+ * fence it completed.
+ */
+int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_uqueue *uq;
+	long timeout, ret;
+
+	if (args->queue >= ndev->hw_queues)
+		return -EINVAL;
+	mutex_lock(&ndev->uq_mutex);
+	uq = npu_uqueue_find(ctx, args->queue);
+	if (uq)
+		kref_get(&uq->ref);
+	mutex_unlock(&ndev->uq_mutex);
+	if (!uq)
+		return -ENOENT;
+
+	ret = 0;
+	if (!npu_uqueue_done(uq, args->fence)) {
+		timeout = min_t(u64, nsecs_to_jiffies64(args->timeout_ns),
+				MAX_SCHEDULE_TIMEOUT - 1);
+		if (!args->timeout_ns)
+			ret = -ETIMEDOUT;
+		else
+			ret = wait_event_interruptible_timeout(uq->wq,
+							       npu_uqueue_done(uq, args->fence),
+							       timeout ?: 1);
+		if (ret > 0)
+			ret = 0;
+		else if (ret == 0)
+			ret = -ETIMEDOUT;
+		else if (ret != -ETIMEDOUT)
+			ret = -EINTR;
+	}
+	if (!ret && READ_ONCE(uq->wb->value) < args->fence) {
+		/* Stopped before the fence. */
+		args->error_fence = READ_ONCE(uq->wb->value);
+		if (uq->error == NPU_ERR_MMU_FAULT) {
+			args->status = NPU_ST_MMU_FAULT;
+			ret = -EBADFD;
+		} else {
+			args->status = NPU_ST_ABORTED;
+			ret = -EIO;
+		}
+	}
+	npu_uqueue_put(uq);
+	return ret;
+}
+
+static void npu_uqueue_vm_open(struct vm_area_struct *vma)
+{
+	struct npu_uqueue *uq = vma->vm_private_data;
+
+	kref_get(&uq->ref);
+}
+
+static void npu_uqueue_vm_close(struct vm_area_struct *vma)
+{
+	npu_uqueue_put(vma->vm_private_data);
+}
+
+static const struct vm_operations_struct npu_uqueue_vm_ops = {
+	.open = npu_uqueue_vm_open,
+	.close = npu_uqueue_vm_close,
+};
+
+/* mmap of a queue region (offset below 4 GiB); caller holds unplug_sem. */
+int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
+{
+	struct npu_device *ndev = ctx->ndev;
+	u64 offset = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	u64 len = vma->vm_end - vma->vm_start;
+	u32 index = offset >> NPU_UQ_REGION_SHIFT;
+	u64 within = offset & (BIT_ULL(NPU_UQ_REGION_SHIFT) - 1);
+	struct npu_uqueue *uq;
+	phys_addr_t bell;
+	int ret = -EINVAL;
+
+	mutex_lock(&ndev->uq_mutex);
+	uq = npu_uqueue_find(ctx, index);
+	if (!uq)
+		goto out;
+	if (within == 0) {
+		/* The doorbell: one uncached page of BAR0, no execute. */
+		if (len != PAGE_SIZE || (vma->vm_flags & VM_EXEC))
+			goto out;
+		bell = pci_resource_start(ndev->pdev, NPU_BAR_REGS) + NPU_DOORBELL(index);
+		vma->vm_flags |= VM_IO | VM_DONTEXPAND | VM_DONTDUMP;
+		vma->vm_flags &= ~VM_MAYEXEC;
+		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
+		ret = io_remap_pfn_range(vma, vma->vm_start, bell >> PAGE_SHIFT,
+					 PAGE_SIZE, vma->vm_page_prot);
+		goto out;
+	}
+	if (within != NPU_UQ_MEM_OFFSET || len > uq->mem_size)
+		goto out;
+	vma->vm_pgoff = 0;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	ret = dma_mmap_coherent(&ndev->pdev->dev, vma, uq->mem, uq->mem_dma,
+				uq->mem_size);
+	if (ret)
+		goto out;
+	kref_get(&uq->ref);
+	vma->vm_private_data = uq;
+	vma->vm_ops = &npu_uqueue_vm_ops;
+out:
+	mutex_unlock(&ndev->uq_mutex);
+	return ret;
+}
