@@ -77,7 +77,26 @@ enum npu_reg {
 	NPU_REG_MMU_FAULT_CTX	= 0x080,	/* RO: npu_cmd.ctx of the last fault */
 	NPU_REG_MEM_SIZE_LO	= 0x084,	/* RO: device memory bytes (BAR2), 0: none */
 	NPU_REG_MEM_SIZE_HI	= 0x088,
+	NPU_REG_INJECT		= 0x090,	/* RW: NPU_INJECT_* armed, self-clearing */
 };
+
+/*
+ * Fault injection (NPU_REG_INJECT): write 1 to arm a fault for the next
+ * command the device starts (or the next completion interrupt); the bit
+ * clears when the fault fires.
+ *   HANG       the command never completes: the command processor stops
+ *              (the queue stays ACTIVE) until a soft or PCI reset.
+ *   HW_ERROR   the command completes with NPU_ST_HW_ERROR without running
+ *              (an uncorrectable memory error).
+ *   DROP_IRQ   the next completion interrupt is not signalled (the status
+ *              and the fence write-back still are).
+ *   DMA_FAULT  the command completes with NPU_ST_DMA_ERROR without running.
+ */
+#define NPU_INJECT_HANG		(1u << 0)
+#define NPU_INJECT_HW_ERROR	(1u << 1)
+#define NPU_INJECT_DROP_IRQ	(1u << 2)
+#define NPU_INJECT_DMA_FAULT	(1u << 3)
+#define NPU_INJECT_MASK		0xfu
 
 #define NPU_CAP_COPY		(1u << 0)
 #define NPU_CAP_FILL		(1u << 1)
@@ -224,6 +243,8 @@ enum npu_opcode {
 	NPU_OP_CONV2D	= 12,	/* out = act(conv2d(in, weight) + bias), NCHW */
 	NPU_OP_POOL2D	= 13,	/* out = max/avg pool of in, NCHW */
 	NPU_OP_REQUANT	= 14,	/* int8 out = clamp(rne(acc * scale) + zp) */
+	NPU_OP_SIGNAL	= 15,	/* store sync.value (u64) at sync.va */
+	NPU_OP_WAIT	= 16,	/* hold the queue until the u64 at sync.va >= sync.value */
 	NPU_OP_COUNT,
 };
 
@@ -463,6 +484,16 @@ struct npu_cmd {
 			__u32 flags;		/* NPU_GEMM_* */
 		} gemm;
 		struct {
+			/*
+			 * SIGNAL and WAIT: va is 8-byte aligned. A WAIT whose
+			 * value is not there yet leaves the queue's head on
+			 * it; the device runs other queues meanwhile and
+			 * looks again after each completion and every 1 ms.
+			 */
+			__u64 va;
+			__u64 value;
+		} sync;
+		struct {
 			__u64 params;	/* VA of struct npu_tensor_params */
 			__u32 kind;	/* the opcode's enum npu_*_kind, or 0 */
 			__u32 rsvd;
@@ -500,6 +531,9 @@ enum npu_status {
 	NPU_ST_NO_MEMORY	= 8,	/* device-side allocation failed */
 	NPU_ST_MMU_FAULT	= 9,	/* a translation missed or was not writable */
 	NPU_ST_BAD_QUANT	= 10,	/* zero point outside int8, scale not finite > 0 */
+	NPU_ST_HW_ERROR		= 11,	/* uncorrectable device error (ECC) */
+	NPU_ST_TIMEOUT		= 12,	/* never written by the device: the driver's
+					 * status for an op that hung (reset) */
 	NPU_ST_COUNT,
 };
 

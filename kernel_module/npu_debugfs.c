@@ -5,6 +5,9 @@
  *   inject_cmd  write an opcode number: queue one raw descriptor with that
  *               opcode and an empty payload, bypassing SUBMIT validation, to
  *               exercise the device's own rejection path.
+ *   inject      write "hang", "hw_error", "drop_irq" or "dma_fault": arm the
+ *               device's fault injection (NPU_REG_INJECT) for its next
+ *               command or completion interrupt; read: what is armed.
  */
 #include <linux/debugfs.h>
 #include <linux/slab.h>
@@ -68,6 +71,56 @@ static const struct file_operations npu_inject_cmd_fops = {
 	.llseek = noop_llseek,
 };
 
+static const char * const npu_inject_names[] = {
+	"hang", "hw_error", "drop_irq", "dma_fault",
+};
+
+static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
+				size_t len, loff_t *ppos)
+{
+	struct npu_device *ndev = file->private_data;
+	char buf[16];
+	int i;
+
+	if (len >= sizeof(buf))
+		return -EINVAL;
+	if (copy_from_user(buf, ubuf, len))
+		return -EFAULT;
+	buf[len] = 0;
+	i = sysfs_match_string(npu_inject_names, buf);
+	if (i < 0)
+		return i;
+	down_read(&ndev->unplug_sem);
+	if (!ndev->unplugged)
+		npu_wr(ndev, NPU_REG_INJECT, BIT(i));
+	up_read(&ndev->unplug_sem);
+	return ndev->unplugged ? -ENODEV : len;
+}
+
+static ssize_t npu_inject_read(struct file *file, char __user *ubuf, size_t len,
+			       loff_t *ppos)
+{
+	struct npu_device *ndev = file->private_data;
+	char buf[16];
+	u32 armed = 0;
+	int n;
+
+	down_read(&ndev->unplug_sem);
+	if (!ndev->unplugged)
+		armed = npu_rd(ndev, NPU_REG_INJECT);
+	up_read(&ndev->unplug_sem);
+	n = scnprintf(buf, sizeof(buf), "0x%x\n", armed);
+	return simple_read_from_buffer(ubuf, len, ppos, buf, n);
+}
+
+static const struct file_operations npu_inject_fops = {
+	.owner = THIS_MODULE,
+	.open = simple_open,
+	.read = npu_inject_read,
+	.write = npu_inject_write,
+	.llseek = noop_llseek,
+};
+
 void npu_debugfs_init(struct npu_device *ndev)
 {
 	char name[16];
@@ -76,6 +129,7 @@ void npu_debugfs_init(struct npu_device *ndev)
 	ndev->debugfs = debugfs_create_dir(name, npu_debugfs_root);
 	debugfs_create_file("inject_cmd", 0200, ndev->debugfs, ndev,
 			    &npu_inject_cmd_fops);
+	debugfs_create_file("inject", 0600, ndev->debugfs, ndev, &npu_inject_fops);
 }
 
 void npu_debugfs_fini(struct npu_device *ndev)

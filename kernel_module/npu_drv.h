@@ -6,6 +6,7 @@
  *   npu_hw.c     registers, queue rings, interrupts, completions, reset
  *   npu_mmu.c    address spaces: page tables, VA allocators, context table
  *   npu_uqueue.c user-mode queues: rings and doorbells mapped to processes
+ *   npu_reset.c  watchdog: hang detection, device reset, replay, bans
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_sysfs.c  device attributes
@@ -25,6 +26,7 @@
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
+#include <linux/workqueue.h>
 #include <linux/xarray.h>
 
 #include "npu_hw.h"
@@ -77,6 +79,8 @@ struct npu_context {
 	atomic64_t local_bytes;		/* of which in device memory */
 	struct npu_vm vm;		/* where its buffers are mapped */
 	bool faulted;			/* a command of it faulted: submits fail */
+	u32 hangs;			/* its commands that hung (watchdog) */
+	bool banned;			/* hung too often: submits fail with -EIO */
 	struct address_space *mapping;	/* of its file: to zap doorbell maps */
 };
 
@@ -113,6 +117,7 @@ struct npu_uqueue {
 	dma_addr_t mem_dma;
 	struct npu_fence_wb *wb;	/* inside mem */
 	bool stopped;			/* the device stopped it (error, reset) */
+	bool hung;			/* its command hung: the device was reset */
 	u32 error;			/* NPU_ERR_* it stopped with */
 	wait_queue_head_t wq;		/* fence write-backs and stops */
 };
@@ -181,7 +186,14 @@ struct npu_device {
 
 	struct dentry *debugfs;
 	atomic_t irq_count;
-	atomic_t recoveries;
+	atomic_t recoveries;		/* device resets that recovered */
+	atomic_t hangs;			/* hung commands the watchdog found */
+	/* Watchdog (npu_reset.c): last HEAD and since when, per queue. */
+	struct delayed_work watchdog;
+	u32 wd_head[NPU_NUM_QUEUES];
+	unsigned long wd_since[NPU_NUM_QUEUES];
+	u64 hang_detect_ns;		/* the last hang: from start to detection */
+	u64 reset_recovery_ns;		/* the last recovery: reset to restart */
 	atomic_t op_errors;		/* ops completed with a non-OK status */
 	atomic64_t bo_count;		/* live buffer objects */
 	atomic64_t bo_bytes;		/* bytes of their backing pages */
@@ -230,6 +242,10 @@ void npu_device_put(struct npu_device *ndev);
 
 /* npu_hw.c */
 int npu_hw_init(struct npu_device *ndev);
+int npu_hw_reset(struct npu_device *ndev);
+void npu_hw_start(struct npu_device *ndev);
+void npu_queue_rebase(struct npu_queue *q, u64 base);
+struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence);
 void npu_hw_fini(struct npu_device *ndev);
 void npu_hw_free(struct npu_device *ndev);
 void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
@@ -265,7 +281,14 @@ void npu_uqueue_release_all(struct npu_context *ctx);
 void npu_uqueue_sync(struct npu_context *ctx);
 void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
-void npu_uqueue_stop_all(struct npu_device *ndev);
+void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
+struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
+
+/* npu_reset.c */
+void npu_watchdog_init(struct npu_device *ndev);
+void npu_watchdog_start(struct npu_device *ndev);
+void npu_watchdog_stop(struct npu_device *ndev);
+void npu_reset_uevent(struct npu_device *ndev, const char *reason);
 
 /* npu_bo.c */
 int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);

@@ -16,7 +16,7 @@
 
 #define NPU_RESET_TIMEOUT_US	(2 * USEC_PER_SEC)
 
-static int npu_hw_reset(struct npu_device *ndev)
+int npu_hw_reset(struct npu_device *ndev)
 {
 	u32 st;
 	int ret;
@@ -45,14 +45,6 @@ static void npu_queue_start(struct npu_queue *q)
 	struct npu_device *ndev = q->ndev;
 	u32 i = q->index;
 
-	/*
-	 * The device restarts the ring at index 0; the fence timeline goes on
-	 * from where it was (everything before was completed or aborted).
-	 */
-	q->tail = 0;
-	q->fence_base = q->next_fence;
-	q->wb->value = q->next_fence;
-	q->wb->timestamp = 0;
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_LO), lower_32_bits(q->ring_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_HI), upper_32_bits(q->ring_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_RING_SIZE), q->entries);
@@ -63,12 +55,25 @@ static void npu_queue_start(struct npu_queue *q)
 	/* The device signals at once when the queue goes idle: no added latency. */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), min(irq_coalesce_ops, NPU_IRQ_COUNT_MAX));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), min(irq_coalesce_us, NPU_IRQ_DELAY_MAX));
-	/* User queues default to priority 0, and may ask for 1 (uapi.md). */
+	/* The highest priority a process may ask for without CAP_SYS_NICE. */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), NPU_QUEUE_PRIORITY_USER);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
 }
 
-static void npu_hw_start(struct npu_device *ndev)
+/*
+ * The device restarts a ring at index 0: restart the fence timeline of @q
+ * after @base (every fence up to it retired), with an empty ring.
+ */
+void npu_queue_rebase(struct npu_queue *q, u64 base)
+{
+	q->tail = 0;
+	q->fence_base = base;
+	q->wb->value = base;
+	q->wb->timestamp = 0;
+}
+
+/* Program the device after a reset: MMU, the driver's queue, interrupts. */
+void npu_hw_start(struct npu_device *ndev)
 {
 	npu_mmu_enable(ndev);
 	npu_queue_start(&ndev->queue);
@@ -137,7 +142,7 @@ static void npu_retire_list(struct list_head *done)
 }
 
 /* Find the job holding @fence; caller holds job_lock. */
-static struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence)
+struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence)
 {
 	struct npu_job *job;
 
@@ -275,9 +280,11 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	mutex_lock(&ndev->uq_mutex);
 	if (!npu_hw_reset(ndev)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
-		npu_uqueue_stop_all(ndev);
+		npu_queue_rebase(q, q->next_fence);
+		npu_uqueue_stop_all(ndev, 0);
 		npu_hw_start(ndev);
 		atomic_inc(&ndev->recoveries);
+		npu_reset_uevent(ndev, "error");
 	}
 	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
@@ -388,6 +395,7 @@ int npu_hw_init(struct npu_device *ndev)
 	u32 magic, i;
 	int ret;
 
+	npu_watchdog_init(ndev);
 	magic = npu_rd(ndev, NPU_REG_MAGIC);
 	if (magic != NPU_MAGIC) {
 		dev_err(dev, "bad magic 0x%08x (expected 0x%08x)\n", magic, NPU_MAGIC);
@@ -450,7 +458,9 @@ int npu_hw_init(struct npu_device *ndev)
 		return ret;
 	}
 
+	npu_queue_rebase(&ndev->queue, ndev->queue.next_fence);
 	npu_hw_start(ndev);
+	npu_watchdog_start(ndev);
 	return 0;
 }
 
@@ -462,6 +472,7 @@ void npu_hw_fini(struct npu_device *ndev)
 {
 	struct npu_queue *q = &ndev->queue;
 
+	npu_watchdog_stop(ndev);
 	mutex_lock(&q->submit_lock);
 	mutex_lock(&ndev->uq_mutex);
 	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
@@ -475,7 +486,7 @@ void npu_hw_fini(struct npu_device *ndev)
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
 		npu_queue_fini(q);
 	}
-	npu_uqueue_stop_all(ndev);
+	npu_uqueue_stop_all(ndev, 0);
 	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
 }

@@ -336,6 +336,8 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 		return -EOPNOTSUPP;
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
+	if (READ_ONCE(ctx->banned))
+		return -EIO;
 
 	ops = vmemdup_user(u64_to_user_ptr(args.ops_ptr),
 			   array_size(args.num_ops, args.op_size));

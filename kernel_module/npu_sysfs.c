@@ -26,6 +26,9 @@ NPU_ATTR(num_cores, "%u", ndev->num_cores);
 NPU_ATTR(ring_entries, "%u", ndev->queue.entries);
 NPU_ATTR(irq_count, "%d", atomic_read(&ndev->irq_count));
 NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
+NPU_ATTR(hangs, "%d", atomic_read(&ndev->hangs));
+NPU_ATTR(last_hang_detect_ms, "%llu", READ_ONCE(ndev->hang_detect_ns) / NSEC_PER_MSEC);
+NPU_ATTR(last_reset_recovery_us, "%llu", READ_ONCE(ndev->reset_recovery_ns) / NSEC_PER_USEC);
 NPU_ATTR(op_errors, "%d", atomic_read(&ndev->op_errors));
 NPU_ATTR(bo_count, "%lld", atomic64_read(&ndev->bo_count));
 NPU_ATTR(bo_bytes, "%lld", atomic64_read(&ndev->bo_bytes));
@@ -52,6 +55,9 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_ring_entries.attr,
 	&dev_attr_irq_count.attr,
 	&dev_attr_recoveries.attr,
+	&dev_attr_hangs.attr,
+	&dev_attr_last_hang_detect_ms.attr,
+	&dev_attr_last_reset_recovery_us.attr,
 	&dev_attr_op_errors.attr,
 	&dev_attr_bo_count.attr,
 	&dev_attr_bo_bytes.attr,

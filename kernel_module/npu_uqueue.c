@@ -180,6 +180,8 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 		return -EACCES;
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
+	if (READ_ONCE(ctx->banned))
+		return -EIO;
 
 	uq = kzalloc(sizeof(*uq), GFP_KERNEL);
 	if (!uq)
@@ -271,10 +273,10 @@ void npu_uqueue_release_all(struct npu_context *ctx)
 
 /*
  * The device is going away or was reset: every user queue stops (its
- * state in the device is gone); waiters get -EIO. Caller holds uq_mutex
- * for removal; a reset calls it with the lock too.
+ * state in the device is gone); waiters get -EIO, with NPU_ST_TIMEOUT on
+ * queue @hung (0: none) whose command hung. Caller holds uq_mutex.
  */
-void npu_uqueue_stop_all(struct npu_device *ndev)
+void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung)
 {
 	u32 i;
 
@@ -286,6 +288,7 @@ void npu_uqueue_stop_all(struct npu_device *ndev)
 		if (!uq->stopped) {
 			uq->stopped = true;
 			uq->error = NPU_ERR_NONE;
+			uq->hung = i == hung;
 		}
 		npu_uqueue_zap(uq);
 		wake_up_all(&uq->wq);
@@ -319,12 +322,21 @@ void npu_uqueue_check_stopped(struct npu_device *ndev)
 	mutex_unlock(&ndev->uq_mutex);
 }
 
-/* Completion interrupt of hardware queue @index. */
+/* The file user queue @index is lent to, or NULL; caller holds uq_mutex. */
+struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index)
+{
+	return ndev->uq[index] ? ndev->uq[index]->ctx : NULL;
+}
+
+/* Completion interrupt of hardware queue @index (0: every user queue). */
 void npu_uqueue_irq(struct npu_device *ndev, u32 index)
 {
+	u32 i;
+
 	mutex_lock(&ndev->uq_mutex);
-	if (ndev->uq[index])
-		wake_up_all(&ndev->uq[index]->wq);
+	for (i = index ?: 1; i < (index ? index + 1 : ndev->hw_queues); i++)
+		if (ndev->uq[i])
+			wake_up_all(&ndev->uq[i]->wq);
 	mutex_unlock(&ndev->uq_mutex);
 }
 
@@ -379,7 +391,7 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 			args->status = NPU_ST_MMU_FAULT;
 			ret = -EBADFD;
 		} else {
-			args->status = NPU_ST_ABORTED;
+			args->status = uq->hung ? NPU_ST_TIMEOUT : NPU_ST_ABORTED;
 			ret = -EIO;
 		}
 	}

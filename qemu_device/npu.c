@@ -83,8 +83,13 @@ static void npu_queue_irq_locked(NpuState *s, int qi)
     NpuQueue *q = &s->q[qi];
 
     q->irq_held = 0;
-    q->irqs++;
     timer_del(s->irq_timer[qi].timer);
+    if (s->inject & NPU_INJECT_DROP_IRQ) {
+        s->inject &= ~NPU_INJECT_DROP_IRQ;
+        trace_npu_inject(qi, NPU_INJECT_DROP_IRQ);
+        return;
+    }
+    q->irqs++;
     npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
 }
 
@@ -152,6 +157,8 @@ static void npu_reset_state_locked(NpuState *s)
     s->irq_fire = 0;
     s->error = NPU_ERR_NONE;
     s->scratch = 0;
+    s->inject = 0;
+    s->hung = false;
     s->ts_hi_latch = 0;
     s->mmu_control = 0;
     s->mmu_l1_base = 0;
@@ -186,7 +193,8 @@ static void npu_request_reset(NpuState *s, bool wait)
 static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
 {
     return (s->control & NPU_CONTROL_ENABLE) && (q->ctrl & NPU_QCTL_ENABLE) &&
-           !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail;
+           !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail &&
+           !q->blocked;
 }
 
 /* Run the descriptor at the queue's head; called and returns with the lock. */
@@ -201,8 +209,9 @@ static void npu_process_one_locked(NpuState *s, int qi)
     struct npu_fence_wb wb;
     struct npu_cmd cmd;
     struct npu_cpl cpl;
-    uint32_t status, faults;
+    uint32_t status, faults, inject;
     NpuWalk walk;
+    int i;
 
     if (q->tail - q->head > q->ring_size) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d tail %u overruns head %u"
@@ -210,9 +219,18 @@ static void npu_process_one_locked(NpuState *s, int qi)
         npu_queue_error_locked(s, qi, NPU_ERR_RING_OVERRUN);
         return;
     }
+    q->status |= NPU_QSTAT_ACTIVE;
+    if (s->inject & NPU_INJECT_HANG) {
+        /* The command processor stops here, ACTIVE, until a reset. */
+        s->inject &= ~NPU_INJECT_HANG;
+        s->hung = true;
+        trace_npu_inject(qi, NPU_INJECT_HANG);
+        return;
+    }
+    inject = s->inject & (NPU_INJECT_HW_ERROR | NPU_INJECT_DMA_FAULT);
+    s->inject &= ~inject;
     npu_walk_init_locked(s, &walk, qi);
     faults = s->mmu_faults;     /* one command at a time: the delta is ours */
-    q->status |= NPU_QSTAT_ACTIVE;
     qemu_mutex_unlock(&s->lock);
 
     /* The descriptor is copied once; only the local copy is looked at. */
@@ -242,10 +260,28 @@ static void npu_process_one_locked(NpuState *s, int qi)
     } else if (cmd.rsvd0) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
         status = NPU_ST_BAD_RESERVED;
+    } else if (inject) {
+        trace_npu_inject(qi, inject);
+        status = inject & NPU_INJECT_HW_ERROR ? NPU_ST_HW_ERROR
+                                              : NPU_ST_DMA_ERROR;
     } else {
         status = npu_walk_select(s, &walk, cmd.ctx);
         if (status == NPU_ST_OK) {
             status = npu_exec_cmd(s, &walk, &cmd);
+        }
+        if (status == NPU_ST_OK && cmd.opcode == NPU_OP_WAIT) {
+            bool ready;
+
+            status = npu_wait_ready(s, &walk, &cmd, &ready);
+            if (status == NPU_ST_OK && !ready) {
+                /* Not yet: the head stays; look again later. */
+                qemu_mutex_lock(&s->lock);
+                q->status &= ~NPU_QSTAT_ACTIVE;
+                if (!s->reset_pending && q->gen == gen) {
+                    q->blocked = true;
+                }
+                return;
+            }
         }
     }
     cpl.t_end = cpu_to_le64(npu_now_ns());
@@ -279,6 +315,10 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
     q->head = idx + 1;
     q->done_fence = cmd.fence;
+    /* A completion may be what a blocked WAIT waits for. */
+    for (i = 0; i < NPU_NUM_QUEUES; i++) {
+        s->q[i].blocked = false;
+    }
     if (walk.confined && s->mmu_faults != faults) {
         /* Any fault counts, even one hidden behind another tile's status. */
         npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
@@ -311,6 +351,18 @@ static int npu_pick_queue_locked(NpuState *s)
     return best;
 }
 
+static bool npu_any_blocked_locked(NpuState *s)
+{
+    int qi;
+
+    for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
+        if (s->q[qi].blocked) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static void *npu_worker(void *opaque)
 {
     NpuState *s = opaque;
@@ -325,8 +377,20 @@ static void *npu_worker(void *opaque)
             qemu_cond_broadcast(&s->reset_done);
             continue;
         }
+        if (s->hung) {
+            qemu_cond_wait(&s->cond, &s->lock);     /* until a reset */
+            continue;
+        }
         /* One command at a time, so a higher priority wins at each one. */
         qi = npu_pick_queue_locked(s);
+        if (qi < 0 && npu_any_blocked_locked(s)) {
+            /* A WAIT may be satisfied by the CPU: look again in 1 ms. */
+            qemu_cond_timedwait(&s->cond, &s->lock, 1);
+            for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
+                s->q[qi].blocked = false;
+            }
+            continue;
+        }
         if (qi < 0) {
             qemu_cond_wait(&s->cond, &s->lock);
             continue;
@@ -498,6 +562,9 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         break;
     case NPU_REG_MMU_FAULT_CTX:
         val = s->mmu_fault_ctx;
+        break;
+    case NPU_REG_INJECT:
+        val = s->inject;
         break;
     case NPU_REG_MEM_SIZE_LO:
         val = (uint32_t)s->mem_size;
@@ -782,6 +849,13 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case NPU_REG_SCRATCH:
         s->scratch = val;
+        break;
+    case NPU_REG_INJECT:
+        if (val & ~NPU_INJECT_MASK) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: inject 0x%x has unknown"
+                          " bits\n", (uint32_t)val);
+        }
+        s->inject |= val & NPU_INJECT_MASK;
         break;
     case NPU_REG_MMU_CONTROL:
     case NPU_REG_MMU_L1_LO:

@@ -59,6 +59,7 @@ typedef struct NpuQueue {
     uint64_t mmu_l1_base;   /* the queue's own address space ... */
     uint32_t mmu_l1_entries; /* ... if non-zero */
     uint64_t done_fence;
+    bool blocked;           /* its head is a WAIT not yet satisfied */
 } NpuQueue;
 
 /* The interrupt-moderation timer of one queue. */
@@ -133,6 +134,8 @@ struct NpuState {
     uint32_t irq_fire;      /* status bits not yet signalled by MSI-X */
     uint32_t error;
     uint32_t scratch;
+    uint32_t inject;        /* NPU_INJECT_* armed */
+    bool hung;              /* an injected hang: nothing runs until reset */
     uint32_t ts_hi_latch;
     uint32_t mmu_control;
     uint64_t mmu_l1_base;
@@ -164,6 +167,9 @@ struct NpuState {
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
+/* npu_exec.c: may a WAIT descriptor complete? (*ready) */
+uint32_t npu_wait_ready(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd,
+                        bool *ready);
 /* NPU_ST_OK, or the status for a bad device address range (logged). */
 uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len);
 /* Run @fn over [0, total) in tiles of @grain: on the cores, or inline. */

@@ -314,7 +314,46 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_CONV2D] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_POOL2D] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_REQUANT] = sizeof(((struct npu_cmd *)0)->tensor),
+    [NPU_OP_SIGNAL] = sizeof(((struct npu_cmd *)0)->sync),
+    [NPU_OP_WAIT] = sizeof(((struct npu_cmd *)0)->sync),
 };
+
+/* SIGNAL: store the 64-bit value, little endian, at an aligned VA. */
+static uint32_t npu_exec_signal(NpuState *s, NpuWalk *w,
+                                const struct npu_cmd *cmd)
+{
+    uint64_t va = le64_to_cpu(cmd->sync.va);
+    uint64_t v = cpu_to_le64(le64_to_cpu(cmd->sync.value));
+
+    if (va & 7) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: SIGNAL address 0x%" PRIx64
+                      " is not 8-byte aligned\n", va);
+        return NPU_ST_BAD_ARGS;
+    }
+    return npu_mem_write(s, w, va, &v, sizeof(v));
+}
+
+/*
+ * WAIT: is the 64-bit value at the aligned VA at least sync.value? Sets
+ * *ready; returns the status of the read.
+ */
+uint32_t npu_wait_ready(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd,
+                        bool *ready)
+{
+    uint64_t va = le64_to_cpu(cmd->sync.va);
+    uint64_t v;
+    uint32_t st;
+
+    *ready = false;
+    if (va & 7) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: WAIT address 0x%" PRIx64
+                      " is not 8-byte aligned\n", va);
+        return NPU_ST_BAD_ARGS;
+    }
+    st = npu_mem_read(s, w, va, &v, sizeof(v));
+    *ready = st == NPU_ST_OK && le64_to_cpu(v) >= le64_to_cpu(cmd->sync.value);
+    return st;
+}
 
 uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
 {
@@ -348,6 +387,10 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_POOL2D:
     case NPU_OP_REQUANT:
         return npu_exec_tensor(s, w, cmd);
+    case NPU_OP_SIGNAL:
+        return npu_exec_signal(s, w, cmd);
+    case NPU_OP_WAIT:
+        return NPU_ST_OK;   /* npu_process_one_locked() waited for it */
     default:
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",
                       cmd->opcode);

@@ -348,10 +348,6 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     bool direct, local;
     void *p;
 
-    /*
-     * No own-BAR check here: a BAR is never RAM, so a run reaching one is
-     * cut short or left to the copy, which makes that check.
-     */
     *plen = 0;
     *st = npu_translate_run(s, w, va, len, write, &pa, &local, &run);
     if (*st != NPU_ST_OK) {
@@ -360,6 +356,15 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     if (local) {
         *plen = MIN(run, s->mem_size - pa);
         return s->mem_ptr + pa;
+    }
+    /*
+     * BAR2 is RAM, so a bus run reaching one of our BARs would map it;
+     * leave such a run to the copy, which refuses it (NPU_ST_BAD_ADDR).
+     * Device memory is reachable through local PTEs only.
+     */
+    if (npu_hits_own_bar(s, pa, run)) {
+        *plen = run;
+        return NULL;
     }
     l = run;
     WITH_RCU_READ_LOCK_GUARD() {

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * NPU hang detection and recovery. A watchdog looks at every queue each
+ * NPU_WD_PERIOD: a queue whose command has been running (Q_STATUS.ACTIVE
+ * with the same HEAD) for longer than hang_timeout_ms hung. The device
+ * runs one command at a time, so a hung command stops everything: the
+ * watchdog resets the device, fails the hung op (NPU_ST_TIMEOUT), replays
+ * the driver queue's other unfinished ops in order, and restarts. User
+ * queues lose their device state and stop (their waiters get -EIO). A file
+ * whose commands hang NPU_BAN_HANGS times is banned: its SUBMITs fail with
+ * -EIO. The same periodic work is the fallback for lost completion
+ * interrupts: it retires what the fence write-back shows.
+ */
+#include <linux/kobject.h>
+#include <linux/moduleparam.h>
+#include <linux/slab.h>
+
+#include "npu_drv.h"
+#include "npu_tensor.h"
+#include "npu_trace.h"
+
+#define NPU_WD_PERIOD		msecs_to_jiffies(100)
+#define NPU_BAN_HANGS		3
+
+static unsigned int hang_timeout_ms = 10000;
+module_param(hang_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(hang_timeout_ms,
+		 "A command running longer than this hung: reset the device (0: never)");
+
+/* A KOBJ_CHANGE uevent on /sys/class/npu/npuN: NPU_RESET=1 NPU_REASON=... */
+void npu_reset_uevent(struct npu_device *ndev, const char *reason)
+{
+	char reset_env[] = "NPU_RESET=1";
+	char reason_env[32];
+	char *envp[3];
+
+	envp[0] = reset_env;
+	envp[1] = reason_env;
+	envp[2] = NULL;
+	snprintf(reason_env, sizeof(reason_env), "NPU_REASON=%s", reason);
+	if (ndev->chardev)
+		kobject_uevent_env(&ndev->chardev->kobj, KOBJ_CHANGE, envp);
+}
+
+/*
+ * Rewrite the unfinished ops of the driver's queue (fences after
+ * q->completed) at the start of the ring, the ops of the job holding
+ * @hung turned into NOPs, and restart the timeline before them. Caller
+ * holds submit_lock; the device is reset.
+ */
+static int npu_queue_replay(struct npu_queue *q, u64 hung)
+{
+	u64 base = q->completed, n = q->next_fence - base, i;
+	u64 bad_first = 0, bad_last = 0;
+	struct npu_tensor_params *params;
+	struct npu_cmd *cmds;
+	struct npu_job *bad;
+
+	cmds = kvmalloc_array(n ?: 1, sizeof(*cmds), GFP_KERNEL);
+	params = kvmalloc_array(n ?: 1, sizeof(*params), GFP_KERNEL);
+	if (!cmds || !params) {
+		kvfree(cmds);
+		kvfree(params);
+		return -ENOMEM;
+	}
+	for (i = 0; i < n; i++) {
+		u32 slot = npu_fence_slot(q, base + 1 + i);
+
+		cmds[i] = q->ring[slot];
+		params[i] = q->params[slot];
+	}
+	spin_lock(&q->job_lock);
+	bad = hung ? npu_queue_find_job(q, hung) : NULL;
+	if (bad) {
+		bad_first = bad->first_fence;
+		bad_last = bad->last_fence;
+		if (!bad->err_fence) {
+			bad->err_fence = hung;
+			bad->err_status = NPU_ST_TIMEOUT;
+		}
+	}
+	spin_unlock(&q->job_lock);
+
+	npu_queue_rebase(q, base);
+	for (i = 0; i < n; i++) {
+		struct npu_cmd *cmd = &cmds[i];
+		u64 fence = base + 1 + i;
+
+		if (fence >= bad_first && fence <= bad_last) {
+			memset(&cmd->raw, 0, sizeof(cmd->raw));
+			cmd->opcode = NPU_OP_NOP;
+		} else if (npu_tensor_op_operands(cmd->opcode)) {
+			cmd->tensor.params = npu_queue_put_params(q, &params[i]);
+		}
+		npu_queue_push(q, cmd);
+	}
+	kvfree(cmds);
+	kvfree(params);
+	return 0;
+}
+
+/* The owner of the hung command of queue @qi and fence @hung, or NULL. */
+static struct npu_context *npu_hang_owner(struct npu_device *ndev, u32 qi, u64 hung)
+{
+	struct npu_job *job;
+
+	if (qi)
+		return npu_uqueue_owner(ndev, qi);
+	spin_lock(&ndev->queue.job_lock);
+	job = npu_queue_find_job(&ndev->queue, hung);
+	spin_unlock(&ndev->queue.job_lock);
+	return job ? job->ctx : NULL;
+}
+
+/* Queue @qi hung (its command ran since @since): reset and recover. */
+static void npu_hang_recover(struct npu_device *ndev, u32 qi, unsigned long since)
+{
+	struct npu_queue *q = &ndev->queue;
+	struct npu_context *owner;
+	ktime_t t0;
+	u64 hung;
+
+	mutex_lock(&q->submit_lock);
+	mutex_lock(&ndev->uq_mutex);
+	if (READ_ONCE(ndev->unplugged))
+		goto out;
+	npu_queue_process(q);
+	hung = q->completed + 1;
+	owner = npu_hang_owner(ndev, qi, hung);
+	atomic_inc(&ndev->hangs);
+	ndev->hang_detect_ns = jiffies_to_nsecs(jiffies - since);
+	dev_err(&ndev->pdev->dev, "queue %u: command hung for %u ms (client %u); resetting\n",
+		qi, jiffies_to_msecs(jiffies - since), owner ? owner->client_id : 0);
+	if (owner && ++owner->hangs >= NPU_BAN_HANGS)
+		WRITE_ONCE(owner->banned, true);
+
+	t0 = ktime_get();
+	if (npu_hw_reset(ndev))
+		goto out;	/* the device is gone for good: waiters time out */
+	/* A user queue's hang leaves every op of the driver's queue innocent. */
+	if (npu_queue_replay(q, qi ? 0 : hung)) {
+		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_queue_rebase(q, q->next_fence);
+	}
+	npu_uqueue_stop_all(ndev, qi);
+	npu_hw_start(ndev);
+	npu_queue_kick(q);
+	ndev->reset_recovery_ns = ktime_to_ns(ktime_sub(ktime_get(), t0));
+	atomic_inc(&ndev->recoveries);
+	npu_reset_uevent(ndev, "hang");
+out:
+	mutex_unlock(&ndev->uq_mutex);
+	mutex_unlock(&q->submit_lock);
+}
+
+static void npu_watchdog(struct work_struct *work)
+{
+	struct npu_device *ndev = container_of(to_delayed_work(work), struct npu_device,
+					       watchdog);
+	unsigned long timeout = msecs_to_jiffies(READ_ONCE(hang_timeout_ms));
+	struct npu_queue *q = &ndev->queue;
+	u32 i;
+
+	/* A lost completion interrupt: the write-back shows what it missed. */
+	if (READ_ONCE(q->wb->value) > READ_ONCE(q->completed))
+		npu_queue_process(q);
+	npu_uqueue_irq(ndev, 0);
+
+	for (i = 0; timeout && i < ndev->hw_queues; i++) {
+		u32 st = npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS));
+		u32 head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
+
+		if (!(st & NPU_QSTAT_ACTIVE) || head != ndev->wd_head[i] ||
+		    !ndev->wd_since[i]) {
+			ndev->wd_head[i] = head;
+			ndev->wd_since[i] = st & NPU_QSTAT_ACTIVE ? jiffies : 0;
+			continue;
+		}
+		if (time_after(jiffies, ndev->wd_since[i] + timeout)) {
+			npu_hang_recover(ndev, i, ndev->wd_since[i]);
+			memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
+			break;
+		}
+	}
+	schedule_delayed_work(&ndev->watchdog, NPU_WD_PERIOD);
+}
+
+void npu_watchdog_init(struct npu_device *ndev)
+{
+	INIT_DELAYED_WORK(&ndev->watchdog, npu_watchdog);
+}
+
+void npu_watchdog_start(struct npu_device *ndev)
+{
+	schedule_delayed_work(&ndev->watchdog, NPU_WD_PERIOD);
+}
+
+void npu_watchdog_stop(struct npu_device *ndev)
+{
+	cancel_delayed_work_sync(&ndev->watchdog);
+}
