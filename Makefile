@@ -17,7 +17,7 @@ KVER = $(shell cat $(NPU_CACHE)/guest/current/kver)
 # make demo DEMO=examples/hello_npu.py runs the first-contact script instead.
 DEMO ?= examples/infer_digits.py
 
-.PHONY: all deps qemu guest module demo test test-host test-guest lint bench \
+.PHONY: all deps qemu guest module firmware demo test test-host test-guest lint bench \
 	shell guest-run models clean help stress
 
 all: qemu guest module
@@ -34,8 +34,14 @@ qemu: deps
 guest: deps
 	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/guest.lock bash scripts/build-guest.sh
 
-module: guest
+module: guest firmware
 	@$(MAKE) -s -C kernel_module KVER=$(KVER)
+
+# The firmware image; the guest installs it into /lib/firmware/npu/ at boot.
+firmware: build/firmware/npu/npu_fw.bin
+
+build/firmware/npu/npu_fw.bin: firmware/npu_fw.json scripts/mkfw.py include/npu_hw.h include/npu_fw.h
+	@python3 scripts/mkfw.py $< -o $@
 
 demo: qemu guest module
 	@$(GUEST) run -- python3 $(DEMO)

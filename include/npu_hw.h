@@ -78,6 +78,89 @@ enum npu_reg {
 	NPU_REG_MEM_SIZE_LO	= 0x084,	/* RO: device memory bytes (BAR2), 0: none */
 	NPU_REG_MEM_SIZE_HI	= 0x088,
 	NPU_REG_INJECT		= 0x090,	/* RW: NPU_INJECT_* armed, self-clearing */
+	/* Firmware (npu_fw.h describes the image) */
+	NPU_REG_FW_ADDR_LO	= 0x0a0,	/* RW: image DMA address */
+	NPU_REG_FW_ADDR_HI	= 0x0a4,
+	NPU_REG_FW_SIZE		= 0x0a8,	/* RW: image bytes, up to NPU_FW_MAX_SIZE */
+	NPU_REG_FW_CONTROL	= 0x0ac,	/* WO: NPU_FW_BOOT */
+	NPU_REG_FW_STATUS	= 0x0b0,	/* RO: enum npu_fw_state */
+	NPU_REG_FW_ERROR	= 0x0b4,	/* RO: enum npu_fw_error of a failed boot */
+	NPU_REG_FW_VERSION	= 0x0b8,	/* RO: major << 16 | minor of the running image */
+	NPU_REG_FW_HEARTBEAT	= 0x0bc,	/* RO: counts while the firmware runs */
+	/* Mailbox: one request at a time; writing MBOX_SEQ sends it */
+	NPU_REG_MBOX_CMD	= 0x0c0,	/* RW: enum npu_mbox_cmd */
+	NPU_REG_MBOX_ARG0	= 0x0c4,	/* RW */
+	NPU_REG_MBOX_ARG1	= 0x0c8,	/* RW */
+	NPU_REG_MBOX_SEQ	= 0x0cc,	/* RW: request sequence number */
+	NPU_REG_MBOX_RESP_SEQ	= 0x0d0,	/* RO: sequence number answered last */
+	NPU_REG_MBOX_RESP_STATUS = 0x0d4,	/* RO: enum npu_mbox_status */
+	NPU_REG_MBOX_RESP0	= 0x0d8,	/* RO */
+	NPU_REG_MBOX_RESP1	= 0x0dc,	/* RO */
+	/* Firmware log ring in host memory (struct npu_fw_log + text) */
+	NPU_REG_FW_LOG_LO	= 0x0e0,	/* RW: DMA address, 8-byte aligned, 0: none */
+	NPU_REG_FW_LOG_HI	= 0x0e4,
+	NPU_REG_FW_LOG_SIZE	= 0x0e8,	/* RW: text bytes, power of two, 256..1 MiB */
+};
+
+/*
+ * Firmware. Until an image boots (FW_STATUS = RUNNING) the device runs no
+ * command. The driver writes the image's DMA address and size and
+ * NPU_FW_BOOT; the device reads the image once, validates it (npu_fw.h)
+ * and runs it, or reports FAILED with FW_ERROR. NPU_FW_STOP turns the
+ * firmware off (the driver does it when it lets go). A soft reset keeps a
+ * running firmware; a crashed one (or a PCI reset) leaves FW_STATUS OFF
+ * until the driver boots an image again. The firmware's heartbeat
+ * counter advances every heartbeat period of device time while it runs.
+ */
+#define NPU_FW_BOOT		(1u << 0)
+#define NPU_FW_STOP		(1u << 1)	/* stop a running (or crashed) firmware */
+#define NPU_FW_MAX_SIZE		(1u << 20)
+
+enum npu_fw_state {
+	NPU_FW_OFF		= 0,
+	NPU_FW_RUNNING		= 1,
+	NPU_FW_FAILED		= 2,	/* the last boot failed: FW_ERROR says why */
+	NPU_FW_CRASHED		= 3,	/* stopped: no heartbeat, no work, no mailbox */
+};
+
+enum npu_fw_error {
+	NPU_FWERR_NONE		= 0,
+	NPU_FWERR_DMA		= 1,	/* the image could not be read */
+	NPU_FWERR_SIZE		= 2,	/* size 0, above the maximum or not the header's */
+	NPU_FWERR_MAGIC		= 3,
+	NPU_FWERR_ABI		= 4,	/* built for another descriptor ABI */
+	NPU_FWERR_CHECKSUM	= 5,	/* header or payload CRC-32 mismatch */
+	NPU_FWERR_FORMAT	= 6,	/* malformed or unknown mandatory section */
+};
+
+/*
+ * Mailbox commands. The firmware answers each request (MBOX_RESP_SEQ =
+ * MBOX_SEQ, status, two result words) and raises NPU_IRQ_MBOX; a crashed
+ * or absent firmware does not answer.
+ *   PING            resp0 = arg0 + 1, resp1 = heartbeat
+ *   QUERY           resp0 = commands completed (low 32 bits), resp1 = log level
+ *   SET_LOG_LEVEL   arg0 = 0 (errors) .. 3 (debug)
+ *   RESET_QUEUE     arg0 = queue: disable it and clear its state and error;
+ *                   BUSY while a command of it runs
+ */
+enum npu_mbox_cmd {
+	NPU_MBOX_PING		= 1,
+	NPU_MBOX_QUERY		= 2,
+	NPU_MBOX_SET_LOG_LEVEL	= 3,
+	NPU_MBOX_RESET_QUEUE	= 4,
+};
+
+enum npu_mbox_status {
+	NPU_MBOX_OK		= 0,
+	NPU_MBOX_UNKNOWN	= 1,	/* no such command */
+	NPU_MBOX_BAD_ARG	= 2,
+	NPU_MBOX_BUSY		= 3,
+};
+
+/* Head of the firmware log ring: text follows, written round the ring. */
+struct npu_fw_log {
+	__u32 write;		/* free-running byte count written */
+	__u32 size;		/* ring bytes (copy of FW_LOG_SIZE) */
 };
 
 /*
@@ -91,12 +174,15 @@ enum npu_reg {
  *   DROP_IRQ   the next completion interrupt is not signalled (the status
  *              and the fence write-back still are).
  *   DMA_FAULT  the command completes with NPU_ST_DMA_ERROR without running.
+ *   FW_CRASH   fires on the write: the firmware stops (FW_STATUS CRASHED,
+ *              heartbeat frozen, mailbox silent, no commands run).
  */
 #define NPU_INJECT_HANG		(1u << 0)
 #define NPU_INJECT_HW_ERROR	(1u << 1)
 #define NPU_INJECT_DROP_IRQ	(1u << 2)
 #define NPU_INJECT_DMA_FAULT	(1u << 3)
-#define NPU_INJECT_MASK		0xfu
+#define NPU_INJECT_FW_CRASH	(1u << 4)	/* the firmware crashes at once */
+#define NPU_INJECT_MASK		0x1fu
 
 #define NPU_CAP_COPY		(1u << 0)
 #define NPU_CAP_FILL		(1u << 1)
@@ -168,6 +254,7 @@ struct npu_mmu_ctx_entry {
 };
 
 #define NPU_IRQ_QUEUE(q)	(1u << (q))	/* queue q completed a command */
+#define NPU_IRQ_MBOX		(1u << 30)	/* the firmware answered the mailbox */
 #define NPU_IRQ_ERROR		(1u << 31)	/* a queue stopped: see NPU_REG_ERROR */
 
 /* Per-queue register block: NPU_QREG_BASE + q * NPU_QREG_STRIDE + reg */

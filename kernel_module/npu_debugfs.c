@@ -5,11 +5,16 @@
  *   inject_cmd  write an opcode number: queue one raw descriptor with that
  *               opcode and an empty payload, bypassing SUBMIT validation, to
  *               exercise the device's own rejection path.
- *   inject      write "hang", "hw_error", "drop_irq" or "dma_fault": arm the
- *               device's fault injection (NPU_REG_INJECT) for its next
- *               command or completion interrupt; read: what is armed.
+ *   inject      write "hang", "hw_error", "drop_irq", "dma_fault" or
+ *               "fw_crash": arm the device's fault injection
+ *               (NPU_REG_INJECT) for its next command or completion
+ *               interrupt (fw_crash: at once); read: what is armed.
+ *   fw_log      the firmware's log ring, oldest line first.
+ *   fw_status   firmware state, version, heartbeat, and a mailbox QUERY.
+ *   fw_log_level  write 0..3: the firmware's log level (mailbox).
  */
 #include <linux/debugfs.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -72,7 +77,7 @@ static const struct file_operations npu_inject_cmd_fops = {
 };
 
 static const char * const npu_inject_names[] = {
-	"hang", "hw_error", "drop_irq", "dma_fault",
+	"hang", "hw_error", "drop_irq", "dma_fault", "fw_crash",
 };
 
 static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
@@ -121,6 +126,68 @@ static const struct file_operations npu_inject_fops = {
 	.llseek = noop_llseek,
 };
 
+static int npu_fw_log_show(struct seq_file *m, void *unused)
+{
+	struct npu_device *ndev = m->private;
+	char *buf = kvmalloc(SZ_16K, GFP_KERNEL);
+	size_t n;
+
+	if (!buf)
+		return -ENOMEM;
+	n = npu_fw_log_read(ndev, buf, SZ_16K);
+	seq_write(m, buf, n);
+	kvfree(buf);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(npu_fw_log);
+
+static int npu_fw_status_show(struct seq_file *m, void *unused)
+{
+	struct npu_device *ndev = m->private;
+	u32 resp[2] = {};
+	int ret = -ENODEV;
+
+	down_read(&ndev->unplug_sem);
+	if (!ndev->unplugged) {
+		seq_printf(m, "state: %u\nversion: %u.%u\nheartbeat: %u\n",
+			   npu_rd(ndev, NPU_REG_FW_STATUS), ndev->fw_version >> 16,
+			   ndev->fw_version & 0xffff, npu_rd(ndev, NPU_REG_FW_HEARTBEAT));
+		ret = npu_mbox_call(ndev, NPU_MBOX_QUERY, 0, 0, resp);
+		if (!ret)
+			seq_printf(m, "commands: %u\nlog_level: %u\n", resp[0], resp[1]);
+		else
+			seq_printf(m, "mailbox: %d\n", ret);
+		ret = 0;
+	}
+	up_read(&ndev->unplug_sem);
+	return ret;
+}
+DEFINE_SHOW_ATTRIBUTE(npu_fw_status);
+
+static ssize_t npu_fw_log_level_write(struct file *file, const char __user *ubuf,
+				      size_t len, loff_t *ppos)
+{
+	struct npu_device *ndev = file->private_data;
+	u32 level, resp[2];
+	int ret;
+
+	ret = kstrtou32_from_user(ubuf, len, 0, &level);
+	if (ret)
+		return ret;
+	down_read(&ndev->unplug_sem);
+	ret = ndev->unplugged ? -ENODEV :
+	      npu_mbox_call(ndev, NPU_MBOX_SET_LOG_LEVEL, level, 0, resp);
+	up_read(&ndev->unplug_sem);
+	return ret ? ret : len;
+}
+
+static const struct file_operations npu_fw_log_level_fops = {
+	.owner = THIS_MODULE,
+	.open = simple_open,
+	.write = npu_fw_log_level_write,
+	.llseek = noop_llseek,
+};
+
 void npu_debugfs_init(struct npu_device *ndev)
 {
 	char name[16];
@@ -130,6 +197,10 @@ void npu_debugfs_init(struct npu_device *ndev)
 	debugfs_create_file("inject_cmd", 0200, ndev->debugfs, ndev,
 			    &npu_inject_cmd_fops);
 	debugfs_create_file("inject", 0600, ndev->debugfs, ndev, &npu_inject_fops);
+	debugfs_create_file("fw_log", 0400, ndev->debugfs, ndev, &npu_fw_log_fops);
+	debugfs_create_file("fw_status", 0400, ndev->debugfs, ndev, &npu_fw_status_fops);
+	debugfs_create_file("fw_log_level", 0200, ndev->debugfs, ndev,
+			    &npu_fw_log_level_fops);
 }
 
 void npu_debugfs_fini(struct npu_device *ndev)

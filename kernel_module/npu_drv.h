@@ -7,6 +7,7 @@
  *   npu_mmu.c    address spaces: page tables, VA allocators, context table
  *   npu_uqueue.c user-mode queues: rings and doorbells mapped to processes
  *   npu_reset.c  watchdog: hang detection, device reset, replay, bans
+ *   npu_fw.c     firmware load and boot, mailbox, log ring, heartbeat
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_sysfs.c  device attributes
@@ -193,6 +194,17 @@ struct npu_device {
 	u32 wd_head[NPU_NUM_QUEUES];
 	unsigned long wd_since[NPU_NUM_QUEUES];
 	u64 hang_detect_ns;		/* the last hang: from start to detection */
+	/* Firmware (npu_fw.c): the image kept to boot again, the log ring. */
+	void *fw_image;
+	dma_addr_t fw_image_dma;
+	size_t fw_image_size;
+	struct npu_fw_log *fw_log;	/* + NPU_FW_LOG_BYTES of text */
+	dma_addr_t fw_log_dma;
+	u32 fw_version;
+	u32 hb_last;			/* heartbeat seen last by the watchdog */
+	u32 hb_stale;			/* watchdog periods it stood still */
+	struct mutex mbox_lock;		/* one mailbox request at a time; mbox_seq */
+	u32 mbox_seq;
 	u64 reset_recovery_ns;		/* the last recovery: reset to restart */
 	atomic_t op_errors;		/* ops completed with a non-OK status */
 	atomic64_t bo_count;		/* live buffer objects */
@@ -283,6 +295,15 @@ void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
 void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
+
+/* npu_fw.c */
+#define NPU_HB_MISSES		5	/* watchdog periods without a heartbeat */
+int npu_fw_init(struct npu_device *ndev);
+int npu_fw_boot(struct npu_device *ndev);
+void npu_fw_stop(struct npu_device *ndev);
+int npu_mbox_call(struct npu_device *ndev, u32 cmd, u32 arg0, u32 arg1, u32 *resp);
+bool npu_fw_heartbeat_lost(struct npu_device *ndev);
+size_t npu_fw_log_read(struct npu_device *ndev, char *buf, size_t len);
 
 /* npu_reset.c */
 void npu_watchdog_init(struct npu_device *ndev);

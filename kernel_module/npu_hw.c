@@ -423,6 +423,9 @@ int npu_hw_init(struct npu_device *ndev)
 	ret = npu_hw_reset(ndev);
 	if (ret)
 		return ret;
+	ret = npu_fw_init(ndev);
+	if (ret)
+		return ret;
 	ret = npu_mem_init(ndev);
 	if (ret)
 		return ret;
@@ -487,6 +490,7 @@ void npu_hw_fini(struct npu_device *ndev)
 		npu_queue_fini(q);
 	}
 	npu_uqueue_stop_all(ndev, 0);
+	npu_fw_stop(ndev);
 	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
 }

@@ -8,8 +8,10 @@
  * the driver queue's other unfinished ops in order, and restarts. User
  * queues lose their device state and stop (their waiters get -EIO). A file
  * whose commands hang NPU_BAN_HANGS times is banned: its SUBMITs fail with
- * -EIO. The same periodic work is the fallback for lost completion
- * interrupts: it retires what the fence write-back shows.
+ * -EIO. A firmware whose heartbeat stops (NPU_HB_MISSES periods) is
+ * recovered the same way, its image booted again. The same periodic work
+ * is the fallback for lost completion interrupts: it retires what the
+ * fence write-back shows.
  */
 #include <linux/kobject.h>
 #include <linux/moduleparam.h>
@@ -21,6 +23,7 @@
 
 #define NPU_WD_PERIOD		msecs_to_jiffies(100)
 #define NPU_BAN_HANGS		3
+#define NPU_FW_LOST		(-1)	/* npu_recover(): not a queue's hang */
 
 static unsigned int hang_timeout_ms = 10000;
 module_param(hang_timeout_ms, uint, 0644);
@@ -112,11 +115,16 @@ static struct npu_context *npu_hang_owner(struct npu_device *ndev, u32 qi, u64 h
 	return job ? job->ctx : NULL;
 }
 
-/* Queue @qi hung (its command ran since @since): reset and recover. */
-static void npu_hang_recover(struct npu_device *ndev, u32 qi, unsigned long since)
+/*
+ * Reset the device and bring it back: queue @qi hung (its command ran
+ * since @since), or with @qi = NPU_FW_LOST the firmware stopped. The
+ * firmware is booted again if the reset left it off.
+ */
+static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 {
 	struct npu_queue *q = &ndev->queue;
-	struct npu_context *owner;
+	struct npu_context *owner = NULL;
+	bool fw = qi == NPU_FW_LOST;
 	ktime_t t0;
 	u64 hung;
 
@@ -126,28 +134,39 @@ static void npu_hang_recover(struct npu_device *ndev, u32 qi, unsigned long sinc
 		goto out;
 	npu_queue_process(q);
 	hung = q->completed + 1;
-	owner = npu_hang_owner(ndev, qi, hung);
-	atomic_inc(&ndev->hangs);
-	ndev->hang_detect_ns = jiffies_to_nsecs(jiffies - since);
-	dev_err(&ndev->pdev->dev, "queue %u: command hung for %u ms (client %u); resetting\n",
-		qi, jiffies_to_msecs(jiffies - since), owner ? owner->client_id : 0);
+	if (fw) {
+		dev_err(&ndev->pdev->dev, "firmware heartbeat lost (status %u); resetting\n",
+			npu_rd(ndev, NPU_REG_FW_STATUS));
+	} else {
+		owner = npu_hang_owner(ndev, qi, hung);
+		atomic_inc(&ndev->hangs);
+		ndev->hang_detect_ns = jiffies_to_nsecs(jiffies - since);
+		dev_err(&ndev->pdev->dev,
+			"queue %d: command hung for %u ms (client %u); resetting\n",
+			qi, jiffies_to_msecs(jiffies - since), owner ? owner->client_id : 0);
+	}
 	if (owner && ++owner->hangs >= NPU_BAN_HANGS)
 		WRITE_ONCE(owner->banned, true);
 
 	t0 = ktime_get();
-	if (npu_hw_reset(ndev))
-		goto out;	/* the device is gone for good: waiters time out */
-	/* A user queue's hang leaves every op of the driver's queue innocent. */
-	if (npu_queue_replay(q, qi ? 0 : hung)) {
+	if (npu_hw_reset(ndev) ||
+	    (npu_rd(ndev, NPU_REG_FW_STATUS) != NPU_FW_RUNNING && npu_fw_boot(ndev))) {
+		/* The device is gone for good: fail everything, never restart. */
+		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_uqueue_stop_all(ndev, 0);
+		goto out;
+	}
+	/* Only a hang of the driver's queue has a guilty op there. */
+	if (npu_queue_replay(q, qi > 0 || fw ? 0 : hung)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED);
 		npu_queue_rebase(q, q->next_fence);
 	}
-	npu_uqueue_stop_all(ndev, qi);
+	npu_uqueue_stop_all(ndev, fw ? 0 : qi);
 	npu_hw_start(ndev);
 	npu_queue_kick(q);
 	ndev->reset_recovery_ns = ktime_to_ns(ktime_sub(ktime_get(), t0));
 	atomic_inc(&ndev->recoveries);
-	npu_reset_uevent(ndev, "hang");
+	npu_reset_uevent(ndev, fw ? "firmware" : "hang");
 out:
 	mutex_unlock(&ndev->uq_mutex);
 	mutex_unlock(&q->submit_lock);
@@ -166,6 +185,12 @@ static void npu_watchdog(struct work_struct *work)
 		npu_queue_process(q);
 	npu_uqueue_irq(ndev, 0);
 
+	if (npu_fw_heartbeat_lost(ndev)) {
+		npu_recover(ndev, NPU_FW_LOST, jiffies);
+		memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
+		goto again;
+	}
+
 	for (i = 0; timeout && i < ndev->hw_queues; i++) {
 		u32 st = npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS));
 		u32 head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
@@ -177,11 +202,12 @@ static void npu_watchdog(struct work_struct *work)
 			continue;
 		}
 		if (time_after(jiffies, ndev->wd_since[i] + timeout)) {
-			npu_hang_recover(ndev, i, ndev->wd_since[i]);
+			npu_recover(ndev, i, ndev->wd_since[i]);
 			memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
 			break;
 		}
 	}
+again:
 	schedule_delayed_work(&ndev->watchdog, NPU_WD_PERIOD);
 }
 

@@ -27,6 +27,7 @@ NPU_ATTR(ring_entries, "%u", ndev->queue.entries);
 NPU_ATTR(irq_count, "%d", atomic_read(&ndev->irq_count));
 NPU_ATTR(recoveries, "%d", atomic_read(&ndev->recoveries));
 NPU_ATTR(hangs, "%d", atomic_read(&ndev->hangs));
+NPU_ATTR(fw_version, "%u.%u", ndev->fw_version >> 16, ndev->fw_version & 0xffff);
 NPU_ATTR(last_hang_detect_ms, "%llu", READ_ONCE(ndev->hang_detect_ns) / NSEC_PER_MSEC);
 NPU_ATTR(last_reset_recovery_us, "%llu", READ_ONCE(ndev->reset_recovery_ns) / NSEC_PER_USEC);
 NPU_ATTR(op_errors, "%d", atomic_read(&ndev->op_errors));
@@ -56,6 +57,7 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_irq_count.attr,
 	&dev_attr_recoveries.attr,
 	&dev_attr_hangs.attr,
+	&dev_attr_fw_version.attr,
 	&dev_attr_last_hang_detect_ms.attr,
 	&dev_attr_last_reset_recovery_us.attr,
 	&dev_attr_op_errors.attr,

@@ -57,7 +57,7 @@ static void npu_irq_bh(void *opaque)
     if (!fire || !msix_enabled(pdev)) {
         return;
     }
-    if (fire & NPU_IRQ_ERROR) {
+    if (fire & (NPU_IRQ_ERROR | NPU_IRQ_MBOX)) {
         trace_npu_irq(NPU_VEC_DEVICE);
         msix_notify(pdev, NPU_VEC_DEVICE);
     }
@@ -70,7 +70,7 @@ static void npu_irq_bh(void *opaque)
 }
 
 /* Latch interrupt status bits and signal them from the bottom half. */
-static void npu_raise_locked(NpuState *s, uint32_t bits)
+void npu_raise_locked(NpuState *s, uint32_t bits)
 {
     s->irq_status |= bits;
     s->irq_fire |= bits;
@@ -139,16 +139,29 @@ static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
 
 /* Soft reset ----------------------------------------------------------- */
 
+/* Disable queue @qi and clear its state (no command of it runs). */
+void npu_queue_reset_locked(NpuState *s, int qi)
+{
+    uint32_t gen = s->q[qi].gen;
+
+    memset(&s->q[qi], 0, sizeof(s->q[qi]));
+    s->q[qi].gen = gen + 1;
+    timer_del(s->irq_timer[qi].timer);
+}
+
+/*
+ * A soft reset: the engine, the queues, the MMU and interrupt state. A
+ * running firmware keeps running (and its log); a crashed one is gone.
+ */
 static void npu_reset_state_locked(NpuState *s)
 {
     int qi;
 
     for (qi = 0; qi < NPU_NUM_QUEUES; qi++) {
-        uint32_t gen = s->q[qi].gen;
-
-        memset(&s->q[qi], 0, sizeof(s->q[qi]));
-        s->q[qi].gen = gen + 1;
-        timer_del(s->irq_timer[qi].timer);
+        npu_queue_reset_locked(s, qi);
+    }
+    if (s->fw_state != NPU_FW_RUNNING) {
+        s->fw_state = NPU_FW_OFF;
     }
     s->last_queue = 0;
     s->control = 0;
@@ -194,7 +207,7 @@ static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
 {
     return (s->control & NPU_CONTROL_ENABLE) && (q->ctrl & NPU_QCTL_ENABLE) &&
            !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail &&
-           !q->blocked;
+           !q->blocked && s->fw_state == NPU_FW_RUNNING;
 }
 
 /* Run the descriptor at the queue's head; called and returns with the lock. */
@@ -260,6 +273,10 @@ static void npu_process_one_locked(NpuState *s, int qi)
     } else if (cmd.rsvd0) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
         status = NPU_ST_BAD_RESERVED;
+    } else if (cmd.opcode < 32 && !(s->fw_opcodes & (1u << cmd.opcode))) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u is not in the"
+                      " firmware\n", cmd.opcode);
+        status = NPU_ST_BAD_OPCODE;
     } else if (inject) {
         trace_npu_inject(qi, inject);
         status = inject & NPU_INJECT_HW_ERROR ? NPU_ST_HW_ERROR
@@ -315,6 +332,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
     q->head = idx + 1;
     q->done_fence = cmd.fence;
+    s->cmds_done++;
     /* A completion may be what a blocked WAIT waits for. */
     for (i = 0; i < NPU_NUM_QUEUES; i++) {
         s->q[i].blocked = false;
@@ -566,6 +584,60 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
     case NPU_REG_INJECT:
         val = s->inject;
         break;
+    case NPU_REG_FW_ADDR_LO:
+        val = (uint32_t)s->fw_addr;
+        break;
+    case NPU_REG_FW_ADDR_HI:
+        val = s->fw_addr >> 32;
+        break;
+    case NPU_REG_FW_SIZE:
+        val = s->fw_size;
+        break;
+    case NPU_REG_FW_STATUS:
+        val = s->fw_state;
+        break;
+    case NPU_REG_FW_ERROR:
+        val = s->fw_error;
+        break;
+    case NPU_REG_FW_VERSION:
+        val = s->fw_version;
+        break;
+    case NPU_REG_FW_HEARTBEAT:
+        val = npu_fw_heartbeat_locked(s);
+        break;
+    case NPU_REG_MBOX_CMD:
+        val = s->mbox_cmd;
+        break;
+    case NPU_REG_MBOX_ARG0:
+        val = s->mbox_arg0;
+        break;
+    case NPU_REG_MBOX_ARG1:
+        val = s->mbox_arg1;
+        break;
+    case NPU_REG_MBOX_SEQ:
+        val = s->mbox_seq;
+        break;
+    case NPU_REG_MBOX_RESP_SEQ:
+        val = s->mbox_resp_seq;
+        break;
+    case NPU_REG_MBOX_RESP_STATUS:
+        val = s->mbox_resp_status;
+        break;
+    case NPU_REG_MBOX_RESP0:
+        val = s->mbox_resp0;
+        break;
+    case NPU_REG_MBOX_RESP1:
+        val = s->mbox_resp1;
+        break;
+    case NPU_REG_FW_LOG_LO:
+        val = (uint32_t)s->fw_log_base;
+        break;
+    case NPU_REG_FW_LOG_HI:
+        val = s->fw_log_base >> 32;
+        break;
+    case NPU_REG_FW_LOG_SIZE:
+        val = s->fw_log_size;
+        break;
     case NPU_REG_MEM_SIZE_LO:
         val = (uint32_t)s->mem_size;
         break;
@@ -810,7 +882,7 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                            unsigned size)
 {
     NpuState *s = opaque;
-    bool reset = false;
+    bool reset = false, boot = false, mbox = false;
 
     trace_npu_mmio_write(addr, size, val);
     qemu_mutex_lock(&s->lock);
@@ -855,7 +927,63 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
             qemu_log_mask(LOG_GUEST_ERROR, "npu: inject 0x%x has unknown"
                           " bits\n", (uint32_t)val);
         }
-        s->inject |= val & NPU_INJECT_MASK;
+        s->inject |= val & NPU_INJECT_MASK & ~NPU_INJECT_FW_CRASH;
+        if (val & NPU_INJECT_FW_CRASH) {
+            npu_fw_crash_locked(s);
+        }
+        break;
+    case NPU_REG_FW_ADDR_LO:
+    case NPU_REG_FW_ADDR_HI:
+    case NPU_REG_FW_SIZE:
+        if (s->fw_state == NPU_FW_RUNNING) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware register 0x%"
+                          HWADDR_PRIx " written while it runs\n", addr);
+        } else if (addr == NPU_REG_FW_SIZE) {
+            s->fw_size = val;
+        } else {
+            s->fw_addr = deposit64(s->fw_addr,
+                                   addr == NPU_REG_FW_ADDR_LO ? 0 : 32, 32, val);
+        }
+        break;
+    case NPU_REG_FW_CONTROL:
+        if (val & ~(uint64_t)(NPU_FW_BOOT | NPU_FW_STOP)) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware control 0x%x has"
+                          " unknown bits\n", (uint32_t)val);
+        }
+        if (val & NPU_FW_STOP) {
+            s->fw_state = NPU_FW_OFF;
+            s->fw_version = 0;
+            s->fw_opcodes = 0;
+        } else if ((val & NPU_FW_BOOT) && s->fw_state == NPU_FW_RUNNING) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware already runs\n");
+        } else {
+            boot = val & NPU_FW_BOOT;
+        }
+        break;
+    case NPU_REG_MBOX_CMD:
+        s->mbox_cmd = val;
+        break;
+    case NPU_REG_MBOX_ARG0:
+        s->mbox_arg0 = val;
+        break;
+    case NPU_REG_MBOX_ARG1:
+        s->mbox_arg1 = val;
+        break;
+    case NPU_REG_MBOX_SEQ:
+        s->mbox_seq = val;
+        mbox = true;
+        break;
+    case NPU_REG_FW_LOG_LO:
+    case NPU_REG_FW_LOG_HI:
+    case NPU_REG_FW_LOG_SIZE:
+        if (addr == NPU_REG_FW_LOG_SIZE) {
+            s->fw_log_size = val;
+        } else {
+            s->fw_log_base = deposit64(s->fw_log_base,
+                                       addr == NPU_REG_FW_LOG_LO ? 0 : 32, 32,
+                                       val);
+        }
+        s->fw_log_write = 0;
         break;
     case NPU_REG_MMU_CONTROL:
     case NPU_REG_MMU_L1_LO:
@@ -889,6 +1017,12 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     if (reset) {
         npu_request_reset(s, false);
     }
+    if (boot) {
+        npu_fw_boot(s);
+    }
+    if (mbox) {
+        npu_fw_mbox(s);
+    }
 }
 
 static const MemoryRegionOps npu_mmio_ops = {
@@ -906,6 +1040,26 @@ static const MemoryRegionOps npu_mmio_ops = {
 };
 
 /* Device lifecycle ----------------------------------------------------- */
+
+/* Firmware and mailbox state of a powered-up device (PCI reset). */
+static void npu_fw_power_on_locked(NpuState *s)
+{
+    s->fw_addr = 0;
+    s->fw_size = 0;
+    s->fw_state = NPU_FW_OFF;
+    s->fw_error = NPU_FWERR_NONE;
+    s->fw_version = 0;
+    s->fw_opcodes = 0;
+    s->fw_log_base = 0;
+    s->fw_log_size = 0;
+    s->fw_log_write = 0;
+    s->mbox_cmd = s->mbox_arg0 = s->mbox_arg1 = s->mbox_seq = 0;
+    s->mbox_resp_seq = s->mbox_resp_status = 0;
+    s->mbox_resp0 = s->mbox_resp1 = 0;
+    if (s->boot_rom) {
+        npu_fw_start_rom_locked(s);
+    }
+}
 
 static void npu_realize(PCIDevice *pdev, Error **errp)
 {
@@ -957,6 +1111,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     }
     npu_cores_init(s, s->num_cores);
     qemu_mutex_init(&s->lock);
+    qemu_mutex_init(&s->log_lock);
     qemu_cond_init(&s->cond);
     qemu_cond_init(&s->reset_done);
     s->irq_bh = qemu_bh_new_guarded(npu_irq_bh, s,
@@ -968,6 +1123,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
                                              &s->irq_timer[i]);
     }
     s->stop = false;
+    npu_fw_power_on_locked(s);
     npu_reset_state_locked(s);
     qemu_thread_create(&s->thread, "npu-cp", npu_worker, s,
                        QEMU_THREAD_JOINABLE);
@@ -992,18 +1148,25 @@ static void npu_exit(PCIDevice *pdev)
     qemu_cond_destroy(&s->reset_done);
     qemu_cond_destroy(&s->cond);
     qemu_mutex_destroy(&s->lock);
+    qemu_mutex_destroy(&s->log_lock);
     g_free(s->chunk);
     msix_uninit_exclusive_bar(pdev);
 }
 
 static void npu_qdev_reset(DeviceState *dev)
 {
-    npu_request_reset(NPU_PCI(dev), true);
+    NpuState *s = NPU_PCI(dev);
+
+    npu_request_reset(s, true);
+    qemu_mutex_lock(&s->lock);
+    npu_fw_power_on_locked(s);
+    qemu_mutex_unlock(&s->lock);
 }
 
 static Property npu_properties[] = {
     DEFINE_PROP_UINT32("cores", NpuState, num_cores, 2),
     DEFINE_PROP_SIZE("mem-size", NpuState, mem_size, 512 * MiB),
+    DEFINE_PROP_BOOL("boot-rom", NpuState, boot_rom, false),
     DEFINE_PROP_END_OF_LIST(),
 };
 

@@ -112,6 +112,7 @@ struct NpuState {
     /* Properties */
     uint32_t num_cores;     /* AI core threads */
     uint64_t mem_size;      /* device memory (BAR2) bytes, 0: none */
+    bool boot_rom;          /* firmware running from reset (engine tests) */
 
     /* Device memory: RAM behind BAR2; the engine uses it directly. */
     MemoryRegion mem;
@@ -124,6 +125,7 @@ struct NpuState {
      * bottom half; it is never held across DMA or command execution.
      */
     QemuMutex lock;
+    QemuMutex log_lock;     /* serialises firmware log writers; before lock */
     QemuCond cond;          /* wakes the worker: doorbell, enable, reset */
     QemuCond reset_done;    /* signalled when a reset request is finished */
     bool stop;
@@ -136,6 +138,23 @@ struct NpuState {
     uint32_t scratch;
     uint32_t inject;        /* NPU_INJECT_* armed */
     bool hung;              /* an injected hang: nothing runs until reset */
+    /* Firmware (npu_fw.c) */
+    uint64_t fw_addr;
+    uint32_t fw_size;
+    uint32_t fw_state;      /* enum npu_fw_state */
+    uint32_t fw_error;
+    uint32_t fw_version;
+    uint32_t fw_opcodes;    /* bit per opcode the firmware runs */
+    uint64_t fw_hb_period_ns;
+    uint64_t fw_boot_ns;
+    uint32_t fw_hb_frozen;  /* heartbeat at a crash */
+    uint32_t fw_log_level;
+    uint64_t fw_log_base;
+    uint32_t fw_log_size;
+    uint32_t fw_log_write;
+    uint64_t cmds_done;
+    uint32_t mbox_cmd, mbox_arg0, mbox_arg1, mbox_seq;
+    uint32_t mbox_resp_seq, mbox_resp_status, mbox_resp0, mbox_resp1;
     uint32_t ts_hi_latch;
     uint32_t mmu_control;
     uint64_t mmu_l1_base;
@@ -181,6 +200,20 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
 /* npu_tensor.c: free the gather scratch (the device is idle). */
 void npu_scratch_free(NpuState *s);
+
+/* npu.c */
+void npu_raise_locked(NpuState *s, uint32_t bits);
+void npu_queue_reset_locked(NpuState *s, int qi);
+
+/* npu_fw.c */
+void npu_fw_log(NpuState *s, uint32_t level, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+bool npu_fw_log_config_ok(NpuState *s);
+void npu_fw_start_rom_locked(NpuState *s);
+void npu_fw_boot(NpuState *s);
+uint32_t npu_fw_heartbeat_locked(NpuState *s);
+void npu_fw_crash_locked(NpuState *s);
+void npu_fw_mbox(NpuState *s);
 
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);

@@ -71,7 +71,9 @@ NPU_OP_LINEAR: Final = 11
 NPU_OP_CONV2D: Final = 12
 NPU_OP_POOL2D: Final = 13
 NPU_OP_REQUANT: Final = 14
-NPU_OP_COUNT: Final = 15
+NPU_OP_SIGNAL: Final = 15
+NPU_OP_WAIT: Final = 16
+NPU_OP_COUNT: Final = 17
 
 NPU_CONV_P_STRIDE_H: Final = 0
 NPU_CONV_P_STRIDE_W: Final = 1
@@ -170,7 +172,9 @@ NPU_ST_ABORTED: Final = 7
 NPU_ST_NO_MEMORY: Final = 8
 NPU_ST_MMU_FAULT: Final = 9
 NPU_ST_BAD_QUANT: Final = 10
-NPU_ST_COUNT: Final = 11
+NPU_ST_HW_ERROR: Final = 11
+NPU_ST_TIMEOUT: Final = 12
+NPU_ST_COUNT: Final = 13
 
 NPU_ERR_NONE: Final = 0
 NPU_ERR_RING_OVERRUN: Final = 1
@@ -227,6 +231,8 @@ class Opcode(enum.IntEnum):
     CONV2D = NPU_OP_CONV2D
     POOL2D = NPU_OP_POOL2D
     REQUANT = NPU_OP_REQUANT
+    SIGNAL = NPU_OP_SIGNAL
+    WAIT = NPU_OP_WAIT
 
 
 class EltwiseKind(enum.IntEnum):
@@ -302,6 +308,8 @@ class Status(enum.IntEnum):
     NO_MEMORY = NPU_ST_NO_MEMORY
     MMU_FAULT = NPU_ST_MMU_FAULT
     BAD_QUANT = NPU_ST_BAD_QUANT
+    HW_ERROR = NPU_ST_HW_ERROR
+    TIMEOUT = NPU_ST_TIMEOUT
 
 
 class DevError(enum.IntEnum):
@@ -431,6 +439,15 @@ class NpuCmdTensor(ctypes.LittleEndianStructure):
     ]
 
 
+class NpuCmdSync(ctypes.LittleEndianStructure):
+    """``npu_cmd.sync``: SIGNAL and WAIT (a 64-bit value at a device VA)."""
+
+    _fields_ = [
+        ("va", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+    ]
+
+
 class NpuCmdArgs(ctypes.LittleEndianUnion):
     """The anonymous union of ``struct npu_cmd``."""
 
@@ -438,6 +455,7 @@ class NpuCmdArgs(ctypes.LittleEndianUnion):
         ("copy", NpuCmdCopy),
         ("fill", NpuCmdFill),
         ("gemm", NpuCmdGemm),
+        ("sync", NpuCmdSync),
         ("tensor", NpuCmdTensor),
         ("raw", ctypes.c_uint64 * 14),
     ]

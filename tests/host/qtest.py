@@ -300,17 +300,22 @@ class PciFunction:
         raise QTestError(f"no PCI capability {cap_id:#x}")
 
     def map_bar(self, bar: int, base: int) -> int:
-        """Size memory BAR ``bar``, place it at ``base``; return its size."""
+        """Size memory BAR ``bar``, place it at ``base``; return its size (0: no BAR)."""
         reg = 0x10 + 4 * bar
         orig = self.read32(reg)
         assert not orig & 1, f"BAR{bar} is an I/O BAR"
         is64 = (orig >> 1) & 3 == 2
         self.write32(reg, U32)
-        size = ((~(self.read32(reg) & ~0xF)) & U32) + 1
+        mask = self.read32(reg) & ~0xF
+        if is64:
+            self.write32(reg + 4, U32)
+            mask |= self.read32(reg + 4) << 32
+        if not mask:
+            return 0  # not implemented
         self.write32(reg, base)
         if is64:
             self.write32(reg + 4, base >> 32)
-        return size
+        return ((~mask) & (U64 if is64 else U32)) + 1
 
     def enable(self, bits: int = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER) -> None:
         cmd = self.read32(0x04) & 0xFFFF
@@ -436,12 +441,17 @@ FENCE = 0x15_0000  # fence write-back
 DATA = 0x40_0000  # test buffers
 BAR0_BASE = 0xE000_0000
 BAR4_BASE = 0xE020_0000
+BAR2_BASE = 0x10_0000_0000  # device memory (64 GiB: aligned for any mem-size), see map_mem()
 
 
 class Npu:
     """The NPU of one QEMU process, with queue 0 driven from this process."""
 
     def __init__(self, log_path: Path, device: str = "npu") -> None:
+        # The engine tests run the device with its firmware in ROM (running
+        # from reset); the firmware tests pass boot-rom=off and boot an image.
+        if "boot-rom=" not in device:
+            device += ",boot-rom=on"
         self.qt = QTest(
             ["-machine", "q35", "-m", f"{RAM_SIZE >> 20}M", "-device", device], log_path
         )
@@ -455,6 +465,7 @@ class Npu:
             raise
         self.bar0 = BAR0_BASE
         self.bar4 = BAR4_BASE
+        self.bar2: int | None = None  # set by map_mem()
         self.ring = RING
         self.ring_size = 0
         self.cpl = CPL
@@ -463,6 +474,18 @@ class Npu:
 
     def close(self) -> None:
         self.qt.close()
+
+    def map_mem(self, base: int = BAR2_BASE) -> int:
+        """Place BAR2 (device memory) at ``base``, memory decoding off meanwhile; return its size.
+
+        Not done by ``__init__``: most tests never touch device memory.
+        """
+        cmd = self.pci.read32(0x04) & 0xFFFF
+        self.pci.write32(0x04, cmd & ~PCI_COMMAND_MEMORY)
+        size = self.pci.map_bar(hw.BAR_MEM, base)
+        self.pci.write32(0x04, cmd)
+        self.bar2 = base if size else None
+        return size
 
     # -- registers ----------------------------------------------------------
 

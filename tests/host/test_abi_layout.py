@@ -26,6 +26,7 @@ FIELDS: dict[str, list[str]] = {
         "fill", "fill.dst", "fill.len", "fill.pattern", "fill.rsvd",
         "gemm", "gemm.a", "gemm.b", "gemm.c", "gemm.m", "gemm.n", "gemm.k",
         "gemm.lda", "gemm.ldb", "gemm.ldc", "gemm.dtype", "gemm.flags",
+        "sync", "sync.va", "sync.value",
         "tensor", "tensor.params", "tensor.kind", "tensor.rsvd",
         "raw",
     ],
@@ -92,7 +93,8 @@ CONSTANTS = [
     "NPU_MAX_ELEMS", "NPU_MAX_XFER", "NPU_MAX_DIM", "NPU_MAX_LD",
     "NPU_ST_OK", "NPU_ST_BAD_OPCODE", "NPU_ST_BAD_FLAGS", "NPU_ST_BAD_RESERVED",
     "NPU_ST_BAD_ARGS", "NPU_ST_BAD_ADDR", "NPU_ST_DMA_ERROR", "NPU_ST_ABORTED",
-    "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_BAD_QUANT", "NPU_ST_COUNT",
+    "NPU_ST_NO_MEMORY", "NPU_ST_MMU_FAULT", "NPU_ST_BAD_QUANT", "NPU_ST_HW_ERROR",
+    "NPU_ST_TIMEOUT", "NPU_ST_COUNT", "NPU_OP_SIGNAL", "NPU_OP_WAIT",
     "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
     "NPU_ERR_BAD_RING", "NPU_ERR_MMU_FAULT",
     "NPU_IOCTL_BASE",
@@ -252,7 +254,7 @@ def test_every_constant_of_the_headers_is_checked() -> None:
     # Register map, BARs, MSI-X, MMU tables and function-like macros are driver/device business.
     driver_only = re.compile(
         r"NPU_(H$|HW_H$|UAPI_H$|TENSOR_H$|BAR|REG_|Q_|QREG|QCTL|QSTAT|DOORBELL|MSIX|VEC_|STATUS_|"
-        r"CONTROL_|IRQ_|MMU_|PTE_|PAGE_|FAULT_)"
+        r"CONTROL_|IRQ_|MMU_|PTE_|PAGE_|FAULT_|INJECT_|FW_)"
     )
     expected = {name for name in defined if not driver_only.match(name)}
     assert expected <= set(CONSTANTS), sorted(expected - set(CONSTANTS))

@@ -69,7 +69,9 @@ ELTWISE_KINDS = (hw.ELTWISE_ADD, hw.ELTWISE_SUB, hw.ELTWISE_MUL, hw.ELTWISE_DIV,
                  hw.ELTWISE_MAX, hw.ELTWISE_MIN)  # fmt: skip
 REDUCE_KINDS = (hw.REDUCE_SUM, hw.REDUCE_MEAN, hw.REDUCE_MAX, hw.REDUCE_MIN)
 ACTS = (hw.ACT_NONE, hw.ACT_RELU, hw.ACT_GELU)
-TENSOR_OPS = tuple(range(hw.OP_ELTWISE, hw.OP_COUNT))
+# The tensor ops param_blocks() knows (OPERANDS); REQUANT has its own tests
+# (test_device_qtest_quant.py) and SIGNAL/WAIT are not tensor ops.
+TENSOR_OPS = tuple(range(hw.OP_ELTWISE, hw.OP_REQUANT))
 
 # Device VA space: one L1 entry (2 MiB). Page i lives at BACKING + i * 4 KiB.
 # Pages below READONLY_FIRST are writable, then read-only ones, then a hole.

@@ -95,4 +95,6 @@ def test_status_name_uses_the_c_names() -> None:
         "NPU_ST_NO_MEMORY",
         "NPU_ST_MMU_FAULT",
         "NPU_ST_BAD_QUANT",
+        "NPU_ST_HW_ERROR",
+        "NPU_ST_TIMEOUT",
     ]
