@@ -205,6 +205,7 @@ static const struct file_operations npu_fops = {
 	.unlocked_ioctl = npu_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = npu_mmap,
+	.poll = npu_poll,
 	.llseek = noop_llseek,
 };
 

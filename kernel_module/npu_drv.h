@@ -80,6 +80,7 @@ struct npu_context {
 	atomic64_t local_bytes;		/* of which in device memory */
 	struct npu_vm vm;		/* where its buffers are mapped */
 	bool faulted;			/* a command of it faulted: submits fail */
+	u64 last_fence;			/* of its last SUBMIT on queue 0 (poll) */
 	u32 hangs;			/* its commands that hung (watchdog) */
 	bool banned;			/* hung too often: submits fail with -EIO */
 	struct address_space *mapping;	/* of its file: to zap doorbell maps */
@@ -295,6 +296,9 @@ void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
 void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
+void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
+			  struct poll_table_struct *wait);
+bool npu_uqueue_idle(struct npu_context *ctx);
 
 /* npu_fw.c */
 #define NPU_HB_MISSES		5	/* watchdog periods without a heartbeat */
@@ -327,6 +331,7 @@ u64 npu_ctx_mem_limit(void);
 int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_wait(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg);
+__poll_t npu_poll(struct file *file, struct poll_table_struct *wait);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
 

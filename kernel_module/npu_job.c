@@ -5,6 +5,7 @@
  * fence value and reports the device errors of the caller's ops.
  */
 #include <linux/overflow.h>
+#include <linux/poll.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -379,6 +380,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 		npu_queue_push(q, &cmds[i]);
 	}
 	job->last_fence = job->first_fence + args.num_ops - 1;
+	WRITE_ONCE(ctx->last_fence, job->last_fence);
 	kref_get(&ctx->ref);
 	spin_lock(&q->job_lock);
 	list_add_tail(&job->node, &q->jobs);
@@ -532,4 +534,25 @@ int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg)
 	args.t_start = cpl.t_start;
 	args.t_end = cpl.t_end;
 	return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+}
+
+/*
+ * poll(): EPOLLIN once every op the file submitted (SUBMIT) has completed
+ * and its user queues are idle; EPOLLERR when the file is faulted or
+ * banned. Completions wake the pollers.
+ */
+__poll_t npu_poll(struct file *file, struct poll_table_struct *wait)
+{
+	struct npu_context *ctx = file->private_data;
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_queue *q = &ndev->queue;
+	__poll_t mask = 0;
+
+	poll_wait(file, &q->wq, wait);
+	npu_uqueue_poll_wait(ctx, file, wait);
+	if (READ_ONCE(ctx->faulted) || READ_ONCE(ctx->banned))
+		mask |= EPOLLERR;
+	if (npu_fence_done(q, READ_ONCE(ctx->last_fence)) && npu_uqueue_idle(ctx))
+		mask |= EPOLLIN | EPOLLRDNORM;
+	return mask;
 }

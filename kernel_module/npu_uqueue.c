@@ -16,6 +16,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/iopoll.h>
 #include <linux/mm.h>
+#include <linux/poll.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 
@@ -458,4 +459,37 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 out:
 	mutex_unlock(&ndev->uq_mutex);
 	return ret;
+}
+
+/* poll(): wait on every user queue of @ctx. */
+void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
+			  struct poll_table_struct *wait)
+{
+	struct npu_device *ndev = ctx->ndev;
+	u32 i;
+
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues; i++)
+		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx)
+			poll_wait(file, &ndev->uq[i]->wq, wait);
+	mutex_unlock(&ndev->uq_mutex);
+}
+
+/* Have the user queues of @ctx nothing left to run (or stopped)? */
+bool npu_uqueue_idle(struct npu_context *ctx)
+{
+	struct npu_device *ndev = ctx->ndev;
+	bool idle = true;
+	u32 i;
+
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+		struct npu_uqueue *uq = ndev->uq[i];
+
+		if (uq && uq->ctx == ctx && !uq->stopped &&
+		    !(npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_IDLE))
+			idle = false;
+	}
+	mutex_unlock(&ndev->uq_mutex);
+	return idle;
 }
