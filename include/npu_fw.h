@@ -19,6 +19,7 @@
 #define NPU_FW_MAGIC		0x4657504e	/* "NPWF" */
 #define NPU_FW_HEADER_SIZE	64
 #define NPU_FW_NAME		"npu/npu_fw.bin"	/* under /lib/firmware */
+#define NPU_FW_DEFAULT_HB_US	10000	/* heartbeat period without a section */
 
 struct npu_fw_header {
 	__u32 magic;		/* NPU_FW_MAGIC */

@@ -202,8 +202,9 @@ struct npu_device {
 	struct npu_fw_log *fw_log;	/* + NPU_FW_LOG_BYTES of text */
 	dma_addr_t fw_log_dma;
 	u32 fw_version;
+	u32 fw_hb_us;			/* the image's heartbeat period */
 	u32 hb_last;			/* heartbeat seen last by the watchdog */
-	u32 hb_stale;			/* watchdog periods it stood still */
+	unsigned long hb_since;		/* jiffies when it last changed */
 	struct mutex mbox_lock;		/* one mailbox request at a time; mbox_seq */
 	u32 mbox_seq;
 	u64 reset_recovery_ns;		/* the last recovery: reset to restart */
@@ -301,12 +302,13 @@ void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
 bool npu_uqueue_idle(struct npu_context *ctx);
 
 /* npu_fw.c */
-#define NPU_HB_MISSES		5	/* watchdog periods without a heartbeat */
+#define NPU_HB_MISSES		5	/* heartbeat periods missed: firmware lost */
 int npu_fw_init(struct npu_device *ndev);
 int npu_fw_boot(struct npu_device *ndev);
 void npu_fw_stop(struct npu_device *ndev);
 int npu_mbox_call(struct npu_device *ndev, u32 cmd, u32 arg0, u32 arg1, u32 *resp);
 bool npu_fw_heartbeat_lost(struct npu_device *ndev);
+void npu_fw_heartbeat_reset(struct npu_device *ndev);
 size_t npu_fw_log_read(struct npu_device *ndev, char *buf, size_t len);
 
 /* npu_reset.c */

@@ -39,6 +39,28 @@ static const char *npu_fw_error_str(u32 err)
 }
 
 /*
+ * The heartbeat period the image asks for (NPU_FW_SEC_HEARTBEAT), or the
+ * device's default; the device validates the sections.
+ */
+static u32 npu_fw_heartbeat_us(const u8 *p, size_t len)
+{
+	while (len >= sizeof(struct npu_fw_section)) {
+		u32 type = get_unaligned_le32(p), n = get_unaligned_le32(p + 4);
+		size_t padded = round_up((size_t)n, 4);
+
+		p += sizeof(struct npu_fw_section);
+		len -= sizeof(struct npu_fw_section);
+		if (padded > len)
+			break;
+		if (type == NPU_FW_SEC_HEARTBEAT && n == 4)
+			return get_unaligned_le32(p);
+		p += padded;
+		len -= padded;
+	}
+	return NPU_FW_DEFAULT_HB_US;
+}
+
+/*
  * The checks the driver can make before the device sees the image, for a
  * clear message; the device checks everything again.
  */
@@ -68,6 +90,7 @@ static int npu_fw_check(struct npu_device *ndev, const struct firmware *fw)
 		dev_err(dev, "firmware %s: corrupt (size or checksum)\n", fw_name);
 		return -EINVAL;
 	}
+	ndev->fw_hb_us = npu_fw_heartbeat_us(fw->data + sizeof(*h), fw->size - sizeof(*h));
 	return 0;
 }
 
@@ -102,8 +125,7 @@ int npu_fw_boot(struct npu_device *ndev)
 		return -ENOEXEC;
 	}
 	ndev->fw_version = npu_rd(ndev, NPU_REG_FW_VERSION);
-	ndev->hb_last = npu_rd(ndev, NPU_REG_FW_HEARTBEAT);
-	ndev->hb_stale = 0;
+	npu_fw_heartbeat_reset(ndev);
 	return 0;
 }
 
@@ -176,20 +198,30 @@ int npu_mbox_call(struct npu_device *ndev, u32 cmd, u32 arg0, u32 arg1, u32 *res
 	return ret;
 }
 
+/* Start watching the heartbeat afresh (after a boot or a recovery). */
+void npu_fw_heartbeat_reset(struct npu_device *ndev)
+{
+	ndev->hb_last = npu_rd(ndev, NPU_REG_FW_HEARTBEAT);
+	ndev->hb_since = jiffies;
+}
+
 /*
  * Called by the watchdog every period: true when the heartbeat stood
- * still for NPU_HB_MISSES periods in a row (the firmware is lost).
+ * still for NPU_HB_MISSES heartbeat periods of the image, and at least
+ * NPU_HB_MISSES watchdog periods (the firmware is lost).
  */
 bool npu_fw_heartbeat_lost(struct npu_device *ndev)
 {
 	u32 hb = npu_rd(ndev, NPU_REG_FW_HEARTBEAT);
+	unsigned long grace = max(usecs_to_jiffies(ndev->fw_hb_us * NPU_HB_MISSES),
+				  NPU_HB_MISSES * msecs_to_jiffies(100));
 
 	if (hb != ndev->hb_last) {
 		ndev->hb_last = hb;
-		ndev->hb_stale = 0;
+		ndev->hb_since = jiffies;
 		return false;
 	}
-	return ++ndev->hb_stale >= NPU_HB_MISSES;
+	return time_after(jiffies, ndev->hb_since + grace);
 }
 
 /* The log ring as text, oldest first, into @buf; returns the length. */

@@ -164,6 +164,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	npu_uqueue_stop_all(ndev, fw ? 0 : qi);
 	npu_hw_start(ndev);
 	npu_queue_kick(q);
+	npu_fw_heartbeat_reset(ndev);
 	ndev->reset_recovery_ns = ktime_to_ns(ktime_sub(ktime_get(), t0));
 	atomic_inc(&ndev->recoveries);
 	npu_reset_uevent(ndev, fw ? "firmware" : "hang");

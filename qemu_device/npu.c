@@ -162,6 +162,8 @@ static void npu_reset_state_locked(NpuState *s)
     }
     if (s->fw_state != NPU_FW_RUNNING) {
         s->fw_state = NPU_FW_OFF;
+        s->fw_version = 0;
+        s->fw_opcodes = 0;
     }
     s->last_queue = 0;
     s->control = 0;
@@ -240,7 +242,9 @@ static void npu_process_one_locked(NpuState *s, int qi)
         trace_npu_inject(qi, NPU_INJECT_HANG);
         return;
     }
-    inject = s->inject & (NPU_INJECT_HW_ERROR | NPU_INJECT_DMA_FAULT);
+    /* One injected fault per command; HW_ERROR first. */
+    inject = s->inject & NPU_INJECT_HW_ERROR ?:
+             s->inject & NPU_INJECT_DMA_FAULT;
     s->inject &= ~inject;
     npu_walk_init_locked(s, &walk, qi);
     faults = s->mmu_faults;     /* one command at a time: the delta is ours */
@@ -266,6 +270,13 @@ static void npu_process_one_locked(NpuState *s, int qi)
     memset(&cpl, 0, sizeof(cpl));
     cpl.t_start = cpu_to_le64(npu_now_ns());
     trace_npu_cmd_start(qi, idx, cmd.opcode, cmd.fence);
+    if (inject && ((cmd.flags & ~NPU_CMD_F_MASK) || cmd.rsvd0)) {
+        /* A malformed descriptor is not a command: keep the fault armed. */
+        qemu_mutex_lock(&s->lock);
+        s->inject |= inject;
+        qemu_mutex_unlock(&s->lock);
+        inject = 0;
+    }
     if (cmd.flags & ~NPU_CMD_F_MASK) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown descriptor flags 0x%x\n",
                       cmd.flags);
@@ -941,8 +952,9 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         } else if (addr == NPU_REG_FW_SIZE) {
             s->fw_size = val;
         } else {
-            s->fw_addr = deposit64(s->fw_addr,
-                                   addr == NPU_REG_FW_ADDR_LO ? 0 : 32, 32, val);
+            int shift = addr == NPU_REG_FW_ADDR_LO ? 0 : 32;
+
+            s->fw_addr = deposit64(s->fw_addr, shift, 32, val);
         }
         break;
     case NPU_REG_FW_CONTROL:

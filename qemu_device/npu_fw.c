@@ -21,7 +21,6 @@
 #include "npu_fw.h"
 #include "hw/misc/trace.h"
 
-#define NPU_FW_DEFAULT_HB_US    10000
 #define NPU_FW_LOG_MIN          256
 #define NPU_FW_LOG_MAX          (1 * MiB)
 
@@ -218,8 +217,11 @@ void npu_fw_boot(NpuState *s)
 
     qemu_mutex_lock(&s->lock);
     if (err) {
+        /* No image runs: nothing of an earlier (crashed) one stays. */
         s->fw_state = NPU_FW_FAILED;
         s->fw_error = err;
+        s->fw_version = 0;
+        s->fw_opcodes = 0;
     } else {
         s->fw_state = NPU_FW_RUNNING;
         s->fw_error = NPU_FWERR_NONE;

@@ -2,8 +2,9 @@
 """Benchmark the NPU stack end to end and compare it with numpy.
 
 Boots the guest (scripts/guest.py), loads the driver, runs
-examples/bench_npu.py and examples/bench_inference.py (the ONNX models) in
-the guest, then measures numpy on the host in the same run, and writes
+examples/bench_npu.py, examples/bench_inference.py (the ONNX models) and
+examples/bench_recovery.py (hang detection and reset recovery) in the
+guest, then measures numpy on the host in the same run, and writes
 everything, with ratios and the targets, to build/bench.json. The JSON is
 also printed on stdout; diagnostics go to stderr through logging. ``make
 bench`` builds QEMU, the guest and the module first; this script builds
@@ -44,7 +45,12 @@ from guest import Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
 log = logging.getLogger("bench")
 
 # Run one after the other in the same guest; their JSON results are merged.
-GUEST_CMDS = ("python3 examples/bench_npu.py", "python3 examples/bench_inference.py")
+# The recovery benchmark resets the device over and over: it runs last.
+GUEST_CMDS = (
+    "python3 examples/bench_npu.py",
+    "python3 examples/bench_inference.py",
+    "python3 examples/bench_recovery.py",
+)
 GUEST_TIMEOUT_S = 900.0
 GEMM_N = 1024
 COPY_BYTES = 64 << 20

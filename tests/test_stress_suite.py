@@ -1,10 +1,11 @@
 """Run the in-guest reliability suite (tests/stress/) in the session guest.
 
 ``make test`` runs it at the short sizes (NPU_STRESS_SCALE=short: 10 kills,
-5 module cycles, 10,000 fuzz calls, 8 x 100 jobs); ``make stress`` runs
-only this file at the issue's full sizes (NPU_STRESS_SCALE=full: 100 kills,
-50 module cycles, 100,000 fuzz calls, 8 x 1,000 jobs). The figures each test
-records (junit properties) are written to build/stress-figures.json.
+5 module cycles, 10,000 fuzz calls, 8 x 100 jobs, 5 hang cycles); ``make
+stress`` runs only this file at the issue's full sizes (NPU_STRESS_SCALE=full:
+100 kills, 50 module cycles, 100,000 fuzz calls, 8 x 1,000 jobs, 100 hang
+cycles). The figures each test records (junit properties) are written to
+build/stress-figures.json.
 
 test_stress_suite_ran checks the run itself (pytest ran, wrote its junit
 XML, no kernel splat meanwhile); test_stress_file[<file>] passes only if
@@ -39,6 +40,7 @@ PASS_ENV = (
     "NPU_STRESS_FUZZ_CALLS",
     "NPU_STRESS_PROCS",
     "NPU_STRESS_JOBS",
+    "NPU_STRESS_HANG_CYCLES",
 )
 
 pytestmark = pytest.mark.guest

@@ -158,7 +158,7 @@ def test_gemm_with_operands_in_device_memory_matches_numpy(fd):
     a = rng.standard_normal((m_, k_), dtype=np.float32)
     b = rng.standard_normal((k_, n_), dtype=np.float32)
     bos = [bo_create(fd, x.nbytes) for x in (a, b)] + [bo_create(fd, m_ * n_ * 4)]
-    for bo, x in zip(bos, (a, b)):
+    for bo, x in zip(bos[:2], (a, b), strict=True):
         with bo_map(fd, bo) as m:
             m[: x.nbytes] = x.tobytes()
     params = (m_, n_, k_, k_, n_, n_, _abi.NPU_DTYPE_FP32, 0)

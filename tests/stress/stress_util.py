@@ -31,6 +31,7 @@ SIZES = {
     "FUZZ_CALLS": (100_000, 10_000),
     "PROCS": (8, 8),
     "JOBS": (1000, 100),
+    "HANG_CYCLES": (100, 5),
 }
 
 

@@ -213,7 +213,7 @@ class Fuzzer:
         p = self.ptr(self.arg_addr, 72)
         if self.call("GET_INFO", fd, _abi.NPU_IOCTL_GET_INFO, p) == 0 and p == self.arg_addr:
             info = _abi.NpuInfo.from_address(p)
-            if list(info.rsvd) != [0] * 7 or info.max_bo_size != 1 << 30:
+            if list(info.rsvd) != [0] * len(info.rsvd) or info.rsvd0 or info.max_bo_size != 1 << 30:
                 self.violations.append(f"call {self.calls}: GET_INFO returned {list(info.rsvd)}")
 
     def bo_create(self, fd: int) -> None:
