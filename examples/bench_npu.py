@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """NPU micro-benchmarks, run inside the guest.
 
-Measures the submit/wait round trip, NOP throughput, DMA copy bandwidth,
+Measures the submit/wait round trip, NOP throughput, the per-op cost and
+round trip of a user-mode queue (``npu.UserQueue``) next to the ioctl path,
+DMA copy bandwidth,
 fp32 GEMM throughput, the MATMUL op (fp32, fp16, bf16), the fused LINEAR
 epilogue, the tensor ops (element-wise, unary, convert, transpose on
 ``npu.Tensor``) and 2-D convolution and pooling (CONV2D, POOL2D) of the NPU
@@ -55,6 +57,13 @@ COPY_RUNS = 2 if QUICK else 5
 GEMM_RUNS = 2 if QUICK else 5
 E2E_RUNS = 1 if QUICK else 3
 GETPPID_LOOPS = 20_000 if QUICK else 200_000
+# User-mode queue vs SUBMIT: UQ_OPS single-NOP submissions then one wait,
+# median of UQ_RUNS; round trips: median of UQ_ROUNDTRIPS single NOPs.
+UQ_OPS = 256
+UQ_RUNS = 3 if QUICK else 7
+UQ_ROUNDTRIPS = 30 if QUICK else 200
+UQ_IRQ_OPS = 1000
+IRQ_SETTLE_S = 0.05
 # Tensor ops: square fp32 tensors of 1M (1024 x 1024) and 256K (512 x 512)
 # elements. The NPU figure is a chain of TENSOR_CHAIN identical ops submitted
 # back to back and one wait, divided by TENSOR_CHAIN; median of TENSOR_RUNS.
@@ -145,6 +154,80 @@ def bench_nop_batch(dev: npu.Device) -> float:
         fence = dev.submit(batch)
     dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
     return BATCH * BATCH_SUBMITS / (time.perf_counter() - t0)
+
+
+def read_irq_count(dev: npu.Device) -> int:
+    """The driver's interrupt counter (sysfs irq_count: all of the device's vectors)."""
+    with open(f"/sys/class/npu/{os.path.basename(dev.path)}/irq_count") as f:
+        return int(f.read())
+
+
+def bench_user_queue(dev: npu.Device) -> dict[str, float]:
+    """Small ops through the ioctl path vs a user-mode queue (npu.UserQueue).
+
+    op_us_ioctl_submit: UQ_OPS NOPs, each its own SUBMIT ioctl, then one
+    WAIT, per op. op_us_user_queue: the same NOPs through a UserQueue, each
+    pushed and its doorbell rung (no system call), then one wait, per op;
+    op_us_user_queue_batched: pushed all, one doorbell, one wait.
+    roundtrip_us_spin / roundtrip_us_block: one NOP pushed and waited for by
+    spinning on the fence record / by the WAIT ioctl (the NOP asks for an
+    interrupt). irqs_per_1000_ops: the driver's irq_count across 1000 NOPs
+    with NPU_CMD_F_IRQ on the last only."""
+    res: dict[str, float] = {}
+    nop = [npu.ops.nop()]
+
+    def ioctl_ops() -> None:
+        fence = 0
+        for _ in range(UQ_OPS):
+            fence = dev.submit(nop)
+        dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
+
+    with dev.create_queue(entries=max(UQ_OPS, 1024)) as q:
+
+        def uq_ops() -> None:
+            push, kick = q.nop, q.kick
+            for _ in range(UQ_OPS):
+                push()
+                kick()
+            q.synchronize(timeout_s=WAIT_TIMEOUT_S)
+
+        def uq_ops_batched() -> None:
+            push = q.nop
+            for _ in range(UQ_OPS):
+                push()
+            q.synchronize(timeout_s=WAIT_TIMEOUT_S)
+
+        for name, fn in (
+            ("op_us_ioctl_submit", ioctl_ops),
+            ("op_us_user_queue", uq_ops),
+            ("op_us_user_queue_batched", uq_ops_batched),
+        ):
+            fn()  # warm-up
+            res[name] = statistics.median(timed_runs(fn, UQ_RUNS)) / UQ_OPS * 1e6
+
+        def spin() -> None:
+            q.wait(q.nop(), timeout_s=WAIT_TIMEOUT_S, spin_s=WAIT_TIMEOUT_S)
+
+        def block() -> None:
+            q.wait(q.nop(irq=True), timeout_s=WAIT_TIMEOUT_S, spin_s=0)
+
+        for name, fn in (("roundtrip_us_spin", spin), ("roundtrip_us_block", block)):
+            for _ in range(NOP_WARMUP):
+                fn()
+            res[name] = statistics.median(timed_runs(fn, UQ_ROUNDTRIPS)) * 1e6
+
+        q.synchronize(timeout_s=WAIT_TIMEOUT_S)
+        time.sleep(IRQ_SETTLE_S)  # the interrupt threads of earlier work have run
+        before = read_irq_count(dev)
+        for _ in range(UQ_IRQ_OPS - 1):
+            q.nop()
+        q.wait(q.nop(irq=True), timeout_s=WAIT_TIMEOUT_S, spin_s=0)
+        time.sleep(IRQ_SETTLE_S)  # the WAIT may return before the IRQ thread counts
+        res["irqs_per_1000_ops"] = float(read_irq_count(dev) - before) * 1000 / UQ_IRQ_OPS
+        if q.completed() != q.last_fence:
+            raise BenchError("user queue: not every NOP completed")
+    res["user_queue_op_speedup"] = res["op_us_ioctl_submit"] / res["op_us_user_queue"]
+    return res
 
 
 def bench_dma_copy(dev: npu.Device) -> float:
@@ -936,6 +1019,21 @@ def main() -> int:
             log.info("getppid %.2f us", result["getppid_us"])
             result["nop_batch_ops_per_s"] = bench_nop_batch(dev)
             log.info("nop batch %.0f ops/s", result["nop_batch_ops_per_s"])
+            if info.user_queues:
+                uq = bench_user_queue(dev)
+                result.update(uq)
+                log.info(
+                    "per op: SUBMIT %.1f us, user queue %.1f us (batched %.1f us); "
+                    "round trip: spin %.1f us, block %.1f us; %.1f irqs per 1000 ops",
+                    uq["op_us_ioctl_submit"],
+                    uq["op_us_user_queue"],
+                    uq["op_us_user_queue_batched"],
+                    uq["roundtrip_us_spin"],
+                    uq["roundtrip_us_block"],
+                    uq["irqs_per_1000_ops"],
+                )
+            else:
+                log.warning("the driver lends no user queues: user-queue figures skipped")
             result["dma_copy_gbps"] = bench_dma_copy(dev)
             log.info("dma copy %.2f GB/s", result["dma_copy_gbps"])
             result["guest_memcpy_gbps"] = bench_guest_memcpy()

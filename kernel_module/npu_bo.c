@@ -72,8 +72,10 @@ static void npu_bo_free(struct kref *ref)
 	struct npu_device *ndev = bo->ndev;
 
 	trace_npu_bo_free(bo->handle, bo->size);
-	atomic64_dec(&ndev->bo_count);
-	atomic64_sub(bo->size, &ndev->bo_bytes);
+	if (!bo->internal) {
+		atomic64_dec(&ndev->bo_count);
+		atomic64_sub(bo->size, &ndev->bo_bytes);
+	}
 	npu_vm_unmap(bo->vm, bo->va, bo->size);
 	/* A user queue's command may still use the old translations. */
 	if (bo->owner)
@@ -185,12 +187,12 @@ void npu_bo_put(struct npu_bo *bo)
 }
 
 /*
- * A buffer object owned by the driver (no handle), that the device can read
- * but not write, with a kernel mapping in @vaddr. Released with
- * npu_bo_put() after vunmap().
+ * A buffer object owned by the driver (no handle, not in the device's BO
+ * counts), mapped in @vm, that the device can read but not write, with a
+ * kernel mapping in @vaddr. Released with npu_bo_put() after vunmap().
  */
-struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
-				    void **vaddr)
+struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
+				    size_t size, void **vaddr)
 {
 	struct npu_bo *bo;
 	int ret;
@@ -201,7 +203,8 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
 	kref_init(&bo->ref);
 	bo->size = PAGE_ALIGN(size);
 	bo->npages = bo->size >> PAGE_SHIFT;
-	bo->vm = &ndev->kvm;
+	bo->vm = vm;
+	bo->internal = true;
 	ret = npu_bo_alloc_backing(ndev, bo, false);
 	if (ret) {
 		kfree(bo);
@@ -209,8 +212,6 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
 	}
 	bo->ndev = ndev;
 	kref_get(&ndev->ref);
-	atomic64_inc(&ndev->bo_count);
-	atomic64_add(bo->size, &ndev->bo_bytes);
 	*vaddr = vmap(bo->pages, bo->npages, VM_MAP, PAGE_KERNEL);
 	if (!*vaddr) {
 		npu_bo_put(bo);

@@ -68,6 +68,7 @@ static int npu_open(struct inode *inode, struct file *file)
 		return ret;
 	}
 	ctx->mapping = file->f_mapping;
+	mutex_init(&ctx->params_lock);
 	kref_init(&ctx->ref);
 	xa_init_flags(&ctx->bos, XA_FLAGS_ALLOC1);
 	spin_lock_init(&ctx->err_lock);

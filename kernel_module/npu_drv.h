@@ -38,7 +38,6 @@
 #define NPU_MAX_DEVICES		16
 #define NPU_RING_ENTRIES	4096
 #define NPU_MAX_CONTEXTS	1024	/* open files per device, ctx 0 is the driver's */
-#define NPU_VA_PARAMS		SZ_2M	/* kernel queue parameter arena, every VM */
 #define NPU_MMAP_QUEUE_HANDLE	0	/* mmap offsets below 4 GiB: user queues */
 /* Device memory offsets in mem_pool are biased: gen_pool cannot hand out 0. */
 #define NPU_MEM_POOL_BIAS	BIT_ULL(40)
@@ -84,6 +83,14 @@ struct npu_context {
 	u32 hangs;			/* its commands that hung (watchdog) */
 	bool banned;			/* hung too often: submits fail with -EIO */
 	struct address_space *mapping;	/* of its file: to zap doorbell maps */
+	/*
+	 * The parameter blocks of its tensor ops on queue 0, one per ring
+	 * slot, device read-only, in its own address space only; created by
+	 * its first tensor SUBMIT under params_lock.
+	 */
+	struct mutex params_lock;
+	struct npu_bo *params_bo;
+	struct npu_tensor_params *params;
 };
 
 struct npu_bo {
@@ -101,6 +108,7 @@ struct npu_bo {
 	bool local;			/* in device memory at local_off, no pages */
 	u64 local_off;
 	bool dev_readonly;		/* the device may not write it */
+	bool internal;			/* the driver's: not in the device's BO counts */
 };
 
 /*
@@ -121,6 +129,7 @@ struct npu_uqueue {
 	bool stopped;			/* the device stopped it (error, reset) */
 	bool hung;			/* its command hung: the device was reset */
 	u32 error;			/* NPU_ERR_* it stopped with */
+	u64 fault_fence;		/* its command that faulted (NPU_ERR_MMU_FAULT) */
 	wait_queue_head_t wq;		/* fence write-backs and stops */
 };
 
@@ -147,9 +156,6 @@ struct npu_queue {
 	dma_addr_t cpl_dma;
 	struct npu_fence_wb *wb;
 	dma_addr_t wb_dma;
-	/* Parameter blocks of tensor ops, one per ring slot, device read-only. */
-	struct npu_bo *params_bo;
-	struct npu_tensor_params *params;
 
 	/*
 	 * submit_lock serialises writers of the ring: it protects tail,
@@ -225,6 +231,8 @@ struct npu_device {
 	/*
 	 * uq_mutex protects uq[] (hardware queue -> user queue), the
 	 * registers of queues 1.. and the stopped/error fields of user queues.
+	 * Releasing a buffer object takes it (npu_uqueue_sync()): never
+	 * retire jobs or put buffers while holding it.
 	 */
 	struct mutex uq_mutex;
 	struct npu_uqueue *uq[NPU_NUM_QUEUES];
@@ -264,10 +272,12 @@ void npu_hw_fini(struct npu_device *ndev);
 void npu_hw_free(struct npu_device *ndev);
 void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
 void npu_queue_kick(struct npu_queue *q);
-u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p);
+u64 npu_queue_put_params(struct npu_queue *q, struct npu_context *ctx,
+			 const struct npu_tensor_params *p);
 u32 npu_queue_space(struct npu_queue *q);
 bool npu_fence_done(struct npu_queue *q, u64 fence);
-void npu_queue_abort_all(struct npu_queue *q, u32 status);
+void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done);
+void npu_queue_retire(struct npu_queue *q, struct list_head *done);
 void npu_queue_process(struct npu_queue *q);
 
 /* npu_mmu.c */
@@ -323,8 +333,8 @@ int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg);
 int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg);
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
 void npu_bo_put(struct npu_bo *bo);
-struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, size_t size,
-				    void **vaddr);
+struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
+				    size_t size, void **vaddr);
 void npu_bo_release_all(struct npu_context *ctx);
 int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 u64 npu_ctx_mem_limit(void);

@@ -102,14 +102,17 @@ void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd)
 
 /*
  * Store the parameter block of the descriptor about to be pushed at the
- * tail; returns its device VA. Caller holds submit_lock and has space.
+ * tail in @ctx's arena (npu_ctx_params()), at the ring slot's index;
+ * returns its device VA in @ctx's address space. Caller holds submit_lock
+ * and has space.
  */
-u64 npu_queue_put_params(struct npu_queue *q, const struct npu_tensor_params *p)
+u64 npu_queue_put_params(struct npu_queue *q, struct npu_context *ctx,
+			 const struct npu_tensor_params *p)
 {
 	u32 slot = q->tail & (q->entries - 1);
 
-	q->params[slot] = *p;
-	return NPU_VA_PARAMS + (u64)slot * sizeof(*p);
+	ctx->params[slot] = *p;
+	return ctx->params_bo->va + (u64)slot * sizeof(*p);
 }
 
 /* Make the new descriptors visible to the device, then ring the doorbell. */
@@ -201,12 +204,13 @@ void npu_queue_process(struct npu_queue *q)
 /*
  * Complete every job in flight with @status; used when the hardware state
  * is lost (reset, removal). Caller holds submit_lock and the device must not
- * be executing this queue any more.
+ * be executing this queue any more. The jobs move to @done: the caller
+ * retires them with npu_queue_retire() once it holds no lock a buffer's
+ * release takes (uq_mutex).
  */
-void npu_queue_abort_all(struct npu_queue *q, u32 status)
+void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done)
 {
 	struct npu_job *job;
-	LIST_HEAD(done);
 
 	spin_lock(&q->job_lock);
 	list_for_each_entry(job, &q->jobs, node) {
@@ -216,10 +220,14 @@ void npu_queue_abort_all(struct npu_queue *q, u32 status)
 		}
 	}
 	WRITE_ONCE(q->completed, q->next_fence);
-	list_splice_init(&q->jobs, &done);
+	list_splice_tail_init(&q->jobs, done);
 	spin_unlock(&q->job_lock);
+}
 
-	npu_retire_list(&done);
+/* Retire the jobs of npu_queue_abort_all() and wake the waiters. */
+void npu_queue_retire(struct npu_queue *q, struct list_head *done)
+{
+	npu_retire_list(done);
 	wake_up_all(&q->wq);
 }
 
@@ -260,6 +268,7 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	struct npu_device *ndev = arg;
 	struct npu_queue *q = &ndev->queue;
 	u32 status = npu_rd(ndev, NPU_REG_IRQ_STATUS);
+	LIST_HEAD(done);
 	u32 err = npu_rd(ndev, NPU_REG_ERROR);
 
 	atomic_inc(&ndev->irq_count);
@@ -279,7 +288,7 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	npu_queue_process(q);
 	mutex_lock(&ndev->uq_mutex);
 	if (!npu_hw_reset(ndev)) {
-		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_queue_rebase(q, q->next_fence);
 		npu_uqueue_stop_all(ndev, 0);
 		npu_hw_start(ndev);
@@ -287,6 +296,7 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 		npu_reset_uevent(ndev, "error");
 	}
 	mutex_unlock(&ndev->uq_mutex);
+	npu_queue_retire(q, &done);
 	mutex_unlock(&q->submit_lock);
 	return IRQ_HANDLED;
 }
@@ -318,19 +328,6 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	if (!q->ring || !q->cpl || !q->wb)
 		return -ENOMEM;
 
-	q->params_bo = npu_bo_create_kernel(ndev, q->entries * sizeof(*q->params),
-					    (void **)&q->params);
-	if (IS_ERR(q->params_bo)) {
-		ret = PTR_ERR(q->params_bo);
-		q->params_bo = NULL;
-		return ret;
-	}
-	/* Every address space has the arena at NPU_VA_PARAMS (npu_mmu.c). */
-	ret = npu_vm_map_at(&ndev->kvm, NPU_VA_PARAMS, &q->params_bo->sgt,
-			    q->params_bo->size, false);
-	if (ret)
-		return ret;
-
 	q->irq = pci_irq_vector(ndev->pdev, NPU_VEC_QUEUE(index));
 	ret = devm_request_threaded_irq(dev, q->irq, npu_irq_hard,
 					npu_queue_irq_thread, IRQF_ONESHOT,
@@ -338,17 +335,6 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	if (ret)
 		dev_err(dev, "queue %u: cannot request IRQ %d: %d\n", index, q->irq, ret);
 	return ret;
-}
-
-/* The parameter arena of @q; the device no longer runs the queue. */
-static void npu_queue_fini(struct npu_queue *q)
-{
-	if (!q->params_bo)
-		return;
-	npu_vm_unmap_range(&q->ndev->kvm, NPU_VA_PARAMS, q->params_bo->size);
-	vunmap(q->params);
-	npu_bo_put(q->params_bo);
-	q->params_bo = NULL;
 }
 
 /*
@@ -456,10 +442,8 @@ int npu_hw_init(struct npu_device *ndev)
 			return ret;
 	}
 	ret = npu_queue_init(ndev, &ndev->queue, 0);
-	if (ret) {
-		npu_queue_fini(&ndev->queue);
+	if (ret)
 		return ret;
-	}
 
 	npu_queue_rebase(&ndev->queue, ndev->queue.next_fence);
 	npu_hw_start(ndev);
@@ -474,6 +458,7 @@ int npu_hw_init(struct npu_device *ndev)
 void npu_hw_fini(struct npu_device *ndev)
 {
 	struct npu_queue *q = &ndev->queue;
+	LIST_HEAD(done);
 
 	npu_watchdog_stop(ndev);
 	mutex_lock(&q->submit_lock);
@@ -483,15 +468,14 @@ void npu_hw_fini(struct npu_device *ndev)
 	 * A device that does not stop may still DMA into the buffers of the
 	 * jobs in flight: then keep them (and their memory) forever.
 	 */
-	if (npu_hw_reset(ndev)) {
+	if (npu_hw_reset(ndev))
 		dev_err(&ndev->pdev->dev, "device did not stop; leaking in-flight jobs\n");
-	} else {
-		npu_queue_abort_all(q, NPU_ST_ABORTED);
-		npu_queue_fini(q);
-	}
+	else
+		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 	npu_uqueue_stop_all(ndev, 0);
 	npu_fw_stop(ndev);
 	mutex_unlock(&ndev->uq_mutex);
+	npu_queue_retire(q, &done);
 	mutex_unlock(&q->submit_lock);
 }
 

@@ -25,6 +25,10 @@ static void npu_context_free(struct kref *ref)
 
 	list_for_each_entry_safe(err, tmp, &ctx->errors, node)
 		kfree(err);
+	if (ctx->params_bo) {
+		vunmap(ctx->params);
+		npu_bo_put(ctx->params_bo);
+	}
 	npu_vm_destroy_ctx(&ctx->vm);
 	npu_device_put(ctx->ndev);
 	kfree(ctx);
@@ -295,6 +299,31 @@ static int npu_build_op(struct npu_context *ctx, struct npu_job *job,
 	return npu_build_cmd(ctx, job, (const struct npu_op *)ops + i, cmd);
 }
 
+/*
+ * The file's tensor-op parameter arena (one block per ring slot of queue
+ * 0), mapped read-only in its address space only, so that no other file's
+ * commands can read its parameter blocks. Created on first use.
+ */
+static int npu_ctx_params(struct npu_context *ctx)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_bo *bo;
+	int ret = 0;
+
+	mutex_lock(&ctx->params_lock);
+	if (!ctx->params_bo) {
+		bo = npu_bo_create_kernel(ndev, &ctx->vm,
+					  ndev->queue.entries * sizeof(*ctx->params),
+					  (void **)&ctx->params);
+		if (IS_ERR(bo))
+			ret = PTR_ERR(bo);
+		else
+			ctx->params_bo = bo;
+	}
+	mutex_unlock(&ctx->params_lock);
+	return ret;
+}
+
 /* Wait, with submit_lock dropped, until @n ring slots are free. */
 static int npu_wait_space(struct npu_queue *q, u32 n)
 {
@@ -335,6 +364,11 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 		return -EINVAL;
 	if (tensor && !(ndev->caps & NPU_CAP_TENSOR))
 		return -EOPNOTSUPP;
+	if (tensor) {
+		ret = npu_ctx_params(ctx);
+		if (ret)
+			return ret;
+	}
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
 	if (READ_ONCE(ctx->banned))
@@ -376,7 +410,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
 		/* The slot is free, so is its parameter block. */
 		if (tensor)
-			cmds[i].tensor.params = npu_queue_put_params(q, &hw[i]);
+			cmds[i].tensor.params = npu_queue_put_params(q, ctx, &hw[i]);
 		npu_queue_push(q, &cmds[i]);
 	}
 	job->last_fence = job->first_fence + args.num_ops - 1;

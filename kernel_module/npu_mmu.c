@@ -17,12 +17,8 @@
 
 #include "npu_drv.h"
 
-/*
- * VA layout of every address space: 0 .. 2 MiB unmapped (a zero address
- * always faults), then the tensor-op parameter arena of the kernel queue
- * (read-only), then the buffers.
- */
-#define NPU_VA_BUFFERS		(NPU_VA_PARAMS + SZ_2M)
+/* VA 0 .. 2 MiB stays unmapped so that a zero address always faults. */
+#define NPU_VA_BUFFERS		SZ_2M
 #define NPU_VA_END		((u64)NPU_MMU_MAX_L1 << NPU_MMU_L1_SHIFT)
 
 static struct device *npu_vm_dev(struct npu_vm *vm)
@@ -111,13 +107,12 @@ void npu_mmu_enable(struct npu_device *ndev)
 }
 
 /*
- * A context's own address space: a free ctx id, the tables, the kernel
- * queue's parameter arena mapped read-only, and the context table entry
- * that lets the device use it. -EBUSY when every ctx id is taken.
+ * A context's own address space: a free ctx id, the tables, and the
+ * context table entry that lets the device use it. -EBUSY when every ctx
+ * id is taken.
  */
 int npu_vm_create_ctx(struct npu_device *ndev, struct npu_vm *vm)
 {
-	struct npu_bo *params = ndev->queue.params_bo;
 	struct npu_mmu_ctx_entry *e;
 	int id, ret;
 
@@ -125,8 +120,6 @@ int npu_vm_create_ctx(struct npu_device *ndev, struct npu_vm *vm)
 	if (id < 0)
 		return id == -ENOSPC ? -EBUSY : id;
 	ret = npu_vm_init(ndev, vm, id);
-	if (!ret && params)
-		ret = npu_vm_map_at(vm, NPU_VA_PARAMS, &params->sgt, params->size, false);
 	if (ret) {
 		npu_vm_fini(vm);
 		ida_free(&ndev->ctx_ida, id);
@@ -148,8 +141,6 @@ void npu_vm_destroy_ctx(struct npu_vm *vm)
 	struct npu_device *ndev = vm->ndev;
 
 	WRITE_ONCE(ndev->ctx_table[vm->ctx].l1, 0);
-	npu_vm_unmap_range(vm, NPU_VA_PARAMS, ndev->queue.entries *
-			   sizeof(struct npu_tensor_params));
 	npu_vm_fini(vm);
 	ida_free(&ndev->ctx_ida, vm->ctx);
 }

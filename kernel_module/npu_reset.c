@@ -56,23 +56,29 @@ static int npu_queue_replay(struct npu_queue *q, u64 hung)
 	u64 base = q->completed, n = q->next_fence - base, i;
 	u64 bad_first = 0, bad_last = 0;
 	struct npu_tensor_params *params;
+	struct npu_context **owners;
 	struct npu_cmd *cmds;
 	struct npu_job *bad;
+	int ret = -ENOMEM;
 
 	cmds = kvmalloc_array(n ?: 1, sizeof(*cmds), GFP_KERNEL);
 	params = kvmalloc_array(n ?: 1, sizeof(*params), GFP_KERNEL);
-	if (!cmds || !params) {
-		kvfree(cmds);
-		kvfree(params);
-		return -ENOMEM;
-	}
+	owners = kvcalloc(n ?: 1, sizeof(*owners), GFP_KERNEL);
+	if (!cmds || !params || !owners)
+		goto out;
+	/* Each op's parameter block is in its file's arena, at its slot. */
+	spin_lock(&q->job_lock);
 	for (i = 0; i < n; i++) {
 		u32 slot = npu_fence_slot(q, base + 1 + i);
+		struct npu_job *job = npu_queue_find_job(q, base + 1 + i);
 
 		cmds[i] = q->ring[slot];
-		params[i] = q->params[slot];
+		owners[i] = job ? job->ctx : NULL;
+		if (npu_tensor_op_operands(cmds[i].opcode) && owners[i] && owners[i]->params)
+			params[i] = owners[i]->params[slot];
+		else
+			owners[i] = NULL;	/* not a tensor op of a file */
 	}
-	spin_lock(&q->job_lock);
 	bad = hung ? npu_queue_find_job(q, hung) : NULL;
 	if (bad) {
 		bad_first = bad->first_fence;
@@ -92,14 +98,17 @@ static int npu_queue_replay(struct npu_queue *q, u64 hung)
 		if (fence >= bad_first && fence <= bad_last) {
 			memset(&cmd->raw, 0, sizeof(cmd->raw));
 			cmd->opcode = NPU_OP_NOP;
-		} else if (npu_tensor_op_operands(cmd->opcode)) {
-			cmd->tensor.params = npu_queue_put_params(q, &params[i]);
+		} else if (owners[i]) {
+			cmd->tensor.params = npu_queue_put_params(q, owners[i], &params[i]);
 		}
 		npu_queue_push(q, cmd);
 	}
+	ret = 0;
+out:
+	kvfree(owners);
 	kvfree(cmds);
 	kvfree(params);
-	return 0;
+	return ret;
 }
 
 /* The owner of the hung command of queue @qi and fence @hung, or NULL. */
@@ -125,14 +134,16 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	struct npu_queue *q = &ndev->queue;
 	struct npu_context *owner = NULL;
 	bool fw = qi == NPU_FW_LOST;
+	LIST_HEAD(done);
 	ktime_t t0;
 	u64 hung;
 
 	mutex_lock(&q->submit_lock);
+	/* Retiring may free buffers, which takes uq_mutex: do it first. */
+	npu_queue_process(q);
 	mutex_lock(&ndev->uq_mutex);
 	if (READ_ONCE(ndev->unplugged))
 		goto out;
-	npu_queue_process(q);
 	hung = q->completed + 1;
 	if (fw) {
 		dev_err(&ndev->pdev->dev, "firmware heartbeat lost (status %u); resetting\n",
@@ -152,13 +163,13 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	if (npu_hw_reset(ndev) ||
 	    (npu_rd(ndev, NPU_REG_FW_STATUS) != NPU_FW_RUNNING && npu_fw_boot(ndev))) {
 		/* The device is gone for good: fail everything, never restart. */
-		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_uqueue_stop_all(ndev, 0);
 		goto out;
 	}
 	/* Only a hang of the driver's queue has a guilty op there. */
 	if (npu_queue_replay(q, qi > 0 || fw ? 0 : hung)) {
-		npu_queue_abort_all(q, NPU_ST_ABORTED);
+		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_queue_rebase(q, q->next_fence);
 	}
 	npu_uqueue_stop_all(ndev, fw ? 0 : qi);
@@ -170,6 +181,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	npu_reset_uevent(ndev, fw ? "firmware" : "hang");
 out:
 	mutex_unlock(&ndev->uq_mutex);
+	npu_queue_retire(q, &done);
 	mutex_unlock(&q->submit_lock);
 }
 

@@ -297,6 +297,28 @@ void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung)
 }
 
 /*
+ * The device stopped @uq: record why, and for an MMU fault the faulting
+ * command's fence (Q_DONE), and mark the owning file faulted. Caller holds
+ * uq_mutex; the queue is attached and the device bound.
+ */
+static void npu_uqueue_note_stop(struct npu_uqueue *uq)
+{
+	struct npu_device *ndev = uq->ndev;
+	u32 i = uq->index;
+
+	uq->error = npu_rd(ndev, NPU_QREG(i, NPU_Q_ERROR));
+	uq->fault_fence = npu_rd(ndev, NPU_QREG(i, NPU_Q_DONE_LO)) |
+			  (u64)npu_rd(ndev, NPU_QREG(i, NPU_Q_DONE_HI)) << 32;
+	uq->stopped = true;
+	if (uq->error == NPU_ERR_MMU_FAULT)
+		WRITE_ONCE(uq->ctx->faulted, true);
+	dev_warn_ratelimited(&ndev->pdev->dev,
+			     "user queue %u (client %u) stopped: error %u\n",
+			     i, uq->ctx->client_id, uq->error);
+	wake_up_all(&uq->wq);
+}
+
+/*
  * The device raised an error: find the user queues it stopped. A stop on
  * an MMU fault marks the owning file faulted.
  */
@@ -311,14 +333,7 @@ void npu_uqueue_check_stopped(struct npu_device *ndev)
 		if (!uq || uq->stopped ||
 		    !(npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_STOPPED))
 			continue;
-		uq->error = npu_rd(ndev, NPU_QREG(i, NPU_Q_ERROR));
-		uq->stopped = true;
-		if (uq->error == NPU_ERR_MMU_FAULT)
-			WRITE_ONCE(uq->ctx->faulted, true);
-		dev_warn_ratelimited(&ndev->pdev->dev,
-				     "user queue %u (client %u) stopped: error %u\n",
-				     i, uq->ctx->client_id, uq->error);
-		wake_up_all(&uq->wq);
+		npu_uqueue_note_stop(uq);
 	}
 	mutex_unlock(&ndev->uq_mutex);
 }
@@ -344,6 +359,29 @@ void npu_uqueue_irq(struct npu_device *ndev, u32 index)
 static bool npu_uqueue_done(struct npu_uqueue *uq, u64 fence)
 {
 	return READ_ONCE(uq->wb->value) >= fence || READ_ONCE(uq->stopped);
+}
+
+/*
+ * Did @uq stop on an MMU fault at @fence or before? The device stops a
+ * confined queue before it writes the faulting command's completion, so
+ * a fence record that reached @fence may be that command's: the queue's
+ * registers tell, before the error interrupt has been handled.
+ */
+static bool npu_uqueue_faulted_at(struct npu_uqueue *uq, u64 fence)
+{
+	struct npu_device *ndev = uq->ndev;
+	bool faulted = false;
+
+	if (READ_ONCE(uq->wb->value) > fence)
+		return false;	/* completed before anything stopped it */
+	mutex_lock(&ndev->uq_mutex);
+	if (!uq->stopped && ndev->uq[uq->index] == uq && !READ_ONCE(ndev->unplugged) &&
+	    (npu_rd(ndev, NPU_QREG(uq->index, NPU_Q_STATUS)) & NPU_QSTAT_STOPPED))
+		npu_uqueue_note_stop(uq);
+	faulted = uq->stopped && uq->error == NPU_ERR_MMU_FAULT &&
+		  fence >= uq->fault_fence;
+	mutex_unlock(&ndev->uq_mutex);
+	return faulted;
 }
 
 /*
@@ -385,10 +423,16 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 		else if (ret != -ETIMEDOUT)
 			ret = -EINTR;
 	}
-	if (!ret && READ_ONCE(uq->wb->value) < args->fence) {
+	if (!ret && npu_uqueue_faulted_at(uq, args->fence)) {
+		/* The fence is the command that faulted (or after it). */
+		args->error_fence = uq->fault_fence;
+		args->status = NPU_ST_MMU_FAULT;
+		ret = -EBADFD;
+	} else if (!ret && READ_ONCE(uq->wb->value) < args->fence) {
 		/* Stopped before the fence. */
 		args->error_fence = READ_ONCE(uq->wb->value);
 		if (uq->error == NPU_ERR_MMU_FAULT) {
+			args->error_fence = uq->fault_fence;
 			args->status = NPU_ST_MMU_FAULT;
 			ret = -EBADFD;
 		} else {

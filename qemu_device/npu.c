@@ -319,6 +319,19 @@ static void npu_process_one_locked(NpuState *s, int qi)
     trace_npu_cmd_done(qi, cmd.fence, status,
                        le64_to_cpu(cpl.t_end) - le64_to_cpu(cpl.t_start));
 
+    qemu_mutex_lock(&s->lock);
+    if (walk.confined && s->mmu_faults != faults && !s->reset_pending &&
+        q->gen == gen) {
+        /*
+         * Any fault counts, even one hidden behind another tile's status.
+         * The queue stops before the completion is written, so whoever
+         * sees the fence can see the stop; Q_DONE names the command.
+         */
+        q->done_fence = cmd.fence;
+        npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
+    }
+    qemu_mutex_unlock(&s->lock);
+
     wb.value = cpl.fence;
     wb.timestamp = cpl.t_end;
     if (pci_dma_write(PCI_DEVICE(s), cpl_base + (uint64_t)slot * sizeof(cpl),
@@ -347,10 +360,6 @@ static void npu_process_one_locked(NpuState *s, int qi)
     /* A completion may be what a blocked WAIT waits for. */
     for (i = 0; i < NPU_NUM_QUEUES; i++) {
         s->q[i].blocked = false;
-    }
-    if (walk.confined && s->mmu_faults != faults) {
-        /* Any fault counts, even one hidden behind another tile's status. */
-        npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
     }
     if (status != NPU_ST_OK) {
         npu_queue_irq_locked(s, qi);    /* errors are never held back */

@@ -18,7 +18,9 @@ Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
 (numpy-level functions), :mod:`npu.dtypes` (tensor dtypes, bfloat16),
 :mod:`npu.tensor` (device-resident :class:`Tensor`: ``npu.tensor(x) + 1``
 stays on the device until ``.numpy()``) and its ops in :mod:`npu.elementwise`,
-:mod:`npu.reduce`, :mod:`npu.nn` and :mod:`npu.quant` (int8). See docs/runtime.md.
+:mod:`npu.reduce`, :mod:`npu.nn` and :mod:`npu.quant` (int8), and
+:mod:`npu.userqueue` (:class:`UserQueue`: a hardware queue driven from user
+space without ioctls). See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from .ops import BufRef, Op, TensorOp, TensorRef
 from .quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
 from .tensor import Tensor, from_numpy, permute, synchronize, tensor
+from .userqueue import Completion, UserQueue
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
@@ -98,6 +101,7 @@ __all__ = [
     "BufRef",
     "Buffer",
     "Cap",
+    "Completion",
     "DType",
     "Device",
     "DeviceInfo",
@@ -121,6 +125,7 @@ __all__ = [
     "TensorRef",
     "UnaryKind",
     "UserBuffer",
+    "UserQueue",
     "__version__",
     "abs",
     "add",

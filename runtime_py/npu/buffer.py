@@ -52,13 +52,21 @@ class Buffer:
     """
 
     def __init__(
-        self, device: Device, handle: int, size: int, alloc_size: int, mmap_offset: int
+        self,
+        device: Device,
+        handle: int,
+        size: int,
+        alloc_size: int,
+        mmap_offset: int,
+        *,
+        va: int = 0,
     ) -> None:
         self.device = device
         self.size = size
         self.alloc_size = alloc_size
         self.mmap_offset = mmap_offset
         self._handle = handle
+        self._va = va
         self._view: memoryview | None = None
         try:
             self._mmap: mmap.mmap | memoryview | None = mmap.mmap(
@@ -83,6 +91,17 @@ class Buffer:
         """The BO handle (raises :class:`npu.NpuError` ``EBADF`` once freed)."""
         self._check_alive("handle")
         return self._handle
+
+    @property
+    def va(self) -> int:
+        """The buffer's device virtual address in its file's address space.
+
+        What user-queue descriptors (:class:`npu.UserQueue`) carry; it means
+        nothing to another open file. 0 if the driver did not report one.
+        Raises :class:`npu.NpuError` ``EBADF`` once freed.
+        """
+        self._check_alive("va")
+        return self._va
 
     @property
     def freed(self) -> bool:
@@ -250,6 +269,8 @@ class UserBuffer(Buffer):
         size: int,
         readonly: bool,
         owner: object,
+        *,
+        va: int = 0,
     ) -> None:
         self.device = device
         self.size = size
@@ -258,6 +279,7 @@ class UserBuffer(Buffer):
         self.base = base
         self.readonly = readonly
         self._handle = handle
+        self._va = va
         self._owner = owner
         self._view = None
         raw = (ctypes.c_uint8 * size).from_address(base)

@@ -1,7 +1,7 @@
 """Device discovery and :class:`Device`, one open ``/dev/npuN``.
 
 :class:`Device` is a thin layer over the ioctls of ``include/npu_uapi.h``
-(GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT, WAIT): it packs the ctypes
+(GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT, WAIT, ...): it packs the ctypes
 structures of :mod:`npu._abi`, calls ``fcntl.ioctl`` on them and turns every
 ``OSError`` into an :class:`npu.NpuError` that keeps the errno and says which
 call failed.
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from .allocator import CachingAllocator
     from .graph import Graph
+    from .userqueue import UserQueue
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -147,6 +148,7 @@ class DeviceInfo:
     max_bo_size: int
     pci_vendor: int
     pci_device: int
+    user_queues: int = 0  # hardware queues QUEUE_CREATE can lend
 
     @property
     def hw_version_str(self) -> str:
@@ -228,6 +230,9 @@ class Device:
         self._closer = weakref.finalize(self, os.close, fd)
         self._info: DeviceInfo | None = None
         self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._queues: weakref.WeakSet[UserQueue] = weakref.WeakSet()
+        # Device VAs from BO_CREATE / BO_USERPTR, until alloc() takes them.
+        self._bo_vas: dict[int, int] = {}
         self._lock = threading.Lock()
         self._inflight: dict[int, deque[_Submitted]] = {}
         # Per queue: the last fence submitted, and the highest fence a WAIT
@@ -255,10 +260,16 @@ class Device:
         return self._fd
 
     def close(self) -> None:
-        """Free the buffers still allocated from this device and close it. Idempotent."""
+        """Close its user queues, free its buffers and close the file. Idempotent."""
         if self.closed:
             return
         self._allocator = None
+        for queue in list(self._queues):
+            try:
+                queue.close()
+            except NpuError as exc:
+                log.warning("closing %r while closing %s failed: %s", queue, self.path, exc)
+        self._bo_vas.clear()
         for buf in list(self._buffers):
             try:
                 buf.free()
@@ -330,6 +341,7 @@ class Device:
                 max_bo_size=raw.max_bo_size,
                 pci_vendor=raw.pci_vendor,
                 pci_device=raw.pci_device,
+                user_queues=raw.user_queues,
             )
         return self._info
 
@@ -337,7 +349,8 @@ class Device:
         """Create a buffer object (BO_CREATE).
 
         Returns:
-            ``(handle, mmap_offset, alloc_size)``.
+            ``(handle, mmap_offset, alloc_size)``. The buffer's device
+            virtual address is remembered for :meth:`alloc` (``Buffer.va``).
 
         Raises:
             ValueError: ``size`` is not a u64.
@@ -347,12 +360,14 @@ class Device:
         size = _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
         arg = _abi.NpuBoCreate(size=size, flags=0)
         self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, f"BO_CREATE(size={size})")
+        self._bo_vas[int(arg.handle)] = int(arg.va)
         log.debug(
-            "BO_CREATE size=%d -> handle=%d offset=%#x alloc=%d",
+            "BO_CREATE size=%d -> handle=%d offset=%#x alloc=%d va=%#x",
             size,
             arg.handle,
             arg.mmap_offset,
             arg.alloc_size,
+            arg.va,
         )
         return int(arg.handle), int(arg.mmap_offset), int(arg.alloc_size)
 
@@ -365,6 +380,7 @@ class Device:
         handle = _check_u(f"BO_DESTROY handle={handle}", handle, _abi.U32_MAX)
         arg = _abi.NpuBoDestroy(handle=handle, rsvd=0)
         self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, arg, f"BO_DESTROY(handle={handle})")
+        self._bo_vas.pop(handle, None)
         log.debug("BO_DESTROY handle=%d", handle)
 
     def submit(self, ops: Sequence[AnyOp], queue: int = 0) -> int:
@@ -620,8 +636,9 @@ class Device:
             NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``).
         """
         handle, mmap_offset, alloc_size = self.bo_create(size)
+        va = self._bo_vas.pop(handle, 0)
         try:
-            buf = Buffer(self, handle, operator.index(size), alloc_size, mmap_offset)
+            buf = Buffer(self, handle, operator.index(size), alloc_size, mmap_offset, va=va)
         except BaseException:
             try:
                 self.bo_destroy(handle)
@@ -650,7 +667,8 @@ class Device:
             arg,
             f"BO_USERPTR(addr={addr:#x}, size={size}, readonly={readonly})",
         )
-        log.debug("BO_USERPTR addr=%#x size=%d -> handle=%d", addr, size, arg.handle)
+        self._bo_vas[int(arg.handle)] = int(arg.va)
+        log.debug("BO_USERPTR addr=%#x size=%d -> handle=%d va=%#x", addr, size, arg.handle, arg.va)
         return int(arg.handle)
 
     def userptr(self, array: npt.NDArray[Any]) -> tuple[UserBuffer, int]:
@@ -675,8 +693,9 @@ class Device:
         end = -(-hi // _PAGE) * _PAGE
         readonly = not array.flags.writeable
         handle = self.bo_userptr(base, end - base, readonly)
+        va = self._bo_vas.pop(handle, 0)
         try:
-            buf = UserBuffer(self, handle, base, end - base, readonly, array)
+            buf = UserBuffer(self, handle, base, end - base, readonly, array, va=va)
         except BaseException:
             self.bo_destroy(handle)
             raise
@@ -690,6 +709,39 @@ class Device:
 
     def _forget_buffer(self, buf: Buffer) -> None:
         self._buffers.discard(buf)
+
+    def create_queue(self, entries: int = 256, priority: int = 0) -> UserQueue:
+        """Borrow a hardware queue for this file: a :class:`npu.UserQueue`.
+
+        QUEUE_CREATE lends one of the device's hardware queues 1..7 and the
+        queue's ring, completion records, fence record and doorbell are
+        mapped into the process, so commands need no system call. Closing
+        the device closes its queues.
+
+        Args:
+            entries: ring entries, a power of two in 16..4096.
+            priority: 0..3, higher runs first; above 1 needs ``CAP_SYS_NICE``.
+
+        Raises:
+            ValueError: ``entries`` or ``priority`` out of range.
+            NpuError: ``EBUSY`` (every hardware queue is lent), ``EACCES``
+                (priority above 1 without ``CAP_SYS_NICE``), ``EBADFD`` (this
+                file is faulted), ``ENOTTY`` (a driver without user queues).
+        """
+        from .userqueue import UserQueue
+
+        return UserQueue(self, entries, priority)
+
+    @property
+    def queues(self) -> list[UserQueue]:
+        """The user queues created on this device and not closed yet."""
+        return list(self._queues)
+
+    def _register_queue(self, queue: UserQueue) -> None:
+        self._queues.add(queue)
+
+    def _forget_queue(self, queue: UserQueue) -> None:
+        self._queues.discard(queue)
 
     def _find_op(self, queue: int, fence: int) -> AnyOp | None:
         """The op that got ``fence`` (fences of one SUBMIT are consecutive)."""
