@@ -619,8 +619,8 @@ enum npu_status {
 	NPU_ST_MMU_FAULT	= 9,	/* a translation missed or was not writable */
 	NPU_ST_BAD_QUANT	= 10,	/* zero point outside int8, scale not finite > 0 */
 	NPU_ST_HW_ERROR		= 11,	/* uncorrectable device error (ECC) */
-	NPU_ST_TIMEOUT		= 12,	/* never written by the device: the driver's
-					 * status for an op that hung (reset) */
+	/* Never written by the device: the driver's status for an op that hung */
+	NPU_ST_TIMEOUT		= 12,
 	NPU_ST_COUNT,
 };
 
