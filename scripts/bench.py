@@ -2,13 +2,13 @@
 """Benchmark the NPU stack end to end and compare it with numpy.
 
 Boots the guest (scripts/guest.py), loads the driver, runs
-examples/bench_npu.py, examples/bench_inference.py (the ONNX models) and
-examples/bench_recovery.py (hang detection and reset recovery) in the
-guest, then measures numpy on the host in the same run, and writes
-everything, with ratios and the targets, to build/bench.json. The JSON is
-also printed on stdout; diagnostics go to stderr through logging. ``make
-bench`` builds QEMU, the guest and the module first; this script builds
-nothing.
+examples/bench_npu.py, examples/bench_inference.py (the ONNX models),
+examples/bench_devmem.py (device memory) and examples/bench_recovery.py
+(hang detection and reset recovery) in the guest, then measures numpy on
+the host in the same run, and writes everything, with ratios and the
+targets, to build/bench.json. The JSON is also printed on stdout;
+diagnostics go to stderr through logging. ``make bench`` builds QEMU, the
+guest and the module first; this script builds nothing.
 
 Usage::
 
@@ -49,6 +49,7 @@ log = logging.getLogger("bench")
 GUEST_CMDS = (
     "python3 examples/bench_npu.py",
     "python3 examples/bench_inference.py",
+    "python3 examples/bench_devmem.py",
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0
