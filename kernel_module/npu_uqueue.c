@@ -13,6 +13,7 @@
  *   (q << 24) + 1 MiB  the queue memory: ring, completions, fence record
  */
 #include <linux/capability.h>
+#include <linux/delay.h>
 #include <linux/dma-mapping.h>
 #include <linux/iopoll.h>
 #include <linux/mm.h>
@@ -362,6 +363,19 @@ static bool npu_uqueue_done(struct npu_uqueue *uq, u64 fence)
 }
 
 /*
+ * The device stops a faulting queue just before it writes the command's
+ * completion: give it a moment, so that whoever learns of the fault from
+ * WAIT also finds the completion record (bounded: the device may be gone).
+ */
+static void npu_uqueue_await_record(struct npu_uqueue *uq, u64 fence)
+{
+	int i;
+
+	for (i = 0; i < 1000 && READ_ONCE(uq->wb->value) < fence; i++)
+		usleep_range(10, 20);
+}
+
+/*
  * Did @uq stop on an MMU fault at @fence or before? The device stops a
  * confined queue before it writes the faulting command's completion, so
  * a fence record that reached @fence may be that command's: the queue's
@@ -381,6 +395,8 @@ static bool npu_uqueue_faulted_at(struct npu_uqueue *uq, u64 fence)
 	faulted = uq->stopped && uq->error == NPU_ERR_MMU_FAULT &&
 		  fence >= uq->fault_fence;
 	mutex_unlock(&ndev->uq_mutex);
+	if (faulted)
+		npu_uqueue_await_record(uq, uq->fault_fence);
 	return faulted;
 }
 
@@ -432,6 +448,7 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 		/* Stopped before the fence. */
 		args->error_fence = READ_ONCE(uq->wb->value);
 		if (uq->error == NPU_ERR_MMU_FAULT) {
+			npu_uqueue_await_record(uq, uq->fault_fence);
 			args->error_fence = uq->fault_fence;
 			args->status = NPU_ST_MMU_FAULT;
 			ret = -EBADFD;

@@ -62,8 +62,12 @@ ALLOWED = {
     "BO_USERPTR": {E.EINVAL, E.E2BIG, E.EFAULT, E.ENOMEM},
     "SUBMIT": {E.EINVAL, E.ENOENT, E.ERANGE, E.EACCES, E.EOPNOTSUPP, E.EBUSY},
     "SUBMIT_T": {E.EINVAL, E.ENOENT, E.ERANGE, E.EACCES, E.EOPNOTSUPP, E.EBUSY},
-    "WAIT": {E.EINVAL, E.ETIMEDOUT, E.EIO},
+    # ENOENT: a user queue index the file was not lent.
+    "WAIT": {E.EINVAL, E.ETIMEDOUT, E.EIO, E.ENOENT},
     "FENCE_INFO": {E.EINVAL, E.EBUSY, E.ENOENT},
+    # EBUSY: all seven user queues are lent; EACCES: priority above 1.
+    "QUEUE_CREATE": {E.EINVAL, E.EBUSY, E.EACCES, E.ENOMEM},
+    "QUEUE_DESTROY": {E.EINVAL, E.ENOENT},
     "BAD_NR": set(),
     # mmap(2) of the device: the driver's EINVAL, and the core's own checks.
     "MMAP": {E.EINVAL, E.ENOMEM, E.EOVERFLOW},
@@ -77,6 +81,8 @@ REQUESTS = {
     "SUBMIT_T": _abi.NPU_IOCTL_SUBMIT,
     "WAIT": _abi.NPU_IOCTL_WAIT,
     "FENCE_INFO": _abi.NPU_IOCTL_FENCE_INFO,
+    "QUEUE_CREATE": _abi.NPU_IOCTL_QUEUE_CREATE,
+    "QUEUE_DESTROY": _abi.NPU_IOCTL_QUEUE_DESTROY,
 }
 VALID_REQUESTS = set(REQUESTS.values())
 # Type letters of ioctls the VFS handles itself before the driver (FIOCLEX,
@@ -91,6 +97,8 @@ WEIGHTS = {
     "SUBMIT_T": 18,
     "WAIT": 12,
     "FENCE_INFO": 5,
+    "QUEUE_CREATE": 2,
+    "QUEUE_DESTROY": 2,
     "BAD_NR": 8,
     "MMAP": 5,
     "REOPEN": 0.2,
@@ -537,6 +545,27 @@ class Fuzzer:
         if e == 0 and self.read_back(arg, p) and arg.status >= _abi.NPU_ST_COUNT:
             self.violations.append(f"call {self.calls}: FENCE_INFO status {arg.status}")
 
+    def queue_create(self, fd: int) -> None:
+        rng = self.rng
+        arg = _abi.NpuQueueCreate(
+            entries=rng.choice([0, 1, 8, 16, 17, 64, 4096, 8192]) if rng.random() < 0.9
+            else self.val(32),
+            priority=rng.choice([0, 0, 1, 2, 3, 4]) if rng.random() < 0.9 else self.val(32),
+            flags=self.maybe(0.05, 32),
+            queue=self.maybe(0.05, 32),
+            mem_offset=self.maybe(0.03, 64),
+        )  # fmt: skip
+        p = self.ptr(self.arg_addr, 56, 0.04)
+        self.put_arg(arg, p)
+        self.call("QUEUE_CREATE", fd, _abi.NPU_IOCTL_QUEUE_CREATE, p, f"entries={arg.entries}")
+
+    def queue_destroy(self, fd: int) -> None:
+        queue = self.rng.randrange(9) if self.rng.random() < 0.9 else self.val(32)
+        arg = _abi.NpuQueueDestroy(queue=queue, rsvd=self.maybe(0.05, 32))
+        p = self.ptr(self.arg_addr, 8, 0.04)
+        self.put_arg(arg, p)
+        self.call("QUEUE_DESTROY", fd, _abi.NPU_IOCTL_QUEUE_DESTROY, p, f"queue={queue}")
+
     def bad_nr(self, fd: int) -> None:
         rng = self.rng
         while True:
@@ -617,6 +646,10 @@ class Fuzzer:
                 self.wait(fd)
             elif cmd == "FENCE_INFO":
                 self.fence_info(fd)
+            elif cmd == "QUEUE_CREATE":
+                self.queue_create(fd)
+            elif cmd == "QUEUE_DESTROY":
+                self.queue_destroy(fd)
             elif cmd == "BAD_NR":
                 self.bad_nr(fd)
             elif cmd == "MMAP":
