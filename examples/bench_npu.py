@@ -3,7 +3,8 @@
 
 Measures the submit/wait round trip, NOP throughput, the per-op cost and
 round trip of a user-mode queue (``npu.UserQueue``) next to the ioctl path,
-DMA copy bandwidth,
+the per-op cost of small tensor ops on an ``npu.Stream`` (and of an empty
+Python call, for scale), DMA copy bandwidth,
 fp32 GEMM throughput, the MATMUL op (fp32, fp16, bf16), the fused LINEAR
 epilogue, the tensor ops (element-wise, unary, convert, transpose on
 ``npu.Tensor``) and 2-D convolution and pooling (CONV2D, POOL2D) of the NPU
@@ -28,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +65,11 @@ UQ_OPS = 256
 UQ_RUNS = 3 if QUICK else 7
 UQ_ROUNDTRIPS = 30 if QUICK else 200
 UQ_IRQ_OPS = 1000
+# npu.Stream: STREAM_OPS small ELTWISE adds (STREAM_ELEMS fp32) then one
+# synchronize, median of UQ_RUNS; an empty Python call, PY_CALL_LOOPS times.
+STREAM_OPS = 1000
+STREAM_ELEMS = 256
+PY_CALL_LOOPS = 20_000 if QUICK else 200_000
 IRQ_SETTLE_S = 0.05
 # Tensor ops: square fp32 tensors of 1M (1024 x 1024) and 256K (512 x 512)
 # elements. The NPU figure is a chain of TENSOR_CHAIN identical ops submitted
@@ -228,6 +235,52 @@ def bench_user_queue(dev: npu.Device) -> dict[str, float]:
             raise BenchError("user queue: not every NOP completed")
     res["user_queue_op_speedup"] = res["op_us_ioctl_submit"] / res["op_us_user_queue"]
     return res
+
+
+def bench_stream_ops(dev: npu.Device) -> float:
+    """Microseconds per op of STREAM_OPS small ELTWISE adds launched on an npu.Stream.
+
+    One op built with npu.ops.eltwise and launched STREAM_OPS times (each
+    launch: parameter block into the stream's arena, descriptor, doorbell
+    store), then one synchronize; total / STREAM_OPS, median of UQ_RUNS
+    after a warm-up. Compare op_us_user_queue (NOPs, no parameter block).
+    """
+    n = STREAM_ELEMS
+    with dev.alloc(n * 4) as a, dev.alloc(n * 4) as b, dev.alloc(n * 4) as c:
+        a.numpy(np.float32)[:] = 1.5
+        b.numpy(np.float32)[:] = 2.0
+
+        def ref(buf: npu.Buffer) -> npu.TensorRef:
+            return npu.ops.tensor_ref(buf, npu.DType.FP32, (n,))
+
+        op = npu.ops.eltwise(npu.EltwiseKind.ADD, ref(a), ref(b), ref(c), (a, b, c))
+        stream = npu.Stream(dev, entries=1024)
+        try:
+            launch = stream.launch
+
+            def run() -> None:
+                for _ in range(STREAM_OPS):
+                    launch(op)
+                stream.synchronize(timeout_s=WAIT_TIMEOUT_S)
+
+            run()  # warm-up: the arena, the packed block
+            us = statistics.median(timed_runs(run, UQ_RUNS)) / STREAM_OPS * 1e6
+        finally:
+            stream.close()
+        if not (c.numpy(np.float32) == 3.5).all():
+            raise BenchError("stream ELTWISE add: wrong result")
+    return us
+
+
+def _empty_function() -> None:
+    pass
+
+
+def bench_python_call() -> float:
+    """Microseconds of one call of an empty Python function (timeit), for scale."""
+    fn = _empty_function
+    total = min(timeit.repeat(fn, number=PY_CALL_LOOPS, repeat=3))
+    return total / PY_CALL_LOOPS * 1e6
 
 
 def bench_dma_copy(dev: npu.Device) -> float:
@@ -1032,8 +1085,13 @@ def main() -> int:
                     uq["roundtrip_us_block"],
                     uq["irqs_per_1000_ops"],
                 )
+                if info.has(npu.Cap.TENSOR):
+                    result["stream_op_us"] = bench_stream_ops(dev)
+                    log.info("stream ELTWISE add %.1f us per op", result["stream_op_us"])
             else:
                 log.warning("the driver lends no user queues: user-queue figures skipped")
+            result["python_call_us"] = bench_python_call()
+            log.info("empty python call %.3f us", result["python_call_us"])
             result["dma_copy_gbps"] = bench_dma_copy(dev)
             log.info("dma copy %.2f GB/s", result["dma_copy_gbps"])
             result["guest_memcpy_gbps"] = bench_guest_memcpy()

@@ -20,7 +20,9 @@ Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
 stays on the device until ``.numpy()``) and its ops in :mod:`npu.elementwise`,
 :mod:`npu.reduce`, :mod:`npu.nn` and :mod:`npu.quant` (int8), and
 :mod:`npu.userqueue` (:class:`UserQueue`: a hardware queue driven from user
-space without ioctls). See docs/runtime.md.
+space without ioctls) and :mod:`npu.stream` (:class:`Stream`: CUDA-like
+streams on user queues, ordered across streams by :class:`Event`). See
+docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .ops import BufRef, Op, TensorOp, TensorRef
 from .quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
+from .stream import Stream, current_stream, default_stream
 from .tensor import Tensor, from_numpy, permute, synchronize, tensor
 from .userqueue import Completion, UserQueue
 
@@ -120,6 +123,7 @@ __all__ = [
     "ReduceKind",
     "SoftmaxKind",
     "Status",
+    "Stream",
     "Tensor",
     "TensorOp",
     "TensorRef",
@@ -135,7 +139,9 @@ __all__ = [
     "close_default_device",
     "conv2d",
     "copy_array",
+    "current_stream",
     "default_device",
+    "default_stream",
     "devices",
     "divide",
     "empty_cache",

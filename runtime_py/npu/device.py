@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from .allocator import CachingAllocator
     from .graph import Graph
+    from .stream import Stream
     from .userqueue import UserQueue
 
 __all__ = [
@@ -244,6 +245,8 @@ class Device:
         self._capturing: Graph | None = None
         # The caching allocator of npu.allocator, created on first use.
         self._allocator: CachingAllocator | None = None
+        # The npu.default_stream() of this device (the kernel path), on first use.
+        self._default_stream: Stream | None = None
         log.debug("opened %s (fd %d)", path, fd)
 
     # -- lifetime -----------------------------------------------------------

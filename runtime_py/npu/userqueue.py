@@ -47,6 +47,8 @@ from .errors import NpuDeviceError, NpuError, NpuTimeoutError
 from .ops import _check_range
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy.typing as npt
 
     from .device import Device
@@ -105,6 +107,7 @@ class _Failure:
     fence: int
     status: int
     opcode: int
+    op: object | None = None
 
 
 class UserQueue:
@@ -213,6 +216,9 @@ class UserQueue:
         self._keep: deque[tuple[int, Buffer, Buffer | None]] = deque()
         self._wait_arg = _abi.NpuWait()
         self._context = f"UserQueue(queue={self.index})"
+        # The op of a failed fence, asked when its record is first scanned
+        # (before the slot is reused): npu.Stream names its ops this way.
+        self._op_of: Callable[[int], object | None] | None = None
         device._register_queue(self)
         log.debug(
             "QUEUE_CREATE entries=%d priority=%d -> queue %d (mem %d bytes)",
@@ -513,6 +519,13 @@ class UserQueue:
             self._keep.append((fence, keep0, keep1))
         return fence
 
+    def _put(self, off: int, opcode: int, w0: int, w1: int, w2: int) -> int:
+        """Write a descriptor into the slot :meth:`_claim` returned; no IRQ, nothing kept."""
+        fence = self._tail + 1
+        _CMD3.pack_into(self._mem, off, opcode, 0, 0, 0, fence, w0, w1, w2)
+        self._tail = fence
+        return fence
+
     def _va_of(self, what: str, buf: Buffer, offset: int, nbytes: int) -> int:
         if not isinstance(buf, Buffer):
             raise TypeError(f"{self._context}: {what} must be an npu.Buffer, not {type(buf)}")
@@ -593,7 +606,8 @@ class UserQueue:
         if status == _abi.NPU_ST_MMU_FAULT and self._stop is None:
             self._stop = (errno.EBADFD, fence)
         if len(self._failures) < _MAX_PENDING_ERRORS:
-            self._failures.append(_Failure(fence, status, opcode))
+            op = self._op_of(fence) if self._op_of is not None else None
+            self._failures.append(_Failure(fence, status, opcode, op))
         else:
             log.warning("%s: error at fence %d dropped (too many pending)", self._context, fence)
 
@@ -613,7 +627,7 @@ class UserQueue:
         return NpuDeviceError(
             failure.status,
             failure.fence,
-            None,
+            failure.op,
             f"{self._context}.wait(fence={fence}): {name} at fence {failure.fence}",
             code,
         )

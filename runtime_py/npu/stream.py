@@ -1,0 +1,737 @@
+"""Streams: CUDA-like ordered work queues on user-mode queues.
+
+A :class:`Stream` owns one hardware queue lent to this process
+(:class:`npu.UserQueue`), so launching work costs no system call: a
+descriptor written into the mapped ring and a doorbell store. Work on one
+stream runs in launch order; work on different streams may overlap and is
+ordered only by :class:`npu.Event`: ``ev.record(producer)`` pushes a SIGNAL
+of the producer's 64-bit counter and ``consumer.wait_event(ev)`` pushes a
+device-side WAIT on it, so the consumer's queue holds in the device until
+the producer reaches the marker, without a host round trip.
+
+Tensor ops (``npu.ops.eltwise`` ... ``npu.ops.requant_op``) are launched
+with :meth:`Stream.launch`: the stream writes each op's ``struct
+npu_tensor_params`` (operands as device virtual addresses) into a parameter
+arena of its own, one 256-byte block per ring slot, reused once the slot's
+completion record has been seen.
+
+Errors of asynchronous work are found in the completion records and raised
+at the next :meth:`Stream.synchronize`, :meth:`Stream.query`,
+:meth:`npu.Event.synchronize` or :meth:`npu.Event.query` as
+:class:`npu.NpuDeviceError` (``status``, ``fence``, ``op``: the failed op,
+and the stream named in the message), each once, oldest first.
+
+:func:`default_stream` is the kernel path (SUBMIT to queue 0), which
+:class:`npu.Tensor` ops always use; ``with stream:`` makes ``stream`` the
+current stream of the thread (:func:`current_stream`) for
+:meth:`npu.Event.record` without an argument and the ``stream=None``
+defaults of the calls here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import struct
+import threading
+import weakref
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, SupportsIndex
+
+from . import _abi, ops
+from .buffer import Buffer
+from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .errors import NpuError, NpuTimeoutError
+from .userqueue import Completion, UserQueue
+from .validate import check_tensor_op
+
+if TYPE_CHECKING:
+    from .event import Event
+
+__all__ = ["Stream", "current_stream", "default_stream", "pack_tensor_params"]
+
+log = logging.getLogger(__name__)
+
+#: Ring entries of a stream's queue unless asked otherwise.
+DEFAULT_ENTRIES: Final = 256
+_PARAMS_SIZE: Final = ctypes.sizeof(_abi.NpuTensorParams)  # 256
+_RANK: Final = _abi.NPU_MAX_RANK
+_OPERAND_FMT: Final = "QII" + f"{_RANK}I" * 2
+_PARAMS: Final = struct.Struct(
+    "<" + _OPERAND_FMT * _abi.NPU_TENSOR_OPERANDS + f"{_abi.NPU_TENSOR_PARAMS}I"
+)
+_EMPTY_OPERAND: Final = (0,) * (3 + 2 * _RANK)
+_OP_NOP: Final = int(_abi.Opcode.NOP)
+_OP_COPY: Final = int(_abi.Opcode.COPY)
+_OP_FILL: Final = int(_abi.Opcode.FILL)
+_OP_SIGNAL: Final = int(_abi.Opcode.SIGNAL)
+_OP_WAIT: Final = int(_abi.Opcode.WAIT)
+# Packed parameter blocks kept for ops launched again (graph-like loops).
+_PACK_CACHE_MAX: Final = 256
+# u64 counters in the per-device timeline page (one per live stream).
+_TIMELINE_BYTES: Final = 4096
+_SLOT_BYTES: Final = 8
+
+
+def pack_tensor_params(op: ops.TensorOp, vas: Sequence[int]) -> bytes:
+    """The 256-byte ``struct npu_tensor_params`` of ``op`` with operand ``i`` at ``vas[i]``.
+
+    ``vas`` are the device virtual addresses of element ``[0, ..., 0]`` of
+    each operand (buffer VA + the operand's byte offset). Unused operands and
+    params are zero, as the device requires.
+
+    Raises:
+        ValueError: ``len(vas)`` differs from the number of operands, or an
+            address is not a u64.
+    """
+    if len(vas) != len(op.operands):
+        raise ValueError(f"{op.opcode.name}: {len(op.operands)} operands, {len(vas)} addresses")
+    values: list[int] = []
+    for ref, va in zip(op.operands, vas, strict=True):
+        if not 0 <= va <= _abi.U64_MAX:
+            raise ValueError(f"{op.opcode.name}: operand address {va:#x} is not a u64")
+        pad = (0,) * (_RANK - ref.ndim)
+        values += (va, int(ref.dtype), ref.ndim, *ref.shape, *pad, *ref.strides, *pad)
+    for _ in range(len(op.operands), _abi.NPU_TENSOR_OPERANDS):
+        values += _EMPTY_OPERAND
+    values += op.params
+    values += (0,) * (_abi.NPU_TENSOR_PARAMS - len(op.params))
+    return _PARAMS.pack(*values)
+
+
+# ---------------------------------------------------------------------------
+# The timeline page: one u64 counter per live stream of a device
+# ---------------------------------------------------------------------------
+
+
+class _Timeline:
+    """A small BO of a device holding the SIGNAL counters of its streams.
+
+    Shared by the device's live streams and freed with the last of them, so
+    that a WAIT queued on one stream never reads a freed page while another
+    stream lives. A counter slot given back keeps counting from its last
+    value (a WAIT still queued on an old value stays satisfied).
+    """
+
+    def __init__(self, device: Device) -> None:
+        self.buffer = device.alloc(_TIMELINE_BYTES)
+        self.va = self.buffer.va
+        self.users = 0
+        self.free_slots = list(range(_TIMELINE_BYTES // _SLOT_BYTES - 1, -1, -1))
+        self.last = [0] * (_TIMELINE_BYTES // _SLOT_BYTES)
+
+
+_TIMELINES: weakref.WeakKeyDictionary[Device, _Timeline] = weakref.WeakKeyDictionary()
+_TIMELINES_LOCK = threading.Lock()
+
+
+def _take_slot(device: Device) -> tuple[_Timeline, int]:
+    with _TIMELINES_LOCK:
+        tl = _TIMELINES.get(device)
+        if tl is None or tl.buffer.freed:
+            tl = _Timeline(device)
+            _TIMELINES[device] = tl
+        if not tl.free_slots:
+            raise NpuError(errno.EBUSY, "no stream counter left", "Stream")
+        tl.users += 1
+        return tl, tl.free_slots.pop()
+
+
+def _give_slot(
+    device_ref: weakref.ref[Device], tl: _Timeline, slot: int, counter: list[int]
+) -> None:
+    with _TIMELINES_LOCK:
+        tl.last[slot] = counter[0]
+        tl.free_slots.append(slot)
+        tl.users -= 1
+        if tl.users:
+            return
+        device = device_ref()
+        if device is not None and _TIMELINES.get(device) is tl:
+            del _TIMELINES[device]
+        if device is None or device.closed:
+            return
+    try:
+        tl.buffer.free()
+    except NpuError as exc:
+        log.warning("freeing the stream timeline page failed: %s", exc)
+
+
+# ---------------------------------------------------------------------------
+# The current stream of a thread
+# ---------------------------------------------------------------------------
+
+
+class _Current(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Stream] = []
+
+
+_CURRENT = _Current()
+
+
+def default_stream(device: Device | None = None) -> Stream:
+    """The default stream of ``device`` (default: the default device): the kernel path.
+
+    Its work goes through SUBMIT to the driver's queue 0, as every
+    :class:`npu.Tensor` op and :meth:`npu.Device.submit` does.
+    """
+    dev = device if device is not None else default_device()
+    stream = dev._default_stream
+    if stream is None:
+        stream = Stream.__new__(Stream)
+        stream._init_default(dev)
+        dev._default_stream = stream
+    return stream
+
+
+def current_stream(device: Device | None = None) -> Stream:
+    """The stream of the innermost ``with stream:`` of this thread, else the default stream.
+
+    With ``device``, the innermost such stream of that device (else its
+    default stream).
+    """
+    for stream in reversed(_CURRENT.stack):
+        if device is None or stream.device is device:
+            return stream
+    return default_stream(device)
+
+
+def _current_user_stream() -> Stream | None:
+    """The innermost ``with stream:`` of this thread, None outside any."""
+    stack = _CURRENT.stack
+    return stack[-1] if stack else None
+
+
+# ---------------------------------------------------------------------------
+# Stream
+# ---------------------------------------------------------------------------
+
+
+def _alive(bufs: tuple[Buffer, ...]) -> bool:
+    # A loop, not all(<generator>): this is on the launch path.
+    for b in bufs:  # noqa: SIM110
+        if b._mmap is None:  # freed
+            return False
+    return True
+
+
+class _Desc:
+    """A COPY/FILL/SIGNAL/WAIT a stream launched, for error messages."""
+
+    __slots__ = ("args", "name")
+
+    def __init__(self, name: str, args: tuple[int, ...]) -> None:
+        self.name = name
+        self.args = args
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(f'{a:#x}' for a in self.args)})"
+
+
+class Stream:
+    """An ordered queue of device work on a user-mode queue (like ``torch.cuda.Stream``).
+
+    Args:
+        device: the device (default: the default device).
+        priority: 0..3, higher runs first at each command (the driver's
+            queue 0, the default stream, runs at 1); above 1 needs
+            ``CAP_SYS_NICE``. Note: CUDA's order is the reverse.
+        entries: ring entries (a power of two in 16..4096); a full ring
+            makes launches wait for the oldest command.
+        timeout_s: how long a launch waits for room in a full ring.
+
+    Raises:
+        ValueError: ``entries`` or ``priority`` out of range.
+        NpuError: no hardware queue left (``EBUSY``), ``EACCES``, ``EBADFD``.
+
+    ``with stream:`` makes it the thread's current stream (it does not
+    close it). Calls are serialised by a lock, so a stream may be shared
+    by threads. Launch methods return the command's fence on the stream's
+    queue (for :meth:`completion`).
+    """
+
+    device: Device
+    priority: int
+
+    def __init__(
+        self,
+        device: Device | None = None,
+        priority: int = 0,
+        *,
+        entries: int = DEFAULT_ENTRIES,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.device = device if device is not None else default_device()
+        self.priority = priority
+        self._lock = threading.RLock()
+        self._timeout_s = timeout_s
+        self._arena: Buffer | None = None
+        self._arena_view: memoryview | None = None
+        self._arena_va = 0
+        self._packed: dict[int, tuple[ops.TensorOp, bytes, tuple[Buffer, ...]]] = {}
+        self._closed = True
+        self._queue: UserQueue | None = None
+        queue = self.device.create_queue(entries, priority)
+        try:
+            self._timeline, self._slot = _take_slot(self.device)
+        except BaseException:
+            queue.close()
+            raise
+        self._queue = queue
+        self._entries = queue.entries
+        self._mask = queue.entries - 1
+        self._value = self._timeline.last[self._slot]
+        # The last value signalled, for the finalizer of a stream not closed.
+        self._counter = [self._value]
+        self._signal_va = self._timeline.va + self._slot * _SLOT_BYTES
+        # The op at each ring slot (fence, op), for errors and to keep the
+        # buffers of tensor ops alive until their slot is reused.
+        self._ops: list[tuple[int, object, object] | None] = [None] * queue.entries
+        self._events: weakref.WeakSet[Event] = weakref.WeakSet()
+        self._name = f"Stream(queue={queue.index}, priority={priority})"
+        queue._context = self._name
+        queue._op_of = self._op_of
+        self._closed = False
+        self._release = weakref.finalize(
+            self, _give_slot, weakref.ref(self.device), self._timeline, self._slot, self._counter
+        )
+        self._release.atexit = False
+
+    def _init_default(self, device: Device) -> None:
+        self.device = device
+        self.priority = 1
+        self._lock = threading.RLock()
+        self._queue = None
+        self._closed = False
+        self._name = "Stream(default)"
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def is_default(self) -> bool:
+        """True for the default stream (the kernel SUBMIT path)."""
+        return self._queue is None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run (never for the default stream)."""
+        return self._closed
+
+    @property
+    def queue(self) -> UserQueue | None:
+        """The user queue under the stream (None for the default stream)."""
+        return self._queue
+
+    @property
+    def last_fence(self) -> int:
+        """The fence of the last command launched (queue 0's for the default stream)."""
+        if self._queue is None:
+            return self.device.submitted_fences().get(0, 0)
+        return self._queue.last_fence
+
+    def completion(self, fence: int) -> Completion:
+        """The completion record (status, device timestamps) of a completed ``fence``.
+
+        Raises:
+            NotImplementedError: on the default stream (use :meth:`npu.Device.fence_info`).
+            ValueError, NpuError: as :meth:`npu.UserQueue.completion`.
+        """
+        with self._lock:
+            return self._live("completion").completion(fence)
+
+    def __repr__(self) -> str:
+        if self._queue is None:
+            return f"<npu.Stream default {self.device.path}>"
+        state = " closed" if self._closed else f" launched={self._queue.last_fence}"
+        return f"<npu.{self._name}{state}>"
+
+    # -- current stream -------------------------------------------------------
+
+    def __enter__(self) -> Stream:
+        _CURRENT.stack.append(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack = _CURRENT.stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is self:
+                del stack[i]
+                break
+
+    # -- work -----------------------------------------------------------------
+
+    def copy(
+        self,
+        dst: Buffer,
+        src: Buffer,
+        nbytes: SupportsIndex,
+        dst_offset: SupportsIndex = 0,
+        src_offset: SupportsIndex = 0,
+    ) -> int:
+        """Launch a COPY of ``nbytes`` from ``src[src_offset:]`` to ``dst[dst_offset:]``.
+
+        Destination first, like ``cudaMemcpyAsync`` (``npu.ops.copy`` and
+        :meth:`npu.UserQueue.copy` take the source first). Returns the fence.
+
+        Raises:
+            ValueError: a range does not fit, the ranges overlap, a buffer is
+                of another device; NpuError: as :meth:`npu.UserQueue.push`.
+        """
+        if self._queue is None:
+            return self.device.submit([ops.copy(src, dst, nbytes, src_offset, dst_offset)])
+        with self._lock:
+            q = self._live("copy")
+            fence = q.copy(src, dst, nbytes, src_offset, dst_offset)
+            self._ops[(fence - 1) & self._mask] = (fence, _Desc("COPY", (dst.va, src.va)), None)
+            q.kick()
+            return fence
+
+    def fill(
+        self,
+        dst: Buffer,
+        pattern_u32: SupportsIndex,
+        nbytes: SupportsIndex,
+        offset: SupportsIndex = 0,
+    ) -> int:
+        """Launch a FILL of ``dst[offset:offset + nbytes]`` with a 32-bit pattern; return the fence.
+
+        Raises:
+            ValueError: as :func:`npu.ops.fill`; NpuError: as :meth:`npu.UserQueue.push`.
+        """
+        if self._queue is None:
+            return self.device.submit([ops.fill(dst, pattern_u32, nbytes, offset)])
+        with self._lock:
+            q = self._live("fill")
+            fence = q.fill(dst, pattern_u32, nbytes, offset)
+            self._ops[(fence - 1) & self._mask] = (fence, _Desc("FILL", (dst.va,)), None)
+            q.kick()
+            return fence
+
+    def launch(self, op: ops.AnyOp, *, validate: bool = True) -> int:
+        """Launch an op built by :mod:`npu.ops` (the same objects ``Device.submit`` takes).
+
+        Tensor ops (ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
+        MATMUL, LINEAR, CONV2D, POOL2D, REQUANT) get a parameter block in
+        the stream's arena with their operands as device VAs; NOP, COPY,
+        FILL and GEMM become one descriptor. The op's buffers (``op.buffers``,
+        else the device's buffers with its handles) are kept alive until
+        the op's ring slot is reused. ``validate`` re-checks a tensor op
+        with :func:`npu.ops.check_tensor_op` (the builders already did);
+        an op the device rejects completes with a status raised at the next
+        synchronisation. Returns the fence.
+
+        Raises:
+            ValueError: a rule of the op is broken, a handle names no live
+                buffer of this device, or an operand does not fit its buffer.
+            NpuError: as :meth:`npu.UserQueue.push`.
+        """
+        q = self._queue
+        if q is None:
+            return self.device.submit([op])
+        with self._lock:
+            if self._closed:
+                self._live("launch")
+            if isinstance(op, ops.TensorOp):
+                return self._launch_tensor(q, op, validate)
+            return self._launch_op(q, op)
+
+    def nop(self) -> int:
+        """Launch a NOP; return its fence."""
+        if self._queue is None:
+            return self.device.submit([ops.nop()])
+        with self._lock:
+            q = self._live("nop")
+            fence = q.nop()
+            q.kick()
+            return fence
+
+    # -- events ---------------------------------------------------------------
+
+    def wait_event(self, event: Event) -> None:
+        """Make work launched later on this stream wait until ``event`` is reached.
+
+        For an event recorded on another user stream of the same device
+        this pushes a device-side WAIT on that stream's counter: no host
+        round trip. An event of the default stream (the kernel path), or
+        the default stream waiting on a user stream's event, is waited for
+        by the host here (the kernel path has no device-side WAIT). An event
+        never recorded, or recorded on this stream, needs nothing.
+
+        Raises:
+            ValueError: the event is of another device.
+            NpuDeviceError: a host wait met a failed op.
+        """
+        src = event._stream
+        if src is None:  # kernel path or never recorded
+            if event.fence and self._queue is not None:
+                if event.device is not self.device:
+                    raise ValueError(f"wait_event: {event!r} is of another device")
+                event.synchronize()
+            return
+        if src is self:
+            return
+        if src.device is not self.device:
+            raise ValueError(f"wait_event: {event!r} was recorded on a stream of another device")
+        if self._queue is None or src._closed:
+            event.synchronize()
+            return
+        with self._lock:
+            q = self._live("wait_event")
+            fence = q._emit(
+                _OP_WAIT, False, event._va, event._value, 0, None, None, self._timeout_s
+            )
+            desc = _Desc("WAIT", (event._va, event._value))
+            self._ops[(fence - 1) & self._mask] = (fence, desc, None)
+            q.kick()
+
+    def _record(self, event: Event) -> None:
+        """Push the SIGNAL of ``event`` (see :meth:`npu.Event.record`)."""
+        with self._lock:
+            q = self._live("record")
+            value = self._value + 1
+            va = self._signal_va
+            fence = q._emit(_OP_SIGNAL, False, va, value, 0, None, None, self._timeout_s)
+            self._value = self._counter[0] = value
+            self._ops[(fence - 1) & self._mask] = (fence, _Desc("SIGNAL", (va, value)), None)
+            q.kick()
+            self._events.add(event)
+            event._set_stream_marker(self, fence, va, value)
+
+    def _event_done(self, event: Event, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (0: poll) for an event's SIGNAL; note its time."""
+        with self._lock:
+            q = self._queue
+            if q is None or self._closed:
+                return True
+            fence = event._fence or 0
+            if timeout_s == 0 and q.completed() < fence:
+                done = q.completed()
+                if done:
+                    q.wait(done, timeout_s=0)
+                return False
+            q.wait(fence, timeout_s)
+            event._note_stamp(self._stamp(fence))
+            return True
+
+    def _stamp(self, fence: int) -> int | None:
+        q = self._queue
+        assert q is not None
+        try:
+            return q.completion(fence).t_end_ns
+        except NpuError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+
+    # -- synchronisation ------------------------------------------------------
+
+    def synchronize(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Wait until everything launched so far is done.
+
+        Raises:
+            NpuDeviceError: an op launched since the last report failed
+                (oldest first, once each); ``op`` is the op, the message names
+                the stream.
+            NpuTimeoutError: not done within ``timeout_s`` (e.g. a WAIT on an
+                event that is never reached).
+        """
+        if self._queue is None:
+            from .tensor import synchronize
+
+            synchronize(self.device)
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._queue.synchronize(timeout_s)
+            self._note_stamps()
+
+    def query(self) -> bool:
+        """True if everything launched so far is done (no waiting).
+
+        Raises:
+            NpuDeviceError: an op that completed so far failed (once each).
+        """
+        if self._queue is None:
+            for queue, fence in self.device.submitted_fences().items():
+                if self.device.completed(queue, fence):
+                    continue
+                try:
+                    self.device.wait(fence, timeout_s=0, queue=queue)
+                except NpuTimeoutError:
+                    return False
+            return True
+        with self._lock:
+            if self._closed:
+                return True
+            q = self._queue
+            done = q.completed()
+            if done:
+                q.wait(done, timeout_s=0)
+            return done >= q.last_fence
+
+    def close(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Wait for the work launched (up to ``timeout_s``), then give everything back.
+
+        The queue, the parameter arena and the stream's counter are released
+        even if the wait fails (work not run by then is dropped), and the
+        failure is raised afterwards. Idempotent; a no-op on the default
+        stream.
+
+        Raises:
+            NpuDeviceError, NpuTimeoutError: as :meth:`synchronize`.
+        """
+        if self._queue is None:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            error: BaseException | None = None
+            q = self._queue
+            if not q.closed:
+                try:
+                    q.synchronize(timeout_s)
+                    self._note_stamps()
+                except NpuError as exc:
+                    error = exc
+            self._closed = True
+            q._op_of = None
+            try:
+                q.close()
+            except NpuError as exc:
+                error = error or exc
+            self._ops = [None] * self._entries
+            self._packed.clear()
+            arena, self._arena = self._arena, None
+            if self._arena_view is not None:
+                self._arena_view.release()
+                self._arena_view = None
+            if arena is not None:
+                try:
+                    arena.free()
+                except NpuError as exc:
+                    error = error or exc
+            self._release.detach()
+            _give_slot(weakref.ref(self.device), self._timeline, self._slot, self._counter)
+            log.debug("%s closed", self._name)
+            if error is not None:
+                raise error
+
+    # -- internals ------------------------------------------------------------
+
+    def _live(self, what: str) -> UserQueue:
+        q = self._queue
+        if q is None:
+            raise NotImplementedError(f"Stream.{what}: not on the default stream")
+        if self._closed:
+            raise NpuError(errno.EBADF, "stream is closed", f"{self._name}.{what}")
+        return q
+
+    def _op_of(self, fence: int) -> object | None:
+        entry = self._ops[(fence - 1) & self._mask]
+        if entry is not None and entry[0] == fence:
+            return entry[1]
+        return None
+
+    def _note_stamps(self) -> None:
+        """Everything is done: give the events recorded here their time stamp."""
+        for event in list(self._events):
+            if event._stream is self and event._t_end_ns is None and event._fence:
+                event._note_stamp(self._stamp(event._fence))
+        self._events.clear()
+
+    def _buffers_of(self, what: str, op: ops.AnyOp, handles: Sequence[int]) -> list[Buffer]:
+        by_handle: dict[int, Buffer] = {}
+        for b in op.buffers:
+            if isinstance(b, Buffer) and not b.freed:
+                by_handle[b.handle] = b
+        out = []
+        for handle in handles:
+            buf = by_handle.get(handle)
+            if buf is None:
+                for b in self.device.buffers:
+                    if not b.freed and b.handle == handle:
+                        buf = by_handle[handle] = b
+                        break
+            if buf is None:
+                raise ValueError(f"{self._name}.{what}: handle {handle} names no live buffer")
+            if buf.device is not self.device:
+                raise ValueError(f"{self._name}.{what}: {buf!r} belongs to {buf.device!r}")
+            out.append(buf)
+        return out
+
+    def _pack(self, op: ops.TensorOp, validate: bool) -> tuple[bytes, tuple[Buffer, ...]]:
+        if validate:
+            check_tensor_op(op)
+        bufs = self._buffers_of(op.opcode.name, op, [r.handle for r in op.operands])
+        vas = []
+        for ref, buf in zip(op.operands, bufs, strict=True):
+            if ref.offset + ref.extent > buf.size:
+                raise ValueError(
+                    f"{self._name}.launch: operand {ref} does not fit {buf!r} ({buf.size} bytes)"
+                )
+            vas.append(buf.va + ref.offset)
+        return pack_tensor_params(op, vas), tuple(bufs)
+
+    def _launch_tensor(self, q: UserQueue, op: ops.TensorOp, validate: bool) -> int:
+        key = id(op)
+        entry = self._packed.get(key)
+        if entry is None or entry[0] is not op or not _alive(entry[2]):
+            block, bufs = self._pack(op, validate)
+            if len(self._packed) >= _PACK_CACHE_MAX:
+                self._packed.clear()
+            entry = self._packed[key] = (op, block, bufs)
+        view = self._arena_view
+        if view is None:
+            view = self._make_arena()
+        # Room first: the slot's block is free once its last command completed.
+        ring_off = q._claim(self._timeout_s)
+        slot = q._tail & self._mask
+        off = slot * _PARAMS_SIZE
+        view[off : off + _PARAMS_SIZE] = entry[1]
+        fence = q._put(ring_off, op.opcode, self._arena_va + off, op.kind, 0)
+        self._ops[slot] = (fence, op, entry[2])
+        q.kick()
+        return fence
+
+    def _make_arena(self) -> memoryview:
+        arena = self.device.alloc(self._entries * _PARAMS_SIZE)
+        self._arena = arena
+        self._arena_va = arena.va
+        self._arena_view = view = arena.view
+        return view
+
+    def _launch_op(self, q: UserQueue, op: ops.Op) -> int:
+        code = op.opcode
+        bufs = self._buffers_of(code.name, op, [r.handle for r in op.bufs])
+        vas = []
+        for ref, buf in zip(op.bufs, bufs, strict=True):
+            if ref.offset + ref.size > buf.size:
+                raise ValueError(f"{self._name}.launch: {op} does not fit {buf!r}")
+            vas.append(buf.va + ref.offset)
+        if code is _abi.Opcode.NOP:
+            fence = q.nop()
+        elif code is _abi.Opcode.COPY:
+            fence = q._emit(_OP_COPY, False, vas[0], vas[1], op.bufs[0].size, None, None, None)
+        elif code is _abi.Opcode.FILL:
+            size, pattern = op.bufs[0].size, op.params[0]
+            fence = q._emit(_OP_FILL, False, vas[0], size, pattern, None, None, None)
+        elif code is _abi.Opcode.GEMM:
+            cmd = _abi.NpuCmd(opcode=int(code))
+            g = cmd.gemm
+            g.a, g.b, g.c = vas
+            g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.dtype, g.flags = op.params
+            fence = q.push(cmd, self._timeout_s)
+        else:
+            raise ValueError(f"{self._name}.launch: {code.name} cannot be launched on a stream")
+        self._ops[(fence - 1) & self._mask] = (fence, op, tuple(bufs))
+        q.kick()
+        return fence
