@@ -150,6 +150,7 @@ class DeviceInfo:
     pci_vendor: int
     pci_device: int
     user_queues: int = 0  # hardware queues QUEUE_CREATE can lend
+    device_memory: int = 0  # bytes of device memory (BAR2), 0: none
 
     @property
     def hw_version_str(self) -> str:
@@ -345,11 +346,19 @@ class Device:
                 pci_vendor=raw.pci_vendor,
                 pci_device=raw.pci_device,
                 user_queues=raw.user_queues,
+                device_memory=raw.device_memory,
             )
         return self._info
 
-    def bo_create(self, size: SupportsIndex) -> tuple[int, int, int]:
+    def bo_create(
+        self, size: SupportsIndex, *, device_memory: bool = False
+    ) -> tuple[int, int, int]:
         """Create a buffer object (BO_CREATE).
+
+        Args:
+            size: bytes (rounded up to pages).
+            device_memory: place it in the device's own memory (BAR2,
+                ``NPU_BO_DEVICE``) instead of host pages.
 
         Returns:
             ``(handle, mmap_offset, alloc_size)``. The buffer's device
@@ -357,12 +366,15 @@ class Device:
 
         Raises:
             ValueError: ``size`` is not a u64.
-            NpuError: the driver refused, e.g. ``EINVAL`` for ``size=0`` or
-                ``ENOMEM``; the context reads ``"BO_CREATE(size=...)"``.
+            NpuError: the driver refused, e.g. ``EINVAL`` for ``size=0``,
+                ``ENOMEM``, or ``EOPNOTSUPP`` for device memory on a device
+                without it; the context reads ``"BO_CREATE(size=...)"``.
         """
         size = _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
-        arg = _abi.NpuBoCreate(size=size, flags=0)
-        self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, f"BO_CREATE(size={size})")
+        flags = _abi.NPU_BO_DEVICE if device_memory else 0
+        arg = _abi.NpuBoCreate(size=size, flags=flags)
+        what = f"BO_CREATE(size={size}{', device memory' if device_memory else ''})"
+        self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, what)
         self._bo_vas[int(arg.handle)] = int(arg.va)
         log.debug(
             "BO_CREATE size=%d -> handle=%d offset=%#x alloc=%d va=%#x",
@@ -632,13 +644,18 @@ class Device:
         self.wait(fence, timeout_s=timeout_s, queue=queue)
         return fence
 
-    def alloc(self, size: SupportsIndex) -> Buffer:
+    def alloc(self, size: SupportsIndex, *, device_memory: bool = False) -> Buffer:
         """Allocate and map a buffer of ``size`` bytes (BO_CREATE + mmap).
 
+        With ``device_memory`` the buffer lives in the device's own memory
+        (``DeviceInfo.device_memory`` bytes; mapped write-combined through
+        BAR2): device-side copies and ops on it do not cross the bus.
+
         Raises:
-            NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``).
+            NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``,
+                ``ENOMEM`` when device memory is exhausted).
         """
-        handle, mmap_offset, alloc_size = self.bo_create(size)
+        handle, mmap_offset, alloc_size = self.bo_create(size, device_memory=device_memory)
         va = self._bo_vas.pop(handle, 0)
         try:
             buf = Buffer(self, handle, operator.index(size), alloc_size, mmap_offset, va=va)

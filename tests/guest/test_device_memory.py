@@ -227,3 +227,21 @@ def test_two_thousand_device_alloc_free_cycles_leave_usage_at_baseline(fd):
         bo_destroy(fd, bo.handle)
     assert sysfs_int("mem_device_used") == used
     assert sysfs_int("bo_count") == count
+
+
+def test_the_runtime_allocates_device_memory_buffers_that_copy_like_host_ones():
+    import npu
+
+    with npu.Device(DEV_PATH) as dev:
+        assert dev.info.device_memory == 512 * MiB
+        used = sysfs_int("mem_device_used")
+        host = dev.alloc(MiB)
+        local = dev.alloc(MiB, device_memory=True)
+        assert sysfs_int("mem_device_used") == used + MiB
+        data = np.random.default_rng(3).integers(0, 256, MiB, dtype=np.uint8)
+        host.numpy(np.uint8)[:] = data
+        dev.wait(dev.submit([npu.ops.copy(host, local, MiB)]))
+        assert np.array_equal(local.numpy(np.uint8), data)
+        local.close()
+        host.close()
+        assert sysfs_int("mem_device_used") == used
