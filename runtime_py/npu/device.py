@@ -655,7 +655,10 @@ class Device:
             NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``,
                 ``ENOMEM`` when device memory is exhausted).
         """
-        handle, mmap_offset, alloc_size = self.bo_create(size, device_memory=device_memory)
+        if device_memory:
+            handle, mmap_offset, alloc_size = self.bo_create(size, device_memory=True)
+        else:
+            handle, mmap_offset, alloc_size = self.bo_create(size)
         va = self._bo_vas.pop(handle, 0)
         try:
             buf = Buffer(self, handle, operator.index(size), alloc_size, mmap_offset, va=va)
