@@ -267,7 +267,8 @@ enum npu_qreg {
 	NPU_Q_RING_HI		= 0x04,
 	NPU_Q_RING_SIZE		= 0x08,	/* RW: entries, power of two */
 	NPU_Q_CONTROL		= 0x0c,	/* RW: NPU_QCTL_* */
-	NPU_Q_HEAD		= 0x10,	/* RO: free-running consumer index */
+	/* Written while disabled: where the next enable starts head and tail */
+	NPU_Q_HEAD		= 0x10,	/* free-running consumer index */
 	NPU_Q_TAIL		= 0x14,	/* RW: free-running producer index; doorbell */
 	NPU_Q_CPL_LO		= 0x18,	/* RW: completion ring DMA address */
 	NPU_Q_CPL_HI		= 0x1c,

@@ -128,6 +128,9 @@ struct npu_uqueue {
 	struct npu_fence_wb *wb;	/* inside mem */
 	bool stopped;			/* the device stopped it (error, reset) */
 	bool hung;			/* its command hung: the device was reset */
+	u32 priority;
+	bool resume;			/* restart at resume_head/_tail after a reset */
+	u32 resume_head, resume_tail;
 	u32 error;			/* NPU_ERR_* it stopped with */
 	u64 fault_fence;		/* its command that faulted (NPU_ERR_MMU_FAULT) */
 	wait_queue_head_t wq;		/* fence write-backs and stops */
@@ -306,6 +309,8 @@ void npu_uqueue_sync(struct npu_context *ctx);
 void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
 void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
+void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung);
+void npu_uqueue_resume_all(struct npu_device *ndev);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
 void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
 			  struct poll_table_struct *wait);

@@ -6,7 +6,8 @@
  * runs one command at a time, so a hung command stops everything: the
  * watchdog resets the device, fails the hung op (NPU_ST_TIMEOUT), replays
  * the driver queue's other unfinished ops in order, and restarts. User
- * queues lose their device state and stop (their waiters get -EIO). A file
+ * queues restart where they were (HEAD and TAIL noted before the reset);
+ * one whose command hung stops (its waiters get -EIO). A file
  * whose commands hang NPU_BAN_HANGS times is banned: its SUBMITs fail with
  * -EIO. A firmware whose heartbeat stops (NPU_HB_MISSES periods) is
  * recovered the same way, its image booted again. The same periodic work
@@ -159,6 +160,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	if (owner && ++owner->hangs >= NPU_BAN_HANGS)
 		WRITE_ONCE(owner->banned, true);
 
+	npu_uqueue_suspend_all(ndev, fw ? 0 : qi);
 	t0 = ktime_get();
 	if (npu_hw_reset(ndev) ||
 	    (npu_rd(ndev, NPU_REG_FW_STATUS) != NPU_FW_RUNNING && npu_fw_boot(ndev))) {
@@ -172,9 +174,9 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_queue_rebase(q, q->next_fence);
 	}
-	npu_uqueue_stop_all(ndev, fw ? 0 : qi);
 	npu_hw_start(ndev);
 	npu_queue_kick(q);
+	npu_uqueue_resume_all(ndev);
 	npu_fw_heartbeat_reset(ndev);
 	ndev->reset_recovery_ns = ktime_to_ns(ktime_sub(ktime_get(), t0));
 	atomic_inc(&ndev->recoveries);

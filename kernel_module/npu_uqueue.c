@@ -123,8 +123,8 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	npu_uqueue_put(uq);
 }
 
-/* Program hardware queue @uq->index for @uq and enable it. */
-static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority)
+/* Program hardware queue @uq->index for @uq and enable it at ring index @head. */
+static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority, u32 head)
 {
 	struct npu_device *ndev = uq->ndev;
 	u32 i = uq->index;
@@ -146,6 +146,7 @@ static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority)
 	/* An interrupt for each descriptor that asks (NPU_CMD_F_IRQ). */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), 1);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), 0);
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_HEAD), head);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
 }
 
@@ -207,8 +208,9 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 	}
 	uq->index = i;
 	uq->ctx = ctx;
+	uq->priority = args.priority;
 	ndev->uq[i] = uq;
-	npu_uqueue_start(uq, args.priority);
+	npu_uqueue_start(uq, args.priority, 0);
 	mutex_unlock(&ndev->uq_mutex);
 
 	args.queue = i;
@@ -317,6 +319,58 @@ static void npu_uqueue_note_stop(struct npu_uqueue *uq)
 			     "user queue %u (client %u) stopped: error %u\n",
 			     i, uq->ctx->client_id, uq->error);
 	wake_up_all(&uq->wq);
+}
+
+/*
+ * A device reset is coming (hang, lost firmware): note where each running
+ * user queue is, so that npu_uqueue_resume_all() restarts it there. The
+ * device runs one command at a time, so no other queue has a command half
+ * done; queue @hung (0: none), whose command hung, stops instead (its
+ * waiters get NPU_ST_TIMEOUT). Caller holds uq_mutex; the device is bound.
+ */
+void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung)
+{
+	u32 i;
+
+	for (i = 1; i < ndev->hw_queues; i++) {
+		struct npu_uqueue *uq = ndev->uq[i];
+
+		if (!uq || uq->stopped)
+			continue;
+		if (i == hung) {
+			uq->stopped = true;
+			uq->error = NPU_ERR_NONE;
+			uq->hung = true;
+			npu_uqueue_zap(uq);
+			wake_up_all(&uq->wq);
+			continue;
+		}
+		uq->resume_head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
+		uq->resume_tail = npu_rd(ndev, NPU_QREG(i, NPU_Q_TAIL));
+		uq->resume = true;
+	}
+}
+
+/*
+ * After the reset and npu_hw_start(): program the suspended queues again
+ * and ring them where they were; their processes notice nothing but the
+ * delay. Caller holds uq_mutex.
+ */
+void npu_uqueue_resume_all(struct npu_device *ndev)
+{
+	u32 i;
+
+	for (i = 1; i < ndev->hw_queues; i++) {
+		struct npu_uqueue *uq = ndev->uq[i];
+
+		if (!uq || !uq->resume)
+			continue;
+		uq->resume = false;
+		if (uq->stopped)
+			continue;
+		npu_uqueue_start(uq, uq->priority, uq->resume_head);
+		npu_wr(ndev, NPU_DOORBELL(i), uq->resume_tail);
+	}
 }
 
 /*

@@ -797,7 +797,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
                 npu_queue_error_locked(s, qi, NPU_ERR_BAD_RING);
                 return;
             }
-            q->head = q->tail = 0;
+            q->head = q->tail = q->restore ? q->head_restore : 0;
+            q->restore = false;
             q->status &= NPU_QSTAT_ACTIVE;  /* an old command may still run */
             q->error = NPU_ERR_NONE;
             q->done_fence = 0;
@@ -810,6 +811,16 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_TAIL:
         npu_doorbell_locked(s, qi, val);
+        break;
+    case NPU_Q_HEAD:
+        /* Where the next enable starts the ring (a driver's restart). */
+        if (enabled) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d head written while"
+                          " enabled\n", qi);
+            break;
+        }
+        q->head_restore = val;
+        q->restore = true;
         break;
     case NPU_Q_PRIORITY:
         if (val > NPU_Q_PRIORITY_MAX) {

@@ -48,6 +48,8 @@ typedef struct NpuQueue {
     uint32_t ctrl;
     uint32_t head;          /* free-running consumer index */
     uint32_t tail;          /* free-running producer index */
+    uint32_t head_restore;  /* Q_HEAD written while disabled: where ... */
+    bool restore;           /* ... the next enable starts, not 0 */
     uint32_t status;        /* NPU_QSTAT_STOPPED, NPU_QSTAT_ACTIVE */
     uint32_t error;         /* NPU_ERR_* that stopped it */
     uint32_t gen;           /* bumped when the queue is (re)enabled or reset */

@@ -463,15 +463,20 @@ def test_a_hung_user_queue_reports_timeout(dev: npu.Device) -> None:
 
 
 @needs_user_queues
-def test_another_files_user_queue_is_stopped_with_aborted(
+def test_another_files_user_queue_resumes_where_it_was_after_the_reset(
     dev: npu.Device, other: npu.Device
 ) -> None:
+    buf = other.alloc(4096)
     with other.create_queue(16) as q:
+        q.wait(q.fill(buf, 0x11111111, 4096), timeout_s=30)  # before the hang
         inject("hang")
         hung = dev.submit([ops.nop()])
         assert poll(lambda: armed() == 0), "the hang did not fire"
-        fence = q.nop(irq=True)  # queued while the device hangs
+        fence = q.fill(buf, 0x22222222, 4096)  # queued while the device hangs
         q.kick()
-        expect_device_error(lambda: q.wait(fence, timeout_s=30), _abi.NPU_ST_ABORTED)
+        q.wait(fence, timeout_s=30)  # run after the reset, on the same ring
+        assert (buf.numpy(np.uint32) == 0x22222222).all()
         expect_device_error(lambda: dev.wait(hung, timeout_s=30), ST_TIMEOUT)
-    other.wait(other.submit([ops.nop()]), timeout_s=5)  # the file itself is fine
+        q.wait(q.fill(buf, 0x33333333, 4096), timeout_s=30)  # and it goes on
+        assert (buf.numpy(np.uint32) == 0x33333333).all()
+    other.wait(other.submit([ops.nop()]), timeout_s=5)

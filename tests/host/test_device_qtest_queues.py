@@ -376,3 +376,32 @@ def test_re_enabling_a_queue_while_its_old_command_runs_keeps_active(npu: Npu) -
     post(npu, 1, [nop(5)])  # the new generation runs from slot 0
     wait_all(npu, {1: 1})
     assert completions(npu, 1, 1)[0].fence == 5
+
+
+def test_a_head_written_while_disabled_is_where_the_next_enable_starts(npu: Npu) -> None:
+    # A driver restarting a queue after a reset resumes it where it stopped.
+    q = 3
+    npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+    setup_queue(npu, q)
+    npu.qwr(hw.Q_CONTROL, 0, q)
+    npu.qwr(hw.Q_HEAD, 5, q)
+    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, q)
+    assert (npu.qrd(hw.Q_HEAD, q), npu.qrd(hw.Q_TAIL, q)) == (5, 5)
+    descs = fills(q, 2)
+    npu.qt.memwrite(ring(q) + 5 * CMD_SIZE, b"".join(descs))
+    npu.wr(hw.doorbell(q), 7)
+    wait_all(npu, {q: 7})
+    raw = npu.qt.memread(cpl(q) + 5 * CPL_SIZE, 2 * CPL_SIZE)
+    done = [Completion.parse(raw[i : i + CPL_SIZE]) for i in (0, CPL_SIZE)]
+    assert [(c.fence, c.status) for c in done] == [(1, hw.ST_OK), (2, hw.ST_OK)]
+
+
+def test_a_head_written_while_enabled_is_ignored(npu: Npu) -> None:
+    q = 2
+    setup_queue(npu, q)
+    npu.qwr(hw.Q_HEAD, 9, q)
+    assert npu.qrd(hw.Q_HEAD, q) == 0
+    npu.qwr(hw.Q_CONTROL, 0, q)
+    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, q)
+    assert npu.qrd(hw.Q_HEAD, q) == 0, "the ignored write left no restart point"
+    npu.assert_alive()
