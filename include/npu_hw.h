@@ -142,12 +142,20 @@ enum npu_fw_error {
  *   SET_LOG_LEVEL   arg0 = 0 (errors) .. 3 (debug)
  *   RESET_QUEUE     arg0 = queue: disable it and clear its state and error;
  *                   BUSY while a command of it runs
+ *   CREATE_QUEUE    arg0 = queue, arg1 = priority: enter the queue in the
+ *                   firmware's scheduler (it runs only queues it created;
+ *                   a boot creates queue 0, a ROM firmware all of them)
+ *   DESTROY_QUEUE   arg0 = queue: take it out and reset it; BUSY while a
+ *                   command of it runs
+ * A soft reset leaves a running firmware with queue 0 created only.
  */
 enum npu_mbox_cmd {
 	NPU_MBOX_PING		= 1,
 	NPU_MBOX_QUERY		= 2,
 	NPU_MBOX_SET_LOG_LEVEL	= 3,
 	NPU_MBOX_RESET_QUEUE	= 4,
+	NPU_MBOX_CREATE_QUEUE	= 5,
+	NPU_MBOX_DESTROY_QUEUE	= 6,
 };
 
 enum npu_mbox_status {

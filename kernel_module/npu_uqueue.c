@@ -96,6 +96,17 @@ static void npu_uqueue_zap(struct npu_uqueue *uq)
 				    NPU_UQ_MEM_OFFSET, 1);
 }
 
+/* The firmware takes queue @i out of its scheduler (errors only logged). */
+static void npu_uqueue_forget(struct npu_device *ndev, u32 i)
+{
+	u32 resp[2];
+	int ret;
+
+	ret = npu_mbox_call(ndev, NPU_MBOX_DESTROY_QUEUE, i, 0, resp);
+	if (ret)
+		dev_warn(&ndev->pdev->dev, "firmware did not destroy queue %u: %d\n", i, ret);
+}
+
 /*
  * Take @uq off its hardware queue: disable the queue, wait for its command,
  * zap the doorbell mapping and drop the table's reference. The queue
@@ -114,6 +125,7 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 			kref_get(&uq->ref);
 		}
 		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
+		npu_uqueue_forget(ndev, i);
 	}
 	npu_uqueue_zap(uq);
 	ndev->uq[i] = NULL;
@@ -123,9 +135,16 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	npu_uqueue_put(uq);
 }
 
-/* Program hardware queue @uq->index for @uq and enable it at ring index @head. */
-static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority, u32 head)
+/*
+ * Program hardware queue @uq->index for @uq, have the firmware create it
+ * (mailbox CREATE_QUEUE: its scheduler runs only queues it created) and
+ * enable it at ring index @head. Caller holds uq_mutex.
+ */
+static int npu_uqueue_start(struct npu_uqueue *uq, u32 priority, u32 head)
 {
+	u32 resp[2];
+	int ret;
+
 	struct npu_device *ndev = uq->ndev;
 	u32 i = uq->index;
 	dma_addr_t cpl = uq->mem_dma + (u64)uq->entries * sizeof(struct npu_cmd);
@@ -147,7 +166,13 @@ static void npu_uqueue_start(struct npu_uqueue *uq, u32 priority, u32 head)
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), 1);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), 0);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_HEAD), head);
+	ret = npu_mbox_call(ndev, NPU_MBOX_CREATE_QUEUE, i, priority, resp);
+	if (ret) {
+		dev_err(&ndev->pdev->dev, "firmware did not create queue %u: %d\n", i, ret);
+		return ret;
+	}
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
+	return 0;
 }
 
 static int npu_uqueue_alloc_mem(struct npu_uqueue *uq)
@@ -209,8 +234,13 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 	uq->index = i;
 	uq->ctx = ctx;
 	uq->priority = args.priority;
+	ret = npu_uqueue_start(uq, args.priority, 0);
+	if (ret) {
+		mutex_unlock(&ndev->uq_mutex);
+		ret = -EIO;
+		goto err_put;
+	}
 	ndev->uq[i] = uq;
-	npu_uqueue_start(uq, args.priority, 0);
 	mutex_unlock(&ndev->uq_mutex);
 
 	args.queue = i;
@@ -368,7 +398,13 @@ void npu_uqueue_resume_all(struct npu_device *ndev)
 		uq->resume = false;
 		if (uq->stopped)
 			continue;
-		npu_uqueue_start(uq, uq->priority, uq->resume_head);
+		if (npu_uqueue_start(uq, uq->priority, uq->resume_head)) {
+			uq->stopped = true;
+			uq->error = NPU_ERR_NONE;
+			npu_uqueue_zap(uq);
+			wake_up_all(&uq->wq);
+			continue;
+		}
 		npu_wr(ndev, NPU_DOORBELL(i), uq->resume_tail);
 	}
 }

@@ -164,6 +164,9 @@ static void npu_reset_state_locked(NpuState *s)
         s->fw_state = NPU_FW_OFF;
         s->fw_version = 0;
         s->fw_opcodes = 0;
+        s->fw_queues = 0;
+    } else if (!s->boot_rom || s->fw_version) {
+        s->fw_queues = 1;   /* the firmware's scheduler starts afresh */
     }
     s->last_queue = 0;
     s->control = 0;
@@ -209,7 +212,8 @@ static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
 {
     return (s->control & NPU_CONTROL_ENABLE) && (q->ctrl & NPU_QCTL_ENABLE) &&
            !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail &&
-           !q->blocked && s->fw_state == NPU_FW_RUNNING;
+           !q->blocked && s->fw_state == NPU_FW_RUNNING &&
+           (s->fw_queues & (1u << (q - s->q)));
 }
 
 /* Run the descriptor at the queue's head; called and returns with the lock. */
@@ -986,6 +990,7 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
             s->fw_state = NPU_FW_OFF;
             s->fw_version = 0;
             s->fw_opcodes = 0;
+            s->fw_queues = 0;
         } else if ((val & NPU_FW_BOOT) && s->fw_state == NPU_FW_RUNNING) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware already runs\n");
         } else {
@@ -1082,6 +1087,7 @@ static void npu_fw_power_on_locked(NpuState *s)
     s->fw_error = NPU_FWERR_NONE;
     s->fw_version = 0;
     s->fw_opcodes = 0;
+    s->fw_queues = 0;
     s->fw_log_base = 0;
     s->fw_log_size = 0;
     s->fw_log_write = 0;

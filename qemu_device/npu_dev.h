@@ -147,6 +147,7 @@ struct NpuState {
     uint32_t fw_error;
     uint32_t fw_version;
     uint32_t fw_opcodes;    /* bit per opcode the firmware runs */
+    uint32_t fw_queues;     /* bit per queue the firmware created */
     uint64_t fw_hb_period_ns;
     uint64_t fw_boot_ns;
     uint32_t fw_hb_frozen;  /* heartbeat at a crash */

@@ -181,6 +181,7 @@ void npu_fw_start_rom_locked(NpuState *s)
     s->fw_error = NPU_FWERR_NONE;
     s->fw_version = 0;
     s->fw_opcodes = UINT32_MAX;
+    s->fw_queues = MAKE_64BIT_MASK(0, NPU_NUM_QUEUES);
     s->fw_hb_period_ns = NPU_FW_DEFAULT_HB_US * 1000ull;
     s->fw_boot_ns = npu_now_ns();
     s->fw_log_level = 1;
@@ -222,11 +223,13 @@ void npu_fw_boot(NpuState *s)
         s->fw_error = err;
         s->fw_version = 0;
         s->fw_opcodes = 0;
+        s->fw_queues = 0;
     } else {
         s->fw_state = NPU_FW_RUNNING;
         s->fw_error = NPU_FWERR_NONE;
         s->fw_version = version;
         s->fw_opcodes = opcodes;
+        s->fw_queues = 1;   /* the driver's queue 0 */
         s->fw_hb_period_ns = hb_us * 1000ull;
         s->fw_boot_ns = npu_now_ns();
         s->fw_log_level = level;
@@ -298,19 +301,31 @@ void npu_fw_mbox(NpuState *s)
         }
         break;
     case NPU_MBOX_RESET_QUEUE:
+    case NPU_MBOX_DESTROY_QUEUE:
         if (arg0 >= NPU_NUM_QUEUES) {
             st = NPU_MBOX_BAD_ARG;
         } else if (s->q[arg0].status & NPU_QSTAT_ACTIVE) {
             st = NPU_MBOX_BUSY;
         } else {
             npu_queue_reset_locked(s, arg0);
+            if (cmd == NPU_MBOX_DESTROY_QUEUE) {
+                s->fw_queues &= ~(1u << arg0);
+            }
+        }
+        break;
+    case NPU_MBOX_CREATE_QUEUE:
+        if (arg0 >= NPU_NUM_QUEUES || arg1 > NPU_Q_PRIORITY_MAX) {
+            st = NPU_MBOX_BAD_ARG;
+        } else {
+            s->fw_queues |= 1u << arg0;
+            s->q[arg0].priority = arg1;
+            qemu_cond_broadcast(&s->cond);
         }
         break;
     default:
         st = NPU_MBOX_UNKNOWN;
         break;
     }
-    (void)arg1;
     s->mbox_resp_status = st;
     s->mbox_resp0 = r0;
     s->mbox_resp1 = r1;

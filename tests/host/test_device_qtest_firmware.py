@@ -704,6 +704,37 @@ def test_mailbox_reset_queue_leaves_the_other_queues_alone(booted: Npu) -> None:
     booted.assert_alive()
 
 
+def test_a_destroyed_queue_runs_nothing_until_the_firmware_creates_it(booted: Npu) -> None:
+    assert mbox(booted, hw.MBOX_DESTROY_QUEUE, 0, seq=1)[:2] == (1, hw.MBOX_OK)
+    assert booted.qrd(hw.Q_CONTROL) == 0, "destroying resets the queue"
+    booted.start()  # programmed and enabled again, but not in the scheduler
+    (index,) = booted.submit(nop(1))
+    time.sleep(0.2)
+    assert booted.qrd(hw.Q_HEAD) == index, "a queue the firmware did not create ran"
+    assert mbox(booted, hw.MBOX_CREATE_QUEUE, 0, 2, seq=2)[:2] == (2, hw.MBOX_OK)
+    booted.wait_head(index + 1)
+    assert booted.completion(index).status == hw.ST_OK
+    assert booted.qrd(hw.Q_PRIORITY) == 2, "CREATE_QUEUE sets the priority"
+    booted.assert_alive()
+
+
+@pytest.mark.parametrize(("queue", "priority"), [(hw.NUM_QUEUES, 0), (U32, 0), (1, 4)])
+def test_mailbox_create_queue_with_a_bad_queue_or_priority_is_bad_arg(
+    booted: Npu, queue: int, priority: int
+) -> None:
+    assert mbox(booted, hw.MBOX_CREATE_QUEUE, queue, priority, seq=1)[:2] == (1, hw.MBOX_BAD_ARG)
+    booted.assert_alive()
+
+
+def test_a_soft_reset_leaves_a_booted_firmware_with_queue_0_only(booted: Npu) -> None:
+    assert mbox(booted, hw.MBOX_CREATE_QUEUE, 3, 1, seq=1)[:2] == (1, hw.MBOX_OK)
+    booted.soft_reset()
+    booted.start()
+    assert booted.run(nop(1)).status == hw.ST_OK, "queue 0 still runs"
+    assert mbox(booted, hw.MBOX_DESTROY_QUEUE, 3, seq=2)[:2] == (2, hw.MBOX_OK)
+    booted.assert_alive()
+
+
 @pytest.mark.parametrize("queue", [hw.NUM_QUEUES, U32])
 def test_mailbox_reset_queue_of_no_queue_is_bad_arg(booted: Npu, queue: int) -> None:
     assert mbox(booted, hw.MBOX_RESET_QUEUE, queue, seq=1)[:2] == (1, hw.MBOX_BAD_ARG)
@@ -724,7 +755,7 @@ def test_mailbox_reset_queue_of_a_queue_running_a_command_is_busy(booted: Npu) -
     booted.assert_alive()
 
 
-@pytest.mark.parametrize("command", [0, 5, 0xFFFF_FFFF])
+@pytest.mark.parametrize("command", [0, 7, 0xFFFF_FFFF])
 def test_an_unknown_mailbox_command_answers_unknown(booted: Npu, command: int) -> None:
     assert mbox(booted, command, 1, 2, seq=9) == (9, hw.MBOX_UNKNOWN, 0, 0)
     booted.assert_alive()
