@@ -601,3 +601,41 @@ class Npu:
             seen.append(self.rd(hw.REG_STATUS))
         self.tail = 0
         return seen
+
+
+# -- queues other than 0 ----------------------------------------------------
+
+# Tests of several queues put queue q's ring at QUEUES_BASE + q *
+# QUEUES_STRIDE (QUEUE_ENTRIES descriptors), its completion records 32 KiB
+# after it and its fence write-back 48 KiB after it.
+QUEUES_BASE = 0x20_0000
+QUEUES_STRIDE = 0x2_0000
+QUEUE_ENTRIES = 64
+
+
+def queue_ring(q: int) -> int:
+    return QUEUES_BASE + q * QUEUES_STRIDE
+
+
+def queue_cpl(q: int) -> int:
+    return queue_ring(q) + 0x8000
+
+
+def queue_fence(q: int) -> int:
+    return queue_ring(q) + 0xC000
+
+
+def setup_queue(npu: Npu, q: int, priority: int = 0) -> None:
+    """Program and enable queue q (the device stays as it is); its
+    completion records read 0xEE.. until written."""
+    for reg, val in (
+        (hw.Q_RING_LO, queue_ring(q)), (hw.Q_RING_HI, 0), (hw.Q_RING_SIZE, QUEUE_ENTRIES),
+        (hw.Q_CPL_LO, queue_cpl(q)), (hw.Q_CPL_HI, 0),
+        (hw.Q_FENCE_LO, queue_fence(q)), (hw.Q_FENCE_HI, 0),
+        (hw.Q_PRIORITY, priority),
+    ):  # fmt: skip
+        npu.qwr(reg, val & U32, q)
+    npu.qt.memset(queue_cpl(q), QUEUE_ENTRIES * CPL_SIZE, 0xEE)
+    npu.qt.memset(queue_fence(q), 16, 0)
+    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, q)
+    assert npu.qrd(hw.Q_CONTROL, q) == hw.QCTL_ENABLE

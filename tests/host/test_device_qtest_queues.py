@@ -11,11 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from qtest import CMD_SIZE, CPL_SIZE, DATA, QEMU, U32, Completion, Npu, copy, fill, hw, nop
+from qtest import (
+    CMD_SIZE,
+    CPL_SIZE,
+    DATA,
+    QEMU,
+    U32,
+    Completion,
+    Npu,
+    copy,
+    fill,
+    hw,
+    nop,
+    setup_queue,
+)
+from qtest import QUEUE_ENTRIES as RING_ENTRIES
+from qtest import queue_cpl as cpl
+from qtest import queue_ring as ring
 
-QBASE = 0x20_0000  # queue q's ring at QBASE + q * QSTRIDE; completions and fence after it
-QSTRIDE = 0x2_0000
-RING_ENTRIES = 64
 FILL_BYTES = 1 << 20  # about 0.1 ms of device work per FILL
 
 pytestmark = pytest.mark.skipif(
@@ -28,33 +41,6 @@ def npu(tmp_path: Path) -> Iterator[Npu]:
     dev = Npu(tmp_path / "qtest.log")
     yield dev
     dev.close()
-
-
-def ring(q: int) -> int:
-    return QBASE + q * QSTRIDE
-
-
-def cpl(q: int) -> int:
-    return ring(q) + 0x8000
-
-
-def fence_wb(q: int) -> int:
-    return ring(q) + 0xC000
-
-
-def setup_queue(npu: Npu, q: int, priority: int = 0) -> None:
-    """Program and enable queue q (the device stays as it is)."""
-    for reg, val in (
-        (hw.Q_RING_LO, ring(q)), (hw.Q_RING_HI, 0), (hw.Q_RING_SIZE, RING_ENTRIES),
-        (hw.Q_CPL_LO, cpl(q)), (hw.Q_CPL_HI, 0),
-        (hw.Q_FENCE_LO, fence_wb(q)), (hw.Q_FENCE_HI, 0),
-        (hw.Q_PRIORITY, priority),
-    ):  # fmt: skip
-        npu.qwr(reg, val & U32, q)
-    npu.qt.memset(cpl(q), RING_ENTRIES * CPL_SIZE, 0xEE)
-    npu.qt.memset(fence_wb(q), 16, 0)
-    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, q)
-    assert npu.qrd(hw.Q_CONTROL, q) == hw.QCTL_ENABLE
 
 
 def post(npu: Npu, q: int, descs: list[bytes]) -> None:

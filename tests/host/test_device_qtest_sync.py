@@ -38,16 +38,26 @@ from qtest import (
     fill,
     hw,
     nop,
+    setup_queue,
+)
+from qtest import (
+    QUEUE_ENTRIES as RING_ENTRIES,
+)
+from qtest import (
+    queue_cpl as cpl,
+)
+from qtest import (
+    queue_fence as fence_wb,
+)
+from qtest import (
+    queue_ring as ring,
 )
 
 pytestmark = pytest.mark.skipif(
     not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
 )
 
-# Queue q's ring at QBASE + q * QSTRIDE, its completions and fence write-back after it.
-QBASE = 0x20_0000
-QSTRIDE = 0x2_0000
-RING_ENTRIES = 64
+# Queue q's ring, completions and fence write-back: qtest.queue_ring() and after.
 SYNC = DATA  # a page of 8-byte sync cells
 BUF = DATA + 0x10_0000  # data the commands move
 BIG = DATA + (16 << 20)  # room for the large FILLs that keep a producer busy
@@ -87,33 +97,6 @@ def with_byte(desc: bytes, offset: int, value: int = 1) -> bytes:
     raw = bytearray(desc)
     raw[offset] = value
     return bytes(raw)
-
-
-def ring(q: int) -> int:
-    return QBASE + q * QSTRIDE
-
-
-def cpl(q: int) -> int:
-    return ring(q) + 0x8000
-
-
-def fence_wb(q: int) -> int:
-    return ring(q) + 0xC000
-
-
-def setup_queue(npu: Npu, q: int, priority: int = 0) -> None:
-    """Program and enable queue q; completions read 0xEE.. until written."""
-    for reg, val in (
-        (hw.Q_RING_LO, ring(q)), (hw.Q_RING_HI, 0), (hw.Q_RING_SIZE, RING_ENTRIES),
-        (hw.Q_CPL_LO, cpl(q)), (hw.Q_CPL_HI, 0),
-        (hw.Q_FENCE_LO, fence_wb(q)), (hw.Q_FENCE_HI, 0),
-        (hw.Q_PRIORITY, priority),
-    ):  # fmt: skip
-        npu.qwr(reg, val & U32, q)
-    npu.qt.memset(cpl(q), RING_ENTRIES * CPL_SIZE, 0xEE)
-    npu.qt.memset(fence_wb(q), 16, 0)
-    npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, q)
-    assert npu.qrd(hw.Q_CONTROL, q) == hw.QCTL_ENABLE
 
 
 def post(npu: Npu, q: int, descs: list[bytes], first: int = 0) -> int:
