@@ -83,6 +83,7 @@ struct npu_context {
 	u32 hangs;			/* its commands that hung (watchdog) */
 	bool banned;			/* hung too often: submits fail with -EIO */
 	struct address_space *mapping;	/* of its file: to zap doorbell maps */
+	atomic_t num_uqs;		/* user queues it holds (npu_device.uq[]) */
 	/*
 	 * The parameter blocks of its tensor ops on queue 0, one per ring
 	 * slot, device read-only, in its own address space only; created by

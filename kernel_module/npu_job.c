@@ -310,6 +310,9 @@ static int npu_ctx_params(struct npu_context *ctx)
 	struct npu_bo *bo;
 	int ret = 0;
 
+	/* Pairs with the release below: the arena is set up before it shows. */
+	if (smp_load_acquire(&ctx->params_bo))
+		return 0;
 	mutex_lock(&ctx->params_lock);
 	if (!ctx->params_bo) {
 		bo = npu_bo_create_kernel(ndev, &ctx->vm,
@@ -318,7 +321,8 @@ static int npu_ctx_params(struct npu_context *ctx)
 		if (IS_ERR(bo))
 			ret = PTR_ERR(bo);
 		else
-			ctx->params_bo = bo;
+			/* Publish after ctx->params: the lockless check above. */
+			smp_store_release(&ctx->params_bo, bo);
 	}
 	mutex_unlock(&ctx->params_lock);
 	return ret;

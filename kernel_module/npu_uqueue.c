@@ -80,6 +80,9 @@ void npu_uqueue_sync(struct npu_context *ctx)
 	struct npu_device *ndev = ctx->ndev;
 	u32 i;
 
+	/* Most files have no user queue: no lock on their BO frees. */
+	if (!atomic_read(&ctx->num_uqs))
+		return;
 	mutex_lock(&ndev->uq_mutex);
 	/* After an unbind the device was reset: nothing runs. */
 	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++)
@@ -129,6 +132,7 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	}
 	npu_uqueue_zap(uq);
 	ndev->uq[i] = NULL;
+	atomic_dec(&uq->ctx->num_uqs);
 	uq->stopped = true;
 	wake_up_all(&uq->wq);
 	uq->ctx = NULL;
@@ -236,11 +240,14 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 	uq->priority = args.priority;
 	ret = npu_uqueue_start(uq, args.priority, 0);
 	if (ret) {
+		/* Leave nothing of the file's in the disabled queue's registers. */
+		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
 		mutex_unlock(&ndev->uq_mutex);
 		ret = -EIO;
 		goto err_put;
 	}
 	ndev->uq[i] = uq;
+	atomic_inc(&ctx->num_uqs);
 	mutex_unlock(&ndev->uq_mutex);
 
 	args.queue = i;

@@ -6,13 +6,12 @@ the BAR, work as operands of every command, are charged to the file
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import fcntl
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -80,16 +79,6 @@ def op(opcode: int, bufs: list[tuple[int, int]], params: tuple[int, ...] = ()) -
     for i, p in enumerate(params):
         o.params[i] = p
     return o
-
-
-@pytest.fixture
-def fd() -> Iterator[int]:
-    f = os.open(DEV_PATH, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        yield f
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(f)
 
 
 @pytest.fixture(autouse=True)

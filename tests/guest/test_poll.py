@@ -4,30 +4,16 @@ for the device without a thread blocked in WAIT."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fcntl
 import os
 import select
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from npu import _abi
 
 DEV_PATH = "/dev/npu0"
 MiB = 1 << 20
-
-
-@pytest.fixture
-def fd() -> Iterator[int]:
-    f = os.open(DEV_PATH, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        yield f
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(f)
 
 
 def fill_submit(fd: int, size: int, count: int) -> int:
