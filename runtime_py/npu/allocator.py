@@ -17,15 +17,19 @@ of its device, in the manner of PyTorch's CUDA caching allocator:
   BO_CREATE fails with ``ENOMEM`` (the cache is emptied and the request
   retried once).
 
-**Reuse is ordered by the queue.** A freed block may be handed to a new
-tensor while ops that read or wrote the old one are still queued: every
-tensor op goes to queue 0 and runs in order, so a new op on the block runs
-after them. The host is not ordered with the queue, so a block that the host
-is about to write (an upload) must be idle: each free block remembers the
-last fence submitted on each queue when it was freed, and an upload takes
-only blocks whose fences a WAIT has already seen complete. If none fits, it
-gets fresh memory; only when BO_CREATE fails with ``ENOMEM`` does it wait
-for a busy block (``num_host_waits`` counts those waits).
+**Reuse is ordered by the timelines.** Each free block remembers the last
+fence launched on each timeline when it was freed: the driver's queues (the
+default stream: SUBMIT to queue 0) and every :class:`npu.Stream` with tensor
+work. A block may be handed to a new tensor while ops that used the old one
+are still queued *on the timeline the new tensor's ops go to*, since a
+timeline runs in order; the fences of every other timeline must have
+completed (a stream's fence record is read; a kernel fence counts once a
+WAIT saw it), so work on two streams never shares memory while both may
+run. The host is ordered with no timeline, so a block that the host is
+about to write (an upload) must be idle on all of them. Busy blocks are
+skipped; if none fits, the request gets fresh memory, and only when
+BO_CREATE fails with ``ENOMEM`` does it wait for a busy block
+(``num_host_waits`` counts those waits).
 
 ``NPU_NO_MEMORY_CACHING=1`` in the environment turns caching off: every
 allocation is its own buffer object, destroyed when freed (for debugging,
@@ -43,13 +47,14 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from .errors import NpuError
 
 if TYPE_CHECKING:
     from .buffer import Buffer
     from .device import Device
+    from .stream import StreamKey
 
 __all__ = [
     "ALIGN",
@@ -83,8 +88,10 @@ LARGE_MIN_SPLIT: Final = 1 << 20
 #: Set to ``1`` to allocate (and destroy) one buffer object per allocation.
 NO_CACHING_ENV: Final = "NPU_NO_MEMORY_CACHING"
 
-#: Waits for ``fence`` on ``queue`` of the device (may raise on a timeout).
-Waiter = Callable[["Device", int, int], None]
+#: A timeline of a device: a driver queue (int) or a user stream.
+Timeline = "int | StreamKey"
+#: Waits for ``fence`` on a timeline of the device (may raise on a timeout).
+Waiter = Callable[["Device", "int | StreamKey", int], None]
 
 #: How many fitting free blocks an upload looks at for one no queued op uses.
 _IDLE_SCAN: Final = 64
@@ -92,6 +99,18 @@ _IDLE_SCAN: Final = 64
 _POOLS: Final = ("small_pool", "large_pool")
 _ALL_POOLS: Final = ("all", *_POOLS)
 _STATS: Final = ("allocation", "segment", "allocated_bytes", "reserved_bytes", "requested_bytes")
+
+
+def _matters(queue: int | StreamKey, on: int | StreamKey | None) -> bool:
+    """Must ops launched on ``queue`` complete before memory is used on ``on``?
+
+    Not on ``on`` itself (it runs in order), and not on the driver's queues
+    other than 0 for device work (tensor ops never go there); for the host
+    (``on`` None), every timeline matters.
+    """
+    if queue == on:
+        return False
+    return on is None or not isinstance(queue, int) or queue == 0
 
 
 def _round_up(value: int, step: int) -> int:
@@ -131,7 +150,7 @@ class _Block:
         seq: int,
         prev: _Block | None = None,
         next: _Block | None = None,
-        fences: dict[int, int] | None = None,
+        fences: dict[int | StreamKey, int] | None = None,
     ) -> None:
         self.segment = segment
         self.offset = offset
@@ -141,8 +160,8 @@ class _Block:
         self.requested = 0
         self.prev = prev
         self.next = next
-        # queue -> last fence submitted there when the block was freed
-        self.fences: dict[int, int] = {} if fences is None else fences
+        # timeline -> last fence launched there when the block was freed
+        self.fences: dict[int | StreamKey, int] = {} if fences is None else fences
 
 
 class _Counter:
@@ -214,7 +233,9 @@ class CachingAllocator:
         # Protects the pools, the segments and the counters.
         self._lock = threading.Lock()
         # Blocks freed by finalizers, processed under _lock by the next call.
-        self._pending: collections.deque[tuple[_Block, dict[int, int]]] = collections.deque()
+        self._pending: collections.deque[tuple[_Block, dict[int | StreamKey, int]]] = (
+            collections.deque()
+        )
         self._free: dict[str, list[tuple[int, int, _Block]]] = {p: [] for p in _POOLS}
         self._segments: list[_Segment] = []
         self._seq = itertools.count()
@@ -236,7 +257,11 @@ class CachingAllocator:
     # -- allocation -----------------------------------------------------------
 
     def allocate(
-        self, size: int, host_write: bool = False, wait: Waiter | None = None
+        self,
+        size: int,
+        host_write: bool = False,
+        wait: Waiter | None = None,
+        stream: StreamKey | None = None,
     ) -> Allocation:
         """Return ``size`` bytes (``size`` > 0) of device memory.
 
@@ -245,6 +270,8 @@ class CachingAllocator:
             host_write: the host writes the memory before any new op uses it;
                 wait for the ops that used a reused block first.
             wait: how to wait for a fence (default :meth:`npu.Device.wait`).
+            stream: the user stream whose ops use the memory first (its
+                :class:`npu.stream.StreamKey`); None: the default stream.
 
         Raises:
             ValueError: ``size`` is not positive.
@@ -255,25 +282,28 @@ class CachingAllocator:
             raise ValueError(f"allocate: size={size} must be positive")
         rounded = _round_up(size, ALIGN)
         pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
-        fences: dict[int, int] = {}
+        # The timeline the memory is used on first; None: the host.
+        on: int | StreamKey | None = None if host_write else (0 if stream is None else stream)
+        fences: dict[int | StreamKey, int] = {}
         with self._lock:
             self._drain()
-            block = self._take_free(pool, rounded, host_write) if self.caching else None
+            block = self._take_free(pool, rounded, on) if self.caching else None
             if block is None and self.caching and self._coalesce(pool):
-                block = self._take_free(pool, rounded, host_write)
+                block = self._take_free(pool, rounded, on)
             if block is None:
                 try:
                     block = self._new_segment(pool, rounded)
                 except NpuError as exc:
                     # Out of memory: a block still in use by queued ops will do
                     # after a wait.
-                    block = self._take_free(pool, rounded, False) if host_write else None
-                    if block is None or exc.errno != errno.ENOMEM:
+                    if exc.errno != errno.ENOMEM:
                         raise
+                    block = self._take_free(pool, rounded, on, busy_ok=True)
+                    if block is None:
+                        raise
+                    fences = {q: f for q, f in block.fences.items() if _matters(q, on)}
             block.allocated = True
             block.requested = size
-            if host_write:
-                fences = block.fences
             block.fences = {}
             for c, amount in zip(
                 self._block_counters[pool], (1, block.size, size, 1, block.size, size), strict=True
@@ -287,31 +317,41 @@ class CachingAllocator:
 
     def _queue_free(self, block: _Block) -> None:
         """Finalizer of an :class:`Allocation`: no locks here, only a queue append."""
-        # A plain dict copy: taking the device's lock here could deadlock if
+        # Plain dict copies: taking the device's lock here could deadlock if
         # the collection ran inside one of its critical sections.
-        self._pending.append((block, dict(self.device._submitted)))
+        device = self.device
+        # (dict(d) is one step under the GIL; a loop could see d change.)
+        fences = cast("dict[int | StreamKey, int]", dict(device._submitted))
+        if device._stream_fences:
+            fences.update(cast("dict[int | StreamKey, int]", dict(device._stream_fences)))
+        self._pending.append((block, fences))
 
-    def _wait_fences(self, fences: dict[int, int], wait: Waiter | None) -> None:
+    def _wait_fences(self, fences: dict[int | StreamKey, int], wait: Waiter | None) -> None:
         for queue, fence in fences.items():
-            if self.device.completed(queue, fence):
+            if self._done(queue, fence):
                 continue
             self.num_host_waits += 1
             if wait is not None:
                 wait(self.device, queue, fence)
-            else:
+            elif isinstance(queue, int):
                 self.device.wait(fence, queue=queue)
+            else:
+                queue.wait(fence)
 
-    def _take_free(self, pool: str, size: int, idle_only: bool) -> _Block | None:
+    def _take_free(
+        self, pool: str, size: int, on: int | StreamKey | None, busy_ok: bool = False
+    ) -> _Block | None:
         """Best fit from the pool's free list, split if worth it (lock held).
 
-        With ``idle_only`` only blocks that no queued op can still use are
-        taken (the host is about to write them).
+        Only blocks that no op queued on a timeline other than ``on`` can
+        still use are taken (``on`` None: the host is about to write them,
+        so no queued op at all), unless ``busy_ok``.
         """
         free = self._free[pool]
         i = bisect.bisect_left(free, (size, -1))
-        if idle_only:
+        if not busy_ok:
             end = min(len(free), i + _IDLE_SCAN)
-            while i < end and not self._idle(free[i][2]):
+            while i < end and not self._usable(free[i][2], on):
                 i += 1
             if i == end:
                 return None
@@ -336,9 +376,18 @@ class CachingAllocator:
             self._insert_free(tail)
         return block
 
-    def _idle(self, block: _Block) -> bool:
-        """True if every op submitted before the block was freed has completed."""
-        return all(self.device.completed(q, f) for q, f in block.fences.items())
+    def _done(self, queue: int | StreamKey, fence: int) -> bool:
+        if isinstance(queue, int):
+            return self.device.completed(queue, fence)
+        return queue.completed(fence)
+
+    def _usable(self, block: _Block, on: int | StreamKey | None) -> bool:
+        """True if every op launched before the block was freed has completed,
+        except those on timeline ``on``, which will run before ops ``on`` it."""
+        for queue, fence in block.fences.items():
+            if _matters(queue, on) and not self._done(queue, fence):
+                return False
+        return True
 
     def _new_segment(self, pool: str, size: int) -> _Block:
         """A new buffer object holding one block of ``size`` bytes (lock held)."""
@@ -384,7 +433,7 @@ class CachingAllocator:
             block, fences = self._pending.popleft()
             self._free_block(block, fences)
 
-    def _free_block(self, block: _Block, fences: dict[int, int]) -> None:
+    def _free_block(self, block: _Block, fences: dict[int | StreamKey, int]) -> None:
         pool = block.segment.pool
         block.allocated = False
         for c, amount in zip(

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from .allocator import CachingAllocator
     from .graph import Graph
-    from .stream import Stream
+    from .stream import Stream, StreamKey
     from .userqueue import UserQueue
 
 __all__ = [
@@ -242,6 +242,10 @@ class Device:
         # host write into a reused block).
         self._submitted: dict[int, int] = {}
         self._completed: dict[int, int] = {}
+        # Per live npu.Stream with tensor work (its npu.stream.StreamKey):
+        # the fence of its last launch, for the caching allocator and
+        # npu.synchronize(). Written by the stream, read without a lock.
+        self._stream_fences: dict[StreamKey, int] = {}
         # The npu.graph.Graph capturing the tensor ops of this device, if any.
         self._capturing: Graph | None = None
         # The caching allocator of npu.allocator, created on first use.

@@ -6,8 +6,10 @@ The model is CUDA Graphs' (``torch.cuda.graph``): inside
 record their ops. :meth:`Graph.replay` then submits the recorded ops,
 packed once, in as few SUBMITs as the driver allows, and the tensors made
 during the capture hold the new results once :meth:`Graph.synchronize` (or
-their ``.numpy()``) returns. A replay costs one ioctl per 256 ops instead of
-the Python work and the ioctl of every op.
+their ``.numpy()``) returns. A replay on the default stream costs one ioctl
+per 256 ops instead of the Python work and the ioctl of every op; inside
+``with stream:`` (or with ``replay(stream)``) the ops go to that user stream
+with no ioctl at all, their parameter blocks packed at the first replay.
 
 Rules, as for CUDA graphs:
 
@@ -15,7 +17,9 @@ Rules, as for CUDA graphs:
   the same buffers are read and written at every replay. Inputs are tensors
   made before the capture; change them between replays with
   :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
-  the array), never while a replay runs.
+  the array), never while a replay runs. A replay does not wait for inputs
+  still being computed on another stream: make them on the replaying
+  stream, or order them with an :class:`npu.Event`.
 - No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``
   raise ``RuntimeError``. Uploads (``npu.tensor(...)``) run at once; their
   values are constants of the graph.
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from . import ops
 from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
+from .stream import Stream, current_stream
 
 if TYPE_CHECKING:
     from .allocator import Allocation
@@ -59,6 +64,8 @@ class Graph:
         self._outputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
         self._captured = False
         self._fence: int | None = None
+        # The user stream of the last replay (None: the default stream).
+        self._stream: Stream | None = None
 
     @property
     def num_ops(self) -> int:
@@ -87,28 +94,49 @@ class Graph:
             self._packed = self.device.pack(self._ops)
         log.debug("captured %d ops, %d allocations", len(self._ops), len(self._memory))
 
-    def replay(self) -> int:
-        """Submit the recorded ops; return the fence of the last one (no wait).
+    def replay(self, stream: Stream | None = None) -> int:
+        """Launch the recorded ops on ``stream`` (default: the current stream), no wait.
+
+        Returns the fence of the last op (on the driver's queue 0 for the
+        default stream, else on the stream's queue).
 
         Raises:
             RuntimeError: not captured yet, or nothing was recorded.
-            NpuError: the driver refused the submission.
+            ValueError: ``stream`` is of another device.
+            NpuError: the driver refused the submission, or the stream is
+                closed or has no room (as :meth:`npu.Stream.launch`).
         """
         if not self._captured:
             raise RuntimeError("Graph.replay: capture the graph first")
         if not self._packed:
             raise RuntimeError("Graph.replay: the capture recorded no ops")
-        fence = self.device.submit_packed(self._packed)
-        first = fence - len(self._ops) + 1
+        if stream is None:
+            stream = current_stream(self.device)
+        elif stream.device is not self.device:
+            raise ValueError(f"Graph.replay: {stream!r} is of another device")
+        target: Stream | None = None
+        if stream.is_default:
+            fence = self.device.submit_packed(self._packed)
+            first = fence - len(self._ops) + 1
+        else:
+            first, fence = stream._run(self._ops, ())
+            target = stream
         for t in self._outputs:
             t._fence = fence
             t._since = first
+            t._stream = target
+            t._deps = ()
         self._fence = fence
+        self._stream = target
         return fence
 
     def synchronize(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Wait for the last replay (device errors raise as at any wait)."""
-        if self._fence is not None:
+        if self._fence is None:
+            return
+        if self._stream is not None:
+            self._stream._wait_fence(self._fence, timeout_s)
+        else:
             self.device.wait(self._fence, timeout_s=timeout_s)
 
     # -- called by npu.tensor while capturing ---------------------------------

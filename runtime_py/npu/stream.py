@@ -9,11 +9,14 @@ of the producer's 64-bit counter and ``consumer.wait_event(ev)`` pushes a
 device-side WAIT on it, so the consumer's queue holds in the device until
 the producer reaches the marker, without a host round trip.
 
-Tensor ops (``npu.ops.eltwise`` ... ``npu.ops.requant_op``) are launched
-with :meth:`Stream.launch`: the stream writes each op's ``struct
-npu_tensor_params`` (operands as device virtual addresses) into a parameter
-arena of its own, one 256-byte block per ring slot, reused once the slot's
-completion record has been seen.
+:class:`npu.Tensor` ops (``y = x + 1``, ``a @ b``, ...) go to the thread's
+current stream: inside ``with stream:`` they are launched on it, ordered
+after inputs still being produced on other streams (see :mod:`npu.tensor`).
+Ops built by hand (``npu.ops.eltwise`` ... ``npu.ops.requant_op``) are
+launched with :meth:`Stream.launch`. Either way the stream writes each op's
+``struct npu_tensor_params`` (operands as device virtual addresses) into a
+parameter arena of its own, one 256-byte block per ring slot, reused once
+the slot's completion record has been seen.
 
 Errors of asynchronous work are found in the completion records and raised
 at the next :meth:`Stream.synchronize`, :meth:`Stream.query`,
@@ -22,10 +25,10 @@ at the next :meth:`Stream.synchronize`, :meth:`Stream.query`,
 and the stream named in the message), each once, oldest first.
 
 :func:`default_stream` is the kernel path (SUBMIT to queue 0), which
-:class:`npu.Tensor` ops always use; ``with stream:`` makes ``stream`` the
-current stream of the thread (:func:`current_stream`) for
-:meth:`npu.Event.record` without an argument and the ``stream=None``
-defaults of the calls here.
+tensor ops use outside any ``with stream:``; ``with stream:`` makes
+``stream`` the current stream of the thread (:func:`current_stream`) for
+tensor ops, :meth:`npu.Graph.replay`, :meth:`npu.Event.record` without an
+argument and the ``stream=None`` defaults of the calls here.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .validate import check_tensor_op
 if TYPE_CHECKING:
     from .event import Event
 
-__all__ = ["Stream", "current_stream", "default_stream", "pack_tensor_params"]
+__all__ = ["Stream", "StreamKey", "current_stream", "default_stream", "pack_tensor_params"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ _OP_FILL: Final = int(_abi.Opcode.FILL)
 _OP_SIGNAL: Final = int(_abi.Opcode.SIGNAL)
 _OP_WAIT: Final = int(_abi.Opcode.WAIT)
 # Packed parameter blocks kept for ops launched again (graph-like loops).
-_PACK_CACHE_MAX: Final = 256
+_PACK_CACHE_MAX: Final = 1024
 # u64 counters in the per-device timeline page (one per live stream).
 _TIMELINE_BYTES: Final = 4096
 _SLOT_BYTES: Final = 8
@@ -159,6 +162,47 @@ def _give_slot(
         log.warning("freeing the stream timeline page failed: %s", exc)
 
 
+class StreamKey:
+    """What tensors' failure history and the caching allocator keep of a stream.
+
+    It names the stream's timeline (its queue's fences) without keeping the
+    stream alive: a stream closed or collected has no work left that could
+    touch memory, so every fence of it counts as completed.
+    """
+
+    __slots__ = ("__weakref__", "_ref")
+
+    def __init__(self, stream: Stream) -> None:
+        self._ref = weakref.ref(stream)
+
+    @property
+    def stream(self) -> Stream | None:
+        """The stream, while it lives."""
+        return self._ref()
+
+    def completed(self, fence: int) -> bool:
+        """True if the stream's queue passed ``fence`` (reads the fence record, no ioctl)."""
+        s = self._ref()
+        if s is None or s._closed:
+            return True
+        q = s._queue
+        return q is None or q.closed or int(q._fence_view[0]) >= fence
+
+    def wait(self, fence: int, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Wait for ``fence`` of the stream (nothing to do once it is closed or gone).
+
+        Raises:
+            NpuDeviceError, NpuTimeoutError: as :meth:`npu.UserQueue.wait`.
+        """
+        s = self._ref()
+        if s is not None:
+            s._wait_fence(fence, timeout_s)
+
+    def __repr__(self) -> str:
+        s = self._ref()
+        return f"<npu.StreamKey of {s!r}>" if s is not None else "<npu.StreamKey of a dead stream>"
+
+
 # ---------------------------------------------------------------------------
 # The current stream of a thread
 # ---------------------------------------------------------------------------
@@ -175,8 +219,8 @@ _CURRENT = _Current()
 def default_stream(device: Device | None = None) -> Stream:
     """The default stream of ``device`` (default: the default device): the kernel path.
 
-    Its work goes through SUBMIT to the driver's queue 0, as every
-    :class:`npu.Tensor` op and :meth:`npu.Device.submit` does.
+    Its work goes through SUBMIT to the driver's queue 0, as
+    :meth:`npu.Device.submit` and tensor ops outside ``with stream:`` do.
     """
     dev = device if device is not None else default_device()
     stream = dev._default_stream
@@ -203,6 +247,22 @@ def _current_user_stream() -> Stream | None:
     """The innermost ``with stream:`` of this thread, None outside any."""
     stack = _CURRENT.stack
     return stack[-1] if stack else None
+
+
+def _current_user_stream_of(device: Device) -> Stream | None:
+    """The current stream of ``device`` in this thread if it is a user stream, else None.
+
+    On the path of every tensor op: outside any ``with stream:`` this is one
+    attribute read.
+    """
+    stack = _CURRENT.stack
+    if not stack:
+        return None
+    for i in range(len(stack) - 1, -1, -1):
+        s = stack[i]
+        if s.device is device:
+            return None if s._queue is None else s
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -287,6 +347,12 @@ class Stream:
         # The last value signalled, for the finalizer of a stream not closed.
         self._counter = [self._value]
         self._signal_va = self._timeline.va + self._slot * _SLOT_BYTES
+        # The fence of the last SIGNAL pushed here (its value is _value).
+        self._signal_fence = 0
+        # Per other stream: the highest value of its counter a WAIT pushed
+        # here already waits for (later work is ordered after it too).
+        self._waited: weakref.WeakKeyDictionary[StreamKey, int] = weakref.WeakKeyDictionary()
+        self._key = StreamKey(self)
         # The op at each ring slot (fence, op), for errors and to keep the
         # buffers of tensor ops alive until their slot is reused.
         self._ops: list[tuple[int, object, object] | None] = [None] * queue.entries
@@ -307,6 +373,7 @@ class Stream:
         self._queue = None
         self._closed = False
         self._name = "Stream(default)"
+        self._key = StreamKey(self)
 
     # -- state ----------------------------------------------------------------
 
@@ -440,8 +507,11 @@ class Stream:
             if self._closed:
                 self._live("launch")
             if isinstance(op, ops.TensorOp):
-                return self._launch_tensor(q, op, validate)
-            return self._launch_op(q, op)
+                fence = self._launch_tensor(q, op, validate, cache=True)
+            else:
+                fence = self._launch_op(q, op)
+            q.kick()
+            return fence
 
     def nop(self) -> int:
         """Launch a NOP; return its fence."""
@@ -496,14 +566,35 @@ class Stream:
         """Push the SIGNAL of ``event`` (see :meth:`npu.Event.record`)."""
         with self._lock:
             q = self._live("record")
-            value = self._value + 1
-            va = self._signal_va
-            fence = q._emit(_OP_SIGNAL, False, va, value, 0, None, None, self._timeout_s)
-            self._value = self._counter[0] = value
-            self._ops[(fence - 1) & self._mask] = (fence, _Desc("SIGNAL", (va, value)), None)
+            fence, value = self._signal(q)
             q.kick()
             self._events.add(event)
-            event._set_stream_marker(self, fence, va, value)
+            event._set_stream_marker(self, fence, self._signal_va, value)
+
+    def _signal(self, q: UserQueue) -> tuple[int, int]:
+        """Push a SIGNAL of the next counter value (lock held, not kicked): (fence, value)."""
+        value = self._value + 1
+        va = self._signal_va
+        fence = q._emit(_OP_SIGNAL, False, va, value, 0, None, None, self._timeout_s)
+        self._value = self._counter[0] = value
+        self._signal_fence = fence
+        self._ops[(fence - 1) & self._mask] = (fence, _Desc("SIGNAL", (va, value)), None)
+        return fence, value
+
+    def _signal_after(self, fence: int) -> int | None:
+        """The counter value this stream stores once ``fence`` is done, or None if it is.
+
+        Pushes a SIGNAL unless one already follows ``fence``. Takes only this
+        stream's lock (never while holding another stream's: no lock order).
+        """
+        with self._lock:
+            q = self._queue
+            if q is None or self._closed or int(q._fence_view[0]) >= fence:
+                return None
+            if self._signal_fence <= fence:
+                self._signal(q)
+                q.kick()
+            return self._value
 
     def _event_done(self, event: Event, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` (0: poll) for an event's SIGNAL; note its time."""
@@ -530,6 +621,53 @@ class Stream:
             if exc.errno == errno.ENOENT:
                 return None
             raise
+
+    # -- tensor ops (called by npu.tensor) -------------------------------------
+
+    def _run(
+        self, batch: Sequence[ops.AnyOp], after: Sequence[tuple[Stream, int]]
+    ) -> tuple[int, int]:
+        """Launch the ops of a tensor op (or a graph) after the fences ``after`` of
+        other user streams; return the fences of the first and the last op.
+
+        Each such fence costs a SIGNAL on its stream (unless one follows it
+        already) and a device-side WAIT here (unless an earlier WAIT here
+        covers it): no host round trip.
+        """
+        waits = []
+        for src, fence in after:
+            value = src._signal_after(fence)
+            if value is not None:
+                waits.append((src, value))
+        with self._lock:
+            q = self._live("launch")
+            for src, value in waits:
+                if self._waited.get(src._key, 0) >= value:
+                    continue
+                wf = q._emit(_OP_WAIT, False, src._signal_va, value, 0, None, None, self._timeout_s)
+                desc = _Desc("WAIT", (src._signal_va, value))
+                self._ops[(wf - 1) & self._mask] = (wf, desc, None)
+                self._waited[src._key] = value
+            first = 0
+            fence = 0
+            for op in batch:
+                if isinstance(op, ops.TensorOp):
+                    fence = self._launch_tensor(q, op, False, cache=len(batch) > 1)
+                else:
+                    fence = self._launch_op(q, op)
+                if not first:
+                    first = fence
+            q.kick()
+            self.device._stream_fences[self._key] = fence
+            return first, fence
+
+    def _wait_fence(self, fence: int, timeout_s: float | None) -> None:
+        """Wait for ``fence`` of this stream (returns at once if it is closed)."""
+        with self._lock:
+            q = self._queue
+            if q is None or self._closed:
+                return
+            q.wait(fence, timeout_s)
 
     # -- synchronisation ------------------------------------------------------
 
@@ -603,6 +741,7 @@ class Stream:
                 except NpuError as exc:
                     error = exc
             self._closed = True
+            self.device._stream_fences.pop(self._key, None)
             q._op_of = None
             try:
                 q.close()
@@ -681,14 +820,18 @@ class Stream:
             vas.append(buf.va + ref.offset)
         return pack_tensor_params(op, vas), tuple(bufs)
 
-    def _launch_tensor(self, q: UserQueue, op: ops.TensorOp, validate: bool) -> int:
+    def _launch_tensor(self, q: UserQueue, op: ops.TensorOp, validate: bool, cache: bool) -> int:
+        """Push ``op`` with its parameter block (not kicked); ``cache`` keeps the
+        packed block for launches of the same op object again."""
         key = id(op)
-        entry = self._packed.get(key)
+        entry = self._packed.get(key) if cache else None
         if entry is None or entry[0] is not op or not _alive(entry[2]):
             block, bufs = self._pack(op, validate)
-            if len(self._packed) >= _PACK_CACHE_MAX:
-                self._packed.clear()
-            entry = self._packed[key] = (op, block, bufs)
+            entry = (op, block, bufs)
+            if cache:
+                if len(self._packed) >= _PACK_CACHE_MAX:
+                    self._packed.clear()
+                self._packed[key] = entry
         view = self._arena_view
         if view is None:
             view = self._make_arena()
@@ -699,7 +842,6 @@ class Stream:
         view[off : off + _PARAMS_SIZE] = entry[1]
         fence = q._put(ring_off, op.opcode, self._arena_va + off, op.kind, 0)
         self._ops[slot] = (fence, op, entry[2])
-        q.kick()
         return fence
 
     def _make_arena(self) -> memoryview:
@@ -733,5 +875,4 @@ class Stream:
         else:
             raise ValueError(f"{self._name}.launch: {code.name} cannot be launched on a stream")
         self._ops[(fence - 1) & self._mask] = (fence, op, tuple(bufs))
-        q.kick()
         return fence

@@ -10,6 +10,16 @@ waiting**: chains of ops stay on the device and only :meth:`Tensor.numpy`
 in order, so waiting for a tensor's fence also covers everything it was
 computed from.
 
+Ops go to the thread's current stream (:func:`npu.current_stream`): the
+default stream (SUBMIT to the driver's queue 0) outside any ``with
+stream:``, else the user stream, launched from user space. A tensor
+remembers the stream of its producing op; an op whose input (or whose
+output, for ``copy_``) is still being produced on another user stream is
+ordered after it in the device (a SIGNAL there, a WAIT here), and one
+produced on the default stream is first waited for by the host. So results
+never depend on which stream computed an input; overlap comes from ops
+that do not depend on each other.
+
 Semantics follow numpy (see docs/runtime.md for the rules and their
 exceptions):
 
@@ -57,7 +67,7 @@ import operator
 import os
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, SupportsIndex, TypeAlias
+from typing import Any, SupportsIndex, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -83,6 +93,7 @@ from .dtypes import (
     bfloat16,
 )
 from .errors import NpuDeviceError
+from .stream import Stream, StreamKey, _current_user_stream_of
 
 # BFloat16Type, bfloat16, DTypeArg and TensorDType are re-exported from
 # npu.dtypes (they were defined here; pickles of npu.bfloat16 name npu.tensor).
@@ -102,11 +113,19 @@ _logger = logging.getLogger(__name__)
 #: What the ``axis`` arguments of the reductions accept.
 AxisArg: TypeAlias = "SupportsIndex | Sequence[SupportsIndex] | None"
 
-# Failed fences seen by Tensor.wait, per device (NpuDeviceError objects).
-_FAILURES: weakref.WeakKeyDictionary[Device, collections.deque[NpuDeviceError]] = (
+# Failed fences seen by Tensor.wait, per device: (timeline, error), the
+# timeline None for the driver's queue 0, else the stream's StreamKey.
+_Failure: TypeAlias = "tuple[StreamKey | None, NpuDeviceError]"
+_FAILURES: weakref.WeakKeyDictionary[Device, collections.deque[_Failure]] = (
     weakref.WeakKeyDictionary()
 )
 _FAILURE_HISTORY = 64
+# A dependency on another stream's ops: (stream, first fence, last fence).
+_Dep: TypeAlias = "tuple[Stream, int, int]"
+
+
+def _failures(device: Device) -> collections.deque[_Failure]:
+    return _FAILURES.setdefault(device, collections.deque(maxlen=_FAILURE_HISTORY))
 
 
 # ---------------------------------------------------------------------------
@@ -161,6 +180,8 @@ class Tensor:
         fence: int | None = None,
         since: int | None = None,
         allocation: Allocation | None = None,
+        stream: Stream | None = None,
+        deps: tuple[_Dep, ...] = (),
     ) -> None:
         self._device = device
         # Keeps the memory of the tensor and its views allocated.
@@ -173,6 +194,10 @@ class Tensor:
         self._fence = fence
         # Lowest fence of the not-yet-waited ops this tensor was computed from.
         self._since = fence if since is None else since
+        # The user stream of those fences (None: the driver's queue 0), and
+        # the ops of other user streams it was computed from.
+        self._stream = stream
+        self._deps = deps
         graph = device._capturing
         if graph is not None:  # its fence is set by each replay
             graph._outputs.add(self)
@@ -282,23 +307,13 @@ class Tensor:
         if self._fence is None:
             return
         lo = self._since if self._since is not None else self._fence
-        hi = self._fence
-        failures = _FAILURES.setdefault(self._device, collections.deque(maxlen=_FAILURE_HISTORY))
-        while True:
-            for failure in failures:
-                if lo <= failure.fence <= hi:
-                    raise failure
-            try:
-                self._device.wait(hi, timeout_s=timeout_s)
-            except NpuDeviceError as exc:
-                failures.append(exc)
-                if lo <= exc.fence <= hi:
-                    raise
-                _logger.debug("device error at fence %d does not concern %r", exc.fence, self)
-                continue
-            break
+        _wait_fences(self._device, self._stream, lo, self._fence, timeout_s, self)
+        for stream, dep_lo, dep_hi in self._deps:
+            _wait_fences(self._device, stream, dep_lo, dep_hi, timeout_s, self)
         self._fence = None
         self._since = None
+        self._stream = None
+        self._deps = ()
 
     def numpy(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> npt.NDArray[Any]:
         """Wait for the data and return a copy as a new ndarray.
@@ -329,12 +344,13 @@ class Tensor:
         """Write ``src`` (broadcast to this shape) into this tensor's memory, in place.
 
         A :class:`Tensor` ``src`` is copied by the device, asynchronously,
-        in queue order (COPY, the DMA engine, when both are dense with one
-        dtype; else a CONVERT); with :func:`npu.from_numpy` tensors on
-        either side this is an asynchronous host-to-device or device-to-host
-        copy through pinned memory. Any other ``src`` (an ndarray, a list, a
-        scalar) is written by the host: that first waits for every op queued
-        on the device (they may read this memory). Returns ``self``.
+        on the current stream (COPY, the DMA engine, when both are dense
+        with one dtype; else a CONVERT); with :func:`npu.from_numpy` tensors
+        on either side this is an asynchronous host-to-device or
+        device-to-host copy through pinned memory. Any other ``src`` (an
+        ndarray, a list, a scalar) is written by the host: that first waits
+        for every op queued on the device, on every stream (they may read
+        this memory). Returns ``self``.
 
         Raises:
             ValueError: ``src`` does not broadcast to the shape, or lives on
@@ -346,9 +362,15 @@ class Tensor:
         if self._device._capturing is not None:
             raise RuntimeError("copy_: not while a graph is capturing")
         data = np.broadcast_to(np.asarray(src), self._shape)
-        last = self._device.submitted_fences()
+        last = cast("dict[int | StreamKey, int]", self._device.submitted_fences())
+        last.update(cast("dict[int | StreamKey, int]", dict(self._device._stream_fences)))
         for queue, fence in last.items():
-            if not self._device.completed(queue, fence):
+            done = (
+                self._device.completed(queue, fence)
+                if isinstance(queue, int)
+                else queue.completed(fence)
+            )
+            if not done:
                 _wait_recording_failures(self._device, queue, fence)
         if self._buffer is None:
             return self
@@ -400,6 +422,8 @@ class Tensor:
             self._fence,
             self._since,
             self._allocation,
+            self._stream,
+            self._deps,
         )
 
     def _view_as(self, shape: tuple[int, ...]) -> Tensor:
@@ -414,6 +438,8 @@ class Tensor:
             self._fence,
             self._since,
             self._allocation,
+            self._stream,
+            self._deps,
         )
 
     def transpose(self, *axes: SupportsIndex | Sequence[SupportsIndex]) -> Tensor:
@@ -489,6 +515,8 @@ class Tensor:
             base._fence,
             base._since,
             base._allocation,
+            base._stream,
+            base._deps,
         )
 
     def astype(self, dtype: DTypeArg, copy: bool = True) -> Tensor:
@@ -644,18 +672,54 @@ def _empty(device: Device, dtype: DType, shape: tuple[int, ...]) -> Tensor:
     return Tensor(device, None, dtype, shape)
 
 
-def _wait_recording_failures(device: Device, queue: int, fence: int) -> None:
-    """Wait for ``fence``; a device error met on the way is kept for the tensors it concerns."""
-    failures = _FAILURES.setdefault(device, collections.deque(maxlen=_FAILURE_HISTORY))
+def _wait_fences(
+    device: Device,
+    stream: Stream | None,
+    lo: int,
+    hi: int,
+    timeout_s: float | None,
+    what: object,
+) -> None:
+    """Wait for fences ``lo..hi`` of a timeline (``stream`` None: the driver's
+    queue 0); raise the first failure among them, also one that an earlier
+    wait met (kept in the device's failure history)."""
+    key = None if stream is None else stream._key
+    failures = _failures(device)
+    while True:
+        for where, failure in failures:
+            if where is key and lo <= failure.fence <= hi:
+                raise failure
+        try:
+            if stream is None:
+                device.wait(hi, timeout_s=timeout_s)
+            else:
+                stream._wait_fence(hi, timeout_s)
+        except NpuDeviceError as exc:
+            failures.append((key, exc))
+            if lo <= exc.fence <= hi:
+                raise
+            _logger.debug("device error at fence %d does not concern %r", exc.fence, what)
+            continue
+        return
+
+
+def _wait_recording_failures(device: Device, queue: int | StreamKey, fence: int) -> None:
+    """Wait for ``fence`` of a timeline (a driver queue or a stream); a device
+    error met on the way is kept for the tensors it concerns."""
+    failures = _failures(device)
+    key = None if isinstance(queue, int) else queue
     while True:
         try:
-            device.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
+            if isinstance(queue, int):
+                device.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
+            else:
+                queue.wait(fence, DEFAULT_TIMEOUT_S)
         except NpuDeviceError as exc:
-            if any(f.fence == exc.fence for f in failures):
+            if any(where is key and f.fence == exc.fence for where, f in failures):
                 # Reported again: the queue is stopped at a failed op, so
                 # nothing queued after it will touch the memory.
                 return
-            failures.append(exc)
+            failures.append((key, exc))
             continue
         return
 
@@ -672,8 +736,12 @@ def _alloc(
     size = math.prod(shape)
     if size == 0:
         return _empty(device, dtype, shape)
+    stream = None if host_write else _current_user_stream_of(device)
     mem = allocator(device).allocate(
-        size * dtype.itemsize, host_write=host_write, wait=_wait_recording_failures
+        size * dtype.itemsize,
+        host_write=host_write,
+        wait=_wait_recording_failures,
+        stream=None if stream is None else stream._key,
     )
     if device._capturing is not None:  # the graph's ops use it at every replay
         device._capturing._keep(mem)
@@ -683,24 +751,75 @@ def _alloc(
 
 
 def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
-    """Submit ``batch`` (no wait); ``out`` is produced by its last op.
+    """Launch ``batch`` on the current stream (no wait); ``out`` is produced by its last op.
 
     While an :class:`npu.Graph` captures, the batch is recorded instead.
     """
-    graph = out._device._capturing
+    device = out._device
+    graph = device._capturing
     if graph is not None:
         graph._record(batch, out)
         return out
-    fence = out._device.submit(batch)
-    since = fence - len(batch) + 1
-    for t in inputs:
-        if t._fence is not None and t._since is not None:
-            since = builtins.min(since, t._since)
+    stream = _current_user_stream_of(device)
+    if stream is None:
+        for t in inputs:
+            if t._stream is not None:
+                t.wait()  # made on a user stream: the kernel path cannot WAIT on it
+        if out._stream is not None:
+            out.wait()
+        fence = device.submit(batch)
+        since = fence - len(batch) + 1
+        for t in inputs:
+            if t._fence is not None and t._since is not None:
+                since = builtins.min(since, t._since)
+        out._deps = ()
+    else:
+        since, fence, deps = _launch_on(stream, batch, out, inputs)
+        out._deps = deps
+    out._stream = stream
     out._fence = fence
     out._since = since
     if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
+
+
+def _launch_on(
+    stream: Stream, batch: Sequence[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]
+) -> tuple[int, int, tuple[_Dep, ...]]:
+    """Launch ``batch`` on user ``stream`` after the ops producing ``inputs`` and
+    ``out``: (first fence of the batch's ops or their inputs', last fence, deps)."""
+    after: list[tuple[Stream, int]] = []
+    deps: list[_Dep] = []
+    since: int | None = None
+    for t in (*inputs, out):
+        if t._fence is None:
+            continue
+        src = t._stream
+        if src is stream:
+            if t._since is not None:
+                since = t._since if since is None else builtins.min(since, t._since)
+        elif src is None:
+            t.wait()  # made on the default stream: the host waits for it
+            continue
+        else:
+            after.append((src, t._fence))
+            deps.append((src, t._since if t._since is not None else t._fence, t._fence))
+        deps.extend(t._deps)
+    first, fence = stream._run(batch, after)
+    since = first if since is None else builtins.min(since, first)
+    return since, fence, _merge_deps(deps) if deps else ()
+
+
+def _merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:
+    """One (stream, lowest, highest fence) per stream."""
+    merged: dict[Stream, tuple[int, int]] = {}
+    for stream, lo, hi in deps:
+        seen = merged.get(stream)
+        merged[stream] = (
+            (lo, hi) if seen is None else (builtins.min(lo, seen[0]), builtins.max(hi, seen[1]))
+        )
+    return tuple((s, lo, hi) for s, (lo, hi) in merged.items())
 
 
 #: Environment variable: ``1`` makes every tensor op wait for itself (debugging).
@@ -723,13 +842,20 @@ def synchronize(device: Device | None = None) -> None:
     dev = device if device is not None else default_device()
     if dev._capturing is not None:
         raise RuntimeError("synchronize: not while a graph is capturing")
-    failures = _FAILURES.setdefault(dev, collections.deque(maxlen=_FAILURE_HISTORY))
+    failures = _failures(dev)
     for queue, fence in dev.submitted_fences().items():
         while not dev.completed(queue, fence):
             try:
                 dev.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
             except NpuDeviceError as exc:
-                failures.append(exc)
+                failures.append((None, exc))
+                raise
+    for key, fence in list(dev._stream_fences.items()):
+        while not key.completed(fence):
+            try:
+                key.wait(fence, DEFAULT_TIMEOUT_S)
+            except NpuDeviceError as exc:
+                failures.append((key, exc))
                 raise
 
 

@@ -178,6 +178,58 @@ def test_device_ops_reuse_a_busy_block_because_the_queue_is_in_order(
     np.testing.assert_array_equal(z.numpy(), np.arange(256))
 
 
+class FakeStreamKey:
+    """A stream's timeline as the allocator sees it: completed up to ``done``."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.waits: list[int] = []
+
+    def completed(self, fence: int) -> bool:
+        return fence <= self.done
+
+    def wait(self, fence: int, timeout_s: float | None = None) -> None:
+        self.waits.append(fence)
+        self.done = max(self.done, fence)
+
+
+def freed_while_stream_busy(device: npu.Device, key: FakeStreamKey) -> tuple[int, int]:
+    """Allocate a block on ``key``'s stream and free it while fence 1 there is pending."""
+    alloc = allocator(device)
+    device._stream_fences[key] = 1  # type: ignore[index]
+    block = alloc.allocate(4096, stream=key)  # type: ignore[arg-type]
+    where = (block.buffer.handle, block.offset)
+    del block
+    return where
+
+
+def test_a_block_freed_while_a_stream_uses_it_is_reused_by_that_stream_only(
+    device: npu.Device,
+) -> None:
+    alloc = allocator(device)
+    key, other = FakeStreamKey(), FakeStreamKey()
+    where = freed_while_stream_busy(device, key)
+    on_other = alloc.allocate(4096, stream=other)  # type: ignore[arg-type]
+    on_default = alloc.allocate(4096)
+    assert (on_other.buffer.handle, on_other.offset) != where
+    assert (on_default.buffer.handle, on_default.offset) != where
+    on_same = alloc.allocate(4096, stream=key)  # type: ignore[arg-type]
+    assert (on_same.buffer.handle, on_same.offset) == where
+    assert key.waits == [] and alloc.num_host_waits == 0
+
+
+def test_a_block_of_a_stream_is_free_for_all_once_the_stream_passed_its_fence(
+    device: npu.Device,
+) -> None:
+    alloc = allocator(device)
+    key = FakeStreamKey()
+    where = freed_while_stream_busy(device, key)
+    key.done = 1
+    upload = alloc.allocate(4096, host_write=True)
+    assert (upload.buffer.handle, upload.offset) == where
+    assert key.waits == []
+
+
 def test_a_view_keeps_the_block_allocated(default_device: npu.Device) -> None:
     t = npu.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
     view = t.T

@@ -1,0 +1,361 @@
+"""npu.Tensor ops on streams: inside ``with stream:`` tensor ops, graph
+replays and in-place copies run on that user stream, ordered after inputs
+still being produced elsewhere, with memory reuse ordered by the streams.
+
+A *gate* holds a stream in the device: a WAIT on a word of a buffer that the
+host sets to 1 to open it. Work queued behind a closed gate has not run, so
+a consumer that did not wait for its producer would compute from stale data
+and finish early; the tests check both the finish and the data.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import npu
+from npu import DType, EltwiseKind, _abi, ops
+
+N = 4096  # elements of the test vectors
+X = np.arange(N, dtype=np.float32)
+HOLD_S = 0.05  # how long a test lets a gated stream sit before checking it is held
+
+
+class Gate:
+    """A WAIT on ``word >= 1`` at the head of a stream; :meth:`open` releases it."""
+
+    def __init__(self, dev: npu.Device) -> None:
+        self.buffer = dev.alloc(4096)
+        self.buffer.numpy(np.uint64)[0] = 0
+
+    def close_on(self, stream: npu.Stream) -> None:
+        q = stream.queue
+        assert q is not None
+        q._emit(int(_abi.Opcode.WAIT), False, self.buffer.va, 1, 0, self.buffer, None, None)
+        q.kick()
+
+    def open(self) -> None:
+        self.buffer.numpy(np.uint64)[0] = 1
+
+    def open_later(self, delay_s: float = HOLD_S) -> threading.Timer:
+        timer = threading.Timer(delay_s, self.open)
+        timer.start()
+        return timer
+
+
+@pytest.fixture
+def gate(dev: npu.Device) -> Iterator[Gate]:
+    g = Gate(dev)
+    try:
+        yield g
+    finally:
+        g.open()  # never leave a stream held for its fixture's close()
+
+
+def make_stream(dev: npu.Device) -> Iterator[npu.Stream]:
+    s = npu.Stream(dev)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+s1 = pytest.fixture(make_stream)
+s2 = pytest.fixture(make_stream)
+
+
+def upload(dev: npu.Device, values: np.ndarray = X) -> npu.Tensor:
+    return npu.tensor(values, device=dev)
+
+
+# --------------------------------------------------------------------------
+# Which stream runs a tensor op
+# --------------------------------------------------------------------------
+
+
+def test_tensor_ops_inside_with_stream_run_on_that_streams_queue(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    kernel_before = dev.submitted_fences().get(0, 0)
+    launched_before = s1.last_fence
+    with s1:
+        y = (x * 2 + 1).sum()
+    assert s1.last_fence > launched_before
+    assert dev.submitted_fences().get(0, 0) == kernel_before
+    assert y.item() == pytest.approx(float((X * 2 + 1).sum()), rel=1e-6)
+
+
+def test_tensor_ops_outside_any_with_block_go_to_the_default_stream(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    kernel_before = dev.submitted_fences().get(0, 0)
+    launched_before = s1.last_fence
+    y = x - 1
+    assert dev.submitted_fences()[0] > kernel_before
+    assert s1.last_fence == launched_before
+    np.testing.assert_array_equal(y.numpy(), X - 1)
+
+
+def test_with_default_stream_inside_a_user_stream_goes_back_to_the_kernel_path(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    launched_before = s1.last_fence
+    with s1, npu.default_stream(dev):
+        y = x + 5
+    assert s1.last_fence == launched_before
+    np.testing.assert_array_equal(y.numpy(), X + 5)
+
+
+def test_a_chain_of_tensor_ops_on_a_stream_matches_numpy(dev: npu.Device, s1: npu.Stream) -> None:
+    rng = np.random.default_rng(3)
+    a_np = rng.standard_normal((16, 32)).astype(np.float32)
+    w_np = rng.standard_normal((32, 8)).astype(np.float32)
+    a, w = upload(dev, a_np), upload(dev, w_np)
+    with s1:
+        y = npu.softmax(npu.relu(a @ w) * 0.5, axis=-1).astype(np.float16)
+    z = np.maximum(a_np @ w_np, 0) * 0.5
+    want = np.exp(z - z.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y.numpy(), want, rtol=2e-3, atol=2e-3)
+
+
+# --------------------------------------------------------------------------
+# Ordering across streams
+# --------------------------------------------------------------------------
+
+
+def test_a_consumer_on_another_stream_is_held_in_the_device_until_its_input_is_made(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y = x * 2
+    with s2:
+        z = y + 1
+    time.sleep(HOLD_S)
+    assert not s2.query(), "the consumer ran before its producer"
+    gate.open()
+    np.testing.assert_array_equal(z.numpy(), X * 2 + 1)
+
+
+def test_a_second_consumer_of_the_same_producer_adds_no_second_wait(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y = x * 3
+    with s2:
+        before = s2.last_fence
+        a = y + 1
+        after_first = s2.last_fence
+        b = y - 1
+    assert after_first - before == 2  # the WAIT and the op
+    assert s2.last_fence - after_first == 1  # only the op
+    gate.open()
+    np.testing.assert_array_equal(a.numpy(), X * 3 + 1)
+    np.testing.assert_array_equal(b.numpy(), X * 3 - 1)
+
+
+def test_a_tensor_of_the_default_stream_is_complete_before_a_user_stream_reads_it(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    y = x * 4  # kernel path, not waited for
+    with s1:
+        z = y + 1
+    np.testing.assert_array_equal(z.numpy(), X * 4 + 1)
+
+
+def test_the_default_stream_waits_for_a_tensor_still_made_on_a_user_stream(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y = x * 2
+    timer = gate.open_later()
+    z = y - 1  # the host waits for y first
+    assert s1.query()
+    timer.join()
+    np.testing.assert_array_equal(z.numpy(), X * 2 - 1)
+
+
+def test_copy_into_a_tensor_of_another_stream_follows_its_producer(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y = x + 1
+    src = upload(dev, np.full(N, 7, np.float32))
+    with s2:
+        y.copy_(src)  # must land after y's producer, not be overwritten by it
+    gate.open()
+    np.testing.assert_array_equal(y.numpy(), np.full(N, 7, np.float32))
+
+
+# --------------------------------------------------------------------------
+# Memory reuse across streams
+# --------------------------------------------------------------------------
+
+
+def test_memory_freed_while_a_stream_still_uses_it_is_not_given_to_another_stream(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        t = x + 1
+    where = (t.buffer.handle, t.offset)
+    del t  # freed while its op is queued behind the gate
+    with s2:
+        u = x + 2
+    assert (u.buffer.handle, u.offset) != where
+    gate.open()
+    np.testing.assert_array_equal(u.numpy(), X + 2)
+
+
+def test_memory_freed_on_a_stream_is_reused_at_once_by_that_stream(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        t = x + 1
+        where = (t.buffer.handle, t.offset)
+        del t
+        v = x + 3  # runs after t's op on the same queue: safe to reuse
+    assert (v.buffer.handle, v.offset) == where
+    gate.open()
+    np.testing.assert_array_equal(v.numpy(), X + 3)
+
+
+def test_an_upload_never_takes_memory_a_stream_still_uses(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        t = x + 1
+    where = (t.buffer.handle, t.offset)
+    del t
+    u = upload(dev, np.full(N, 9, np.float32))
+    assert (u.buffer.handle, u.offset) != where
+    gate.open()
+    s1.synchronize()
+    np.testing.assert_array_equal(u.numpy(), np.full(N, 9, np.float32))
+
+
+def test_a_host_write_into_a_tensor_waits_for_the_streams_that_read_it(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y = x * 1  # reads x behind the gate
+    timer = gate.open_later()
+    x.copy_(np.zeros(N, np.float32))
+    assert s1.query()
+    timer.join()
+    np.testing.assert_array_equal(y.numpy(), X)
+
+
+# --------------------------------------------------------------------------
+# Synchronisation and errors
+# --------------------------------------------------------------------------
+
+
+def test_npu_synchronize_waits_for_the_tensor_work_of_every_stream(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        x * 2
+    timer = gate.open_later()
+    npu.synchronize(dev)
+    assert s1.query()
+    timer.join()
+
+
+def failing_op_into(out: npu.Tensor, dev: npu.Device) -> ops.TensorOp:
+    """An int32 ELTWISE.DIV: the device refuses it (BAD_ARGS)."""
+    a = dev.alloc(N * 4)
+    ra = ops.tensor_ref(a, DType.INT32, (N,))
+    return ops.TensorOp(npu.Opcode.ELTWISE, int(EltwiseKind.DIV), (ra, ra, out._ref()), (a,))
+
+
+def test_a_failed_tensor_op_on_a_stream_raises_at_numpy_with_the_op(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    launch = sys.modules["npu.tensor"]._launch
+    out = upload(dev, np.zeros(N, np.int32))
+    with s1:
+        op = failing_op_into(out, dev)
+        launch([op], out)
+    with pytest.raises(npu.NpuDeviceError) as info:
+        out.numpy()
+    assert (info.value.status, info.value.op) == (npu.Status.BAD_ARGS, op)
+    assert f"queue={s1.queue.index}" in str(info.value)
+
+
+def test_a_tensor_computed_on_another_stream_from_a_failed_op_raises_it_too(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream
+) -> None:
+    launch = sys.modules["npu.tensor"]._launch
+    out = upload(dev, np.zeros(N, np.int32))
+    with s1:
+        op = failing_op_into(out, dev)
+        launch([op], out)
+    with s2:
+        derived = out + 1
+    with pytest.raises(npu.NpuDeviceError) as info:
+        derived.numpy()
+    assert info.value.op == op
+    with pytest.raises(npu.NpuDeviceError):
+        out.wait()  # first reported through `derived`, still raised for `out`
+
+
+# --------------------------------------------------------------------------
+# Graphs
+# --------------------------------------------------------------------------
+
+
+def test_a_graph_replays_on_the_current_user_stream_without_the_kernel_path(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    g = npu.Graph(dev)
+    with g.capture():
+        w = x * 3 + 1
+    kernel_before = dev.submitted_fences().get(0, 0)
+    for value in (1.0, 2.0):
+        x.copy_(X * value)
+        with s1:
+            before = s1.last_fence
+            g.replay()
+        assert s1.last_fence - before == g.num_ops
+        np.testing.assert_array_equal(w.numpy(), X * value * 3 + 1)
+    assert dev.submitted_fences().get(0, 0) == kernel_before
+
+
+def test_a_graph_replayed_on_a_closed_stream_raises_ebadf(dev: npu.Device) -> None:
+    x = upload(dev)
+    g = npu.Graph(dev)
+    with g.capture():
+        x + 1
+    s = npu.Stream(dev)
+    s.close()
+    with pytest.raises(npu.NpuError) as info:
+        g.replay(s)
+    assert info.value.errno == 9  # EBADF
