@@ -3,8 +3,9 @@
 
 Measures the submit/wait round trip, NOP throughput, the per-op cost and
 round trip of a user-mode queue (``npu.UserQueue``) next to the ioctl path,
-the per-op cost of small tensor ops on an ``npu.Stream`` (and of an empty
-Python call, for scale), DMA copy bandwidth,
+the per-op cost of small tensor ops and graph replays on an ``npu.Stream``
+next to the default stream (and of an empty Python call, for scale), DMA
+copy bandwidth,
 fp32 GEMM throughput, the MATMUL op (fp32, fp16, bf16), the fused LINEAR
 epilogue, the tensor ops (element-wise, unary, convert, transpose on
 ``npu.Tensor``) and 2-D convolution and pooling (CONV2D, POOL2D) of the NPU
@@ -69,6 +70,12 @@ UQ_IRQ_OPS = 1000
 # synchronize, median of UQ_RUNS; an empty Python call, PY_CALL_LOOPS times.
 STREAM_OPS = 1000
 STREAM_ELEMS = 256
+# npu.Tensor ops (x + y of STREAM_ELEMS fp32) on the default and on a user
+# stream: TENSOR_LOOP_OPS then one wait; a captured chain of GRAPH_OPS such
+# adds replayed GRAPH_REPLAYS times on each.
+TENSOR_LOOP_OPS = 200 if QUICK else 1000
+GRAPH_OPS = 256
+GRAPH_REPLAYS = 5 if QUICK else 20
 PY_CALL_LOOPS = 20_000 if QUICK else 200_000
 IRQ_SETTLE_S = 0.05
 # Tensor ops: square fp32 tensors of 1M (1024 x 1024) and 256K (512 x 512)
@@ -270,6 +277,59 @@ def bench_stream_ops(dev: npu.Device) -> float:
         if not (c.numpy(np.float32) == 3.5).all():
             raise BenchError("stream ELTWISE add: wrong result")
     return us
+
+
+def bench_stream_tensors(dev: npu.Device) -> dict[str, float]:
+    """Per-op cost of npu.Tensor ops and graph replays, default stream vs a user stream.
+
+    ``tensor_op_us_*``: ``t = x + y`` (STREAM_ELEMS fp32) TENSOR_LOOP_OPS
+    times then one wait, per op, median of UQ_RUNS. ``graph_submit_us_*``:
+    the launch of a captured chain of GRAPH_OPS adds (one ``Graph.replay``,
+    ring empty), per op; ``graph_op_us_*``: replay plus synchronize, per op;
+    medians of GRAPH_REPLAYS. ``*_default``: SUBMIT to the driver's queue 0;
+    ``*_stream``: inside ``with npu.Stream(...)``, no ioctl.
+    """
+    n = STREAM_ELEMS
+    x = npu.tensor(np.full(n, 1.5, np.float32), device=dev)
+    y = npu.tensor(np.full(n, 2.0, np.float32), device=dev)
+    graph = npu.Graph(dev)
+    with graph.capture():
+        acc = x
+        for _ in range(GRAPH_OPS):
+            acc = acc + y
+    res: dict[str, float] = {}
+    stream = npu.Stream(dev, entries=1024)
+    try:
+        for name, where in (("default", npu.default_stream(dev)), ("stream", stream)):
+            with where:
+
+                def loop(name: str = name) -> None:
+                    out = x
+                    for _ in range(TENSOR_LOOP_OPS):
+                        out = x + y
+                    if not (out.numpy() == 3.5).all():
+                        raise BenchError(f"tensor add on the {name} stream: wrong result")
+
+                loop()
+                runs = timed_runs(loop, UQ_RUNS)
+                res[f"tensor_op_us_{name}"] = statistics.median(runs) / TENSOR_LOOP_OPS * 1e6
+                graph.replay()
+                graph.synchronize(WAIT_TIMEOUT_S)
+                launch, total = [], []
+                for _ in range(GRAPH_REPLAYS):
+                    t0 = time.perf_counter()
+                    graph.replay()
+                    t1 = time.perf_counter()
+                    graph.synchronize(WAIT_TIMEOUT_S)
+                    launch.append(t1 - t0)
+                    total.append(time.perf_counter() - t0)
+                if not (acc.numpy() == 1.5 + 2.0 * GRAPH_OPS).all():
+                    raise BenchError(f"graph replay on the {name} stream: wrong result")
+                res[f"graph_submit_us_{name}"] = statistics.median(launch) / GRAPH_OPS * 1e6
+                res[f"graph_op_us_{name}"] = statistics.median(total) / GRAPH_OPS * 1e6
+    finally:
+        stream.close()
+    return res
 
 
 def _empty_function() -> None:
@@ -1088,6 +1148,18 @@ def main() -> int:
                 if info.has(npu.Cap.TENSOR):
                     result["stream_op_us"] = bench_stream_ops(dev)
                     log.info("stream ELTWISE add %.1f us per op", result["stream_op_us"])
+                    st = bench_stream_tensors(dev)
+                    result.update(st)
+                    log.info(
+                        "tensor x + y per op: default %.0f us, stream %.0f us; graph replay "
+                        "per op: launch %.2f / %.2f us, with sync %.2f / %.2f us",
+                        st["tensor_op_us_default"],
+                        st["tensor_op_us_stream"],
+                        st["graph_submit_us_default"],
+                        st["graph_submit_us_stream"],
+                        st["graph_op_us_default"],
+                        st["graph_op_us_stream"],
+                    )
             else:
                 log.warning("the driver lends no user queues: user-queue figures skipped")
             result["python_call_us"] = bench_python_call()

@@ -9,7 +9,10 @@ during the capture hold the new results once :meth:`Graph.synchronize` (or
 their ``.numpy()``) returns. A replay on the default stream costs one ioctl
 per 256 ops instead of the Python work and the ioctl of every op; inside
 ``with stream:`` (or with ``replay(stream)``) the ops go to that user stream
-with no ioctl at all, their parameter blocks packed at the first replay.
+with no ioctl at all: their descriptors and parameter blocks are built at
+the first such replay, and each replay copies them into the ring and the
+stream's arena (a few numpy statements per half ring) and rings the
+doorbell.
 
 Rules, as for CUDA graphs:
 
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from . import ops
 from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
-from .stream import Stream, current_stream
+from .stream import Stream, _Program, current_stream
 
 if TYPE_CHECKING:
     from .allocator import Allocation
@@ -66,6 +69,8 @@ class Graph:
         self._fence: int | None = None
         # The user stream of the last replay (None: the default stream).
         self._stream: Stream | None = None
+        # The ops prebuilt for user streams, at the first replay on one.
+        self._program: _Program | None = None
 
     @property
     def num_ops(self) -> int:
@@ -119,7 +124,9 @@ class Graph:
             fence = self.device.submit_packed(self._packed)
             first = fence - len(self._ops) + 1
         else:
-            first, fence = stream._run(self._ops, ())
+            if self._program is None:
+                self._program = stream._build(self._ops)
+            first, fence = stream._replay(self._program)
             target = stream
         for t in self._outputs:
             t._fence = fence

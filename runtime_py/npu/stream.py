@@ -39,15 +39,18 @@ import logging
 import struct
 import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, SupportsIndex
+
+import numpy as np
 
 from . import _abi, ops
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, default_device
 from .errors import NpuError, NpuTimeoutError
-from .userqueue import Completion, UserQueue
+from .userqueue import _CMD3, Completion, UserQueue
 from .validate import check_tensor_op
 
 if TYPE_CHECKING:
@@ -76,6 +79,9 @@ _PACK_CACHE_MAX: Final = 1024
 # u64 counters in the per-device timeline page (one per live stream).
 _TIMELINE_BYTES: Final = 4096
 _SLOT_BYTES: Final = 8
+# u64 words of a descriptor and of a parameter block.
+_CMD_WORDS: Final = ctypes.sizeof(_abi.NpuCmd) // 8
+_PARAMS_WORDS: Final = _PARAMS_SIZE // 8
 
 
 def pack_tensor_params(op: ops.TensorOp, vas: Sequence[int]) -> bytes:
@@ -266,6 +272,38 @@ def _current_user_stream_of(device: Device) -> Stream | None:
 
 
 # ---------------------------------------------------------------------------
+# Programs: op sequences prebuilt for replays on user streams
+# ---------------------------------------------------------------------------
+
+
+class _Program:
+    """A sequence of ops as ring descriptors and parameter blocks, built once.
+
+    A replay (:meth:`Stream._replay`) copies the rows into the ring and the
+    blocks into the arena with a few numpy statements, setting only each
+    command's fence and each tensor op's parameter block address: the
+    per-op work of a launch in Python is paid once, at the build.
+    """
+
+    __slots__ = ("desc", "ops", "params", "tensor_rows")
+
+    def __init__(
+        self,
+        desc: np.ndarray,
+        params: np.ndarray,
+        tensor_rows: np.ndarray,
+        op_list: Sequence[ops.AnyOp],
+    ) -> None:
+        self.desc = desc  # (n, 16) u64: descriptors, fence words 0
+        self.params = params  # (tensor ops, 32) u64: their parameter blocks
+        self.tensor_rows = tensor_rows  # which rows are tensor ops
+        self.ops = tuple(op_list)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+# ---------------------------------------------------------------------------
 # Stream
 # ---------------------------------------------------------------------------
 
@@ -353,6 +391,12 @@ class Stream:
         # here already waits for (later work is ordered after it too).
         self._waited: weakref.WeakKeyDictionary[StreamKey, int] = weakref.WeakKeyDictionary()
         self._key = StreamKey(self)
+        # The arena as (entries, 32) u64 words and each block's device
+        # address, for program replays.
+        self._arena_np: np.ndarray | None = None
+        self._block_vas: np.ndarray | None = None
+        # Program replays not yet scanned: (first fence, last fence, ops).
+        self._replays: deque[tuple[int, int, tuple[ops.AnyOp, ...]]] = deque()
         # The op at each ring slot (fence, op), for errors and to keep the
         # buffers of tensor ops alive until their slot is reused.
         self._ops: list[tuple[int, object, object] | None] = [None] * queue.entries
@@ -749,6 +793,8 @@ class Stream:
                 error = error or exc
             self._ops = [None] * self._entries
             self._packed.clear()
+            self._replays.clear()
+            self._arena_np = self._block_vas = None
             arena, self._arena = self._arena, None
             if self._arena_view is not None:
                 self._arena_view.release()
@@ -778,6 +824,9 @@ class Stream:
         entry = self._ops[(fence - 1) & self._mask]
         if entry is not None and entry[0] == fence:
             return entry[1]
+        for first, last, op_list in self._replays:
+            if first <= fence <= last:
+                return op_list[fence - first]
         return None
 
     def _note_stamps(self) -> None:
@@ -848,10 +897,16 @@ class Stream:
         arena = self.device.alloc(self._entries * _PARAMS_SIZE)
         self._arena = arena
         self._arena_va = arena.va
+        self._arena_np = np.frombuffer(arena.view, np.uint64).reshape(self._entries, _PARAMS_WORDS)
+        # The device address of each slot's parameter block.
+        self._block_vas = np.arange(self._entries, dtype=np.uint64) * np.uint64(
+            _PARAMS_SIZE
+        ) + np.uint64(arena.va)
         self._arena_view = view = arena.view
         return view
 
-    def _launch_op(self, q: UserQueue, op: ops.Op) -> int:
+    def _descriptor(self, op: ops.Op) -> tuple[bytes, tuple[Buffer, ...]]:
+        """The ring descriptor (fence 0) of a NOP, COPY, FILL or GEMM, and its buffers."""
         code = op.opcode
         bufs = self._buffers_of(code.name, op, [r.handle for r in op.bufs])
         vas = []
@@ -860,19 +915,101 @@ class Stream:
                 raise ValueError(f"{self._name}.launch: {op} does not fit {buf!r}")
             vas.append(buf.va + ref.offset)
         if code is _abi.Opcode.NOP:
-            fence = q.nop()
+            words = (0, 0, 0)
         elif code is _abi.Opcode.COPY:
-            fence = q._emit(_OP_COPY, False, vas[0], vas[1], op.bufs[0].size, None, None, None)
+            words = (vas[0], vas[1], op.bufs[0].size)
         elif code is _abi.Opcode.FILL:
-            size, pattern = op.bufs[0].size, op.params[0]
-            fence = q._emit(_OP_FILL, False, vas[0], size, pattern, None, None, None)
+            words = (vas[0], op.bufs[0].size, op.params[0])
         elif code is _abi.Opcode.GEMM:
             cmd = _abi.NpuCmd(opcode=int(code))
             g = cmd.gemm
             g.a, g.b, g.c = vas
             g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.dtype, g.flags = op.params
-            fence = q.push(cmd, self._timeout_s)
+            return bytes(cmd), tuple(bufs)
         else:
             raise ValueError(f"{self._name}.launch: {code.name} cannot be launched on a stream")
-        self._ops[(fence - 1) & self._mask] = (fence, op, tuple(bufs))
+        return _CMD3.pack(int(code), 0, 0, 0, 0, *words), tuple(bufs)
+
+    def _launch_op(self, q: UserQueue, op: ops.Op) -> int:
+        """Push a NOP, COPY, FILL or GEMM (not kicked)."""
+        desc, bufs = self._descriptor(op)
+        cmd = _abi.NpuCmd.from_buffer_copy(desc)
+        fence = q.push(cmd, self._timeout_s)
+        self._ops[(fence - 1) & self._mask] = (fence, op, bufs)
         return fence
+
+    # -- programs ---------------------------------------------------------------
+
+    def _build(self, op_list: Sequence[ops.AnyOp]) -> _Program:
+        """Prebuild ``op_list`` for :meth:`_replay` (on any stream of this device).
+
+        Raises:
+            ValueError: as :meth:`launch` (an op does not fit its buffers, a
+                handle names no live buffer, an opcode streams cannot run).
+        """
+        desc = np.zeros((len(op_list), _CMD_WORDS), np.uint64)
+        blocks: list[bytes] = []
+        rows: list[int] = []
+        for i, op in enumerate(op_list):
+            if isinstance(op, ops.TensorOp):
+                block, _ = self._pack(op, validate=False)
+                blocks.append(block)
+                rows.append(i)
+                raw = _CMD3.pack(int(op.opcode), 0, 0, 0, 0, 0, op.kind, 0)
+            else:
+                raw, _ = self._descriptor(op)
+            desc[i] = np.frombuffer(raw, np.uint64)
+        params = np.frombuffer(b"".join(blocks), np.uint64).reshape(len(blocks), _PARAMS_WORDS)
+        return _Program(desc, params.copy(), np.array(rows, np.intp), op_list)
+
+    def _replay(self, program: _Program) -> tuple[int, int]:
+        """Launch a prebuilt program; return the fences of its first and last op.
+
+        Runs of at most half the ring go in at a time, each copied straight
+        into the free ring slots and arena blocks (slices, two where the
+        ring wraps), then the fence and parameter-address words are set and
+        one doorbell store announces the run; a full ring makes the next run
+        wait for room, as launches do.
+        """
+        with self._lock:
+            q = self._live("replay")
+            if self._arena_view is None:
+                self._make_arena()
+            arena, block_vas = self._arena_np, self._block_vas
+            assert arena is not None and block_vas is not None
+            ring = q._ring_np
+            entries = self._entries
+            step = max(1, entries // 2)
+            rows = program.tensor_rows
+            dense = len(rows) == len(program)  # every op a tensor op
+            first_all = 0
+            for start in range(0, len(program), step):
+                count = min(step, len(program) - start)
+                first = q._reserve(count, self._timeout_s)
+                slot = (first - 1) & self._mask
+                # One or two runs of consecutive slots: [slot, end) then [0, rest).
+                runs = [(slot, start, min(count, entries - slot))]
+                if runs[0][2] < count:
+                    runs.append((0, start + runs[0][2], count - runs[0][2]))
+                for at, row, n in runs:
+                    fence = first + row - start
+                    ring[at : at + n] = program.desc[row : row + n]
+                    ring[at : at + n, 1] = np.arange(fence, fence + n, dtype=np.uint64)
+                    if dense:
+                        ring[at : at + n, 2] = block_vas[at : at + n]
+                        arena[at : at + n] = program.params[row : row + n]
+                        continue
+                    lo, hi = np.searchsorted(rows, (row, row + n))
+                    if hi > lo:
+                        mine = rows[lo:hi] - row + at
+                        ring[mine, 2] = block_vas[mine]
+                        arena[mine] = program.params[lo:hi]
+                q._commit(count)
+                q.kick()
+                if not first_all:
+                    first_all = first
+            last = q.last_fence
+            self._replays = deque(r for r in self._replays if r[1] > q._checked)
+            self._replays.append((first_all, last, program.ops))
+            self.device._stream_fences[self._key] = last
+            return first_all, last

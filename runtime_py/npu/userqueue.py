@@ -203,6 +203,10 @@ class UserQueue:
         self._status_np: npt.NDArray[np.uint32] = np.frombuffer(
             mem, dtype=np.uint32, count=cpl_bytes // 4, offset=self._cpl_offset
         )[2 :: _CPL_SIZE // 4]
+        # The ring as (entries, 16) u64 words, for blocks of prebuilt descriptors.
+        self._ring_np: npt.NDArray[np.uint64] = np.frombuffer(
+            mem, dtype=np.uint64, count=entries * _CMD_SIZE // 8
+        ).reshape(entries, _CMD_SIZE // 8)
         self._mask = entries - 1
         self._tail = 0  # last fence pushed (= ring tail index)
         self._kicked = 0  # last tail stored into the doorbell
@@ -444,6 +448,7 @@ class UserQueue:
         self._fence_view.release()
         self._cpl_words.release()
         del self._status_np
+        del self._ring_np
         self._unmap()
         self._keep.clear()
         self.device._forget_queue(self)
@@ -496,6 +501,28 @@ class UserQueue:
             self._make_room(timeout_s)
         return (tail & self._mask) * _CMD_SIZE
 
+    def _reserve(self, count: int, timeout_s: float | None) -> int:
+        """Room for ``count`` (<= entries) more commands: return the first one's fence.
+
+        Their ring slots are ``(fence - 1) % entries``; :meth:`_commit`
+        then publishes them.
+        """
+        if self._closed:
+            raise self._closed_error("push")
+        if self._stop is not None:
+            raise self._stopped_error()
+        if not 0 < count <= self.entries:
+            raise ValueError(f"{self._context}: {count} commands do not fit {self.entries} entries")
+        # (A wait for room may push an interrupting NOP: check again after it.)
+        while self._tail + count - self._checked > self.entries:
+            self._make_room(timeout_s, count)
+        return self._tail + 1
+
+    def _commit(self, count: int) -> None:
+        """The ``count`` slots :meth:`_reserve` made room for now hold complete
+        descriptors (fences set, no interrupt flag): advance the tail past them."""
+        self._tail += count
+
     def _emit(
         self,
         opcode: int,
@@ -541,9 +568,9 @@ class UserQueue:
             )
         return va + offset
 
-    def _make_room(self, timeout_s: float | None) -> None:
-        """Wait until the oldest command whose slot the next push reuses is done."""
-        need = self._tail + 1 - self.entries
+    def _make_room(self, timeout_s: float | None, count: int = 1) -> None:
+        """Wait until the oldest command whose slot the next ``count`` pushes reuse is done."""
+        need = self._tail + count - self.entries
         if self._fence_view[0] < need:
             if self._kicked < self._tail:
                 self.kick()

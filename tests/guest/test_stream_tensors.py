@@ -359,3 +359,42 @@ def test_a_graph_replayed_on_a_closed_stream_raises_ebadf(dev: npu.Device) -> No
     with pytest.raises(npu.NpuError) as info:
         g.replay(s)
     assert info.value.errno == 9  # EBADF
+
+
+def test_a_graph_longer_than_a_small_ring_replays_in_order_across_wraps(dev: npu.Device) -> None:
+    x = upload(dev)
+    acc = upload(dev, np.zeros(N, np.float32))
+    g = npu.Graph(dev)
+    with g.capture():
+        for _ in range(12):  # 12 x (ELTWISE + COPY): mixed tensor and DMA ops
+            acc.copy_(acc + x)
+    assert g.num_ops == 24
+    s = npu.Stream(dev, entries=16)  # runs of 8: a replay wraps the ring
+    try:
+        with s:
+            s.nop()  # start the replays off a slot boundary
+            for _ in range(5):
+                g.replay()
+        g.synchronize()
+    finally:
+        s.close()
+    np.testing.assert_array_equal(acc.numpy(), X * 60)
+
+
+def test_a_failed_op_of_a_graph_replayed_on_a_stream_is_named_at_synchronize(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    launch = sys.modules["npu.tensor"]._launch
+    x = upload(dev)
+    out = upload(dev, np.zeros(N, np.int32))
+    g = npu.Graph(dev)
+    with g.capture():
+        y = x + 1
+        op = failing_op_into(out, dev)
+        launch([op], out)
+    with s1:
+        g.replay()
+    with pytest.raises(npu.NpuDeviceError) as info:
+        g.synchronize()
+    assert (info.value.status, info.value.op) == (npu.Status.BAD_ARGS, op)
+    np.testing.assert_array_equal(y.numpy(), X + 1)
