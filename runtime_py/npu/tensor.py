@@ -198,6 +198,8 @@ class Tensor:
         # the ops of other user streams it was computed from.
         self._stream = stream
         self._deps = deps
+        # _ref() results by rank (a tensor's layout never changes).
+        self._refs: dict[int | None, ops.TensorRef] | None = None
         graph = device._capturing
         if graph is not None:  # its fence is set by each replay
             graph._outputs.add(self)
@@ -546,6 +548,13 @@ class Tensor:
 
         Leading dims of size 1 are prepended; every dim of size 1 gets stride 0.
         """
+        refs = self._refs
+        if refs is not None:
+            cached = refs.get(rank)
+            if cached is not None:
+                return cached
+        else:
+            refs = self._refs = {}
         assert self._buffer is not None, "empty tensors never reach the device"
         dims = self._shape or (1,)
         strides = self._strides or (1,)
@@ -554,9 +563,10 @@ class Tensor:
             dims = (1,) * pad + dims
             strides = (0,) * pad + strides
         strides = tuple(0 if d == 1 else s for d, s in zip(dims, strides, strict=True))
-        return ops.TensorRef(
+        ref = refs[rank] = ops.TensorRef(
             self._buffer.handle, self._dtype, self._offset * self.itemsize, dims, strides
         )
+        return ref
 
     # -- reductions and normalisation -----------------------------------------
 
@@ -986,6 +996,8 @@ def _cast(t: Tensor, dtype: DType, batch: list[ops.AnyOp]) -> Tensor:
 
 
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, ...]:
+    if a == b:  # a tensor's shape was checked when it was made
+        return a
     try:
         shape = tuple(int(d) for d in np.broadcast_shapes(a, b))
     except ValueError:
