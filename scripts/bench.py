@@ -103,6 +103,27 @@ TARGETS: list[tuple[str, str, float, str]] = [
     ("h2d_vs_guest_memcpy", ">=", 1.0, "H2D above guest memcpy"),
     ("d2h_vs_guest_memcpy", ">=", 1.0, "D2H above guest memcpy"),
     ("alloc_cached_speedup", ">=", 20.0, "cached allocation >= 20x cheaper than BO_CREATE"),
+    # Issue 6: user-mode submission. One op at a time from Python
+    # (op_us_user_queue) and prebuilt (a graph replayed on an npu.Stream).
+    (
+        "user_queue_vs_ioctl_submit",
+        "<=",
+        1 / 3,
+        "user-mode submission <= 1/3 of the ioctl path's per-op cost",
+    ),
+    (
+        "user_queue_vs_python_call",
+        "<=",
+        5.0,
+        "user-mode submission, one op at a time, <= 5x an empty Python call",
+    ),
+    (
+        "graph_submit_stream_vs_python_call",
+        "<=",
+        5.0,
+        "user-mode submission of a prebuilt graph on a stream <= 5x an empty Python call",
+    ),
+    ("irqs_per_1000_ops", "<=", 10.0, "<= 10 interrupts per 1,000 batched ops"),
     # Issue 4: ONNX models through npu.InferenceSession (examples/bench_inference.py).
     (
         "digits_cnn_b64_npu_vs_guest_numpy",
@@ -320,6 +341,11 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
         conv = res["conv2d_fp32_gflops_npu"]
         res["conv2d_npu_vs_guest_numpy"] = conv / res["conv2d_fp32_gflops_guest_numpy"]
         res["conv2d_npu_vs_host_numpy"] = conv / res["conv2d_fp32_gflops_host_numpy"]
+    if "op_us_user_queue" in res:
+        call = res["python_call_us"]
+        res["user_queue_vs_ioctl_submit"] = res["op_us_user_queue"] / res["op_us_ioctl_submit"]
+        res["user_queue_vs_python_call"] = res["op_us_user_queue"] / call
+        res["graph_submit_stream_vs_python_call"] = res["graph_submit_us_stream"] / call
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])

@@ -107,7 +107,8 @@ class Graph:
 
         Raises:
             RuntimeError: not captured yet, or nothing was recorded.
-            ValueError: ``stream`` is of another device.
+            ValueError: ``stream`` is of another device, or (on a user stream)
+                a buffer the recorded ops address was freed.
             NpuError: the driver refused the submission, or the stream is
                 closed or has no room (as :meth:`npu.Stream.launch`).
         """

@@ -149,8 +149,16 @@ def _take_slot(device: Device) -> tuple[_Timeline, int]:
 
 
 def _give_slot(
-    device_ref: weakref.ref[Device], tl: _Timeline, slot: int, counter: list[int]
+    device_ref: weakref.ref[Device],
+    tl: _Timeline,
+    slot: int,
+    counter: list[int],
+    key: StreamKey,
 ) -> None:
+    """Give a stream's counter back (at close, or when it is collected unclosed)."""
+    owner = device_ref()
+    if owner is not None:
+        owner._stream_fences.pop(key, None)
     with _TIMELINES_LOCK:
         tl.last[slot] = counter[0]
         tl.free_slots.append(slot)
@@ -285,7 +293,7 @@ class _Program:
     per-op work of a launch in Python is paid once, at the build.
     """
 
-    __slots__ = ("desc", "ops", "params", "tensor_rows")
+    __slots__ = ("buffers", "desc", "ops", "params", "tensor_rows")
 
     def __init__(
         self,
@@ -293,11 +301,13 @@ class _Program:
         params: np.ndarray,
         tensor_rows: np.ndarray,
         op_list: Sequence[ops.AnyOp],
+        buffers: tuple[Buffer, ...],
     ) -> None:
         self.desc = desc  # (n, 16) u64: descriptors, fence words 0
         self.params = params  # (tensor ops, 32) u64: their parameter blocks
         self.tensor_rows = tensor_rows  # which rows are tensor ops
         self.ops = tuple(op_list)
+        self.buffers = buffers  # every buffer the ops address, once each
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -406,7 +416,13 @@ class Stream:
         queue._op_of = self._op_of
         self._closed = False
         self._release = weakref.finalize(
-            self, _give_slot, weakref.ref(self.device), self._timeline, self._slot, self._counter
+            self,
+            _give_slot,
+            weakref.ref(self.device),
+            self._timeline,
+            self._slot,
+            self._counter,
+            self._key,
         )
         self._release.atexit = False
 
@@ -696,7 +712,7 @@ class Stream:
             fence = 0
             for op in batch:
                 if isinstance(op, ops.TensorOp):
-                    fence = self._launch_tensor(q, op, False, cache=len(batch) > 1)
+                    fence = self._launch_tensor(q, op, False, cache=False)
                 else:
                     fence = self._launch_op(q, op)
                 if not first:
@@ -805,7 +821,9 @@ class Stream:
                 except NpuError as exc:
                     error = error or exc
             self._release.detach()
-            _give_slot(weakref.ref(self.device), self._timeline, self._slot, self._counter)
+            _give_slot(
+                weakref.ref(self.device), self._timeline, self._slot, self._counter, self._key
+            )
             log.debug("%s closed", self._name)
             if error is not None:
                 raise error
@@ -950,17 +968,20 @@ class Stream:
         desc = np.zeros((len(op_list), _CMD_WORDS), np.uint64)
         blocks: list[bytes] = []
         rows: list[int] = []
+        used: dict[int, Buffer] = {}
         for i, op in enumerate(op_list):
             if isinstance(op, ops.TensorOp):
-                block, _ = self._pack(op, validate=False)
+                block, bufs = self._pack(op, validate=False)
                 blocks.append(block)
                 rows.append(i)
                 raw = _CMD3.pack(int(op.opcode), 0, 0, 0, 0, 0, op.kind, 0)
             else:
-                raw, _ = self._descriptor(op)
+                raw, bufs = self._descriptor(op)
             desc[i] = np.frombuffer(raw, np.uint64)
+            for b in bufs:
+                used[id(b)] = b
         params = np.frombuffer(b"".join(blocks), np.uint64).reshape(len(blocks), _PARAMS_WORDS)
-        return _Program(desc, params.copy(), np.array(rows, np.intp), op_list)
+        return _Program(desc, params.copy(), np.array(rows, np.intp), op_list, tuple(used.values()))
 
     def _replay(self, program: _Program) -> tuple[int, int]:
         """Launch a prebuilt program; return the fences of its first and last op.
@@ -970,9 +991,15 @@ class Stream:
         ring wraps), then the fence and parameter-address words are set and
         one doorbell store announces the run; a full ring makes the next run
         wait for room, as launches do.
+
+        Raises:
+            ValueError: a buffer the program addresses was freed since the build.
+            NpuError: as :meth:`launch`.
         """
         with self._lock:
             q = self._live("replay")
+            if not _alive(program.buffers):
+                raise ValueError(f"{self._name}.replay: a buffer the ops address was freed")
             if self._arena_view is None:
                 self._make_arena()
             arena, block_vas = self._arena_np, self._block_vas

@@ -398,3 +398,21 @@ def test_a_failed_op_of_a_graph_replayed_on_a_stream_is_named_at_synchronize(
         g.synchronize()
     assert (info.value.status, info.value.op) == (npu.Status.BAD_ARGS, op)
     np.testing.assert_array_equal(y.numpy(), X + 1)
+
+
+def test_a_graph_whose_buffer_was_freed_is_refused_before_launch_on_a_stream(
+    dev: npu.Device, s1: npu.Stream
+) -> None:
+    x = upload(dev)
+    g = npu.Graph(dev)
+    with g.capture():
+        x + 1
+    with s1:
+        g.replay()  # builds the program
+    g.synchronize()
+    launched = s1.last_fence
+    assert x.buffer is not None
+    x.buffer.free()  # the segment under x, behind the allocator's back
+    with pytest.raises(ValueError, match="freed"):
+        g.replay(s1)
+    assert s1.last_fence == launched
