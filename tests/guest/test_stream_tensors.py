@@ -326,6 +326,24 @@ def test_a_tensor_computed_on_another_stream_from_a_failed_op_raises_it_too(
         out.wait()  # first reported through `derived`, still raised for `out`
 
 
+def test_launch_blocking_raises_a_failed_stream_op_at_its_call(
+    dev: npu.Device, s1: npu.Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensor_module = sys.modules["npu.tensor"]
+    # NPU_LAUNCH_BLOCKING=1 is read at import (as CUDA_LAUNCH_BLOCKING); set what it sets.
+    monkeypatch.setattr(tensor_module, "_launch_blocking", True)
+    x = upload(dev)
+    out = upload(dev, np.zeros(N, np.int32))
+    with s1:
+        y = x * 3
+        assert y.fence is None  # already waited for
+        op = failing_op_into(out, dev)
+        with pytest.raises(npu.NpuDeviceError) as info:
+            tensor_module._launch([op], out)
+    assert info.value.op == op
+    np.testing.assert_array_equal(y.numpy(), X * 3)
+
+
 # --------------------------------------------------------------------------
 # Graphs
 # --------------------------------------------------------------------------
