@@ -132,13 +132,18 @@ def test_a_chain_of_tensor_ops_on_a_stream_matches_numpy(dev: npu.Device, s1: np
 # --------------------------------------------------------------------------
 
 
+def produced_behind_gate(dev: npu.Device, stream: npu.Stream, gate: Gate, k: float) -> npu.Tensor:
+    """``X * k`` launched on ``stream`` behind the closed gate: not made yet."""
+    x = upload(dev)
+    gate.close_on(stream)
+    with stream:
+        return x * k
+
+
 def test_a_consumer_on_another_stream_is_held_in_the_device_until_its_input_is_made(
     dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
-    with s1:
-        y = x * 2
+    y = produced_behind_gate(dev, s1, gate, 2)
     with s2:
         z = y + 1
     time.sleep(HOLD_S)
@@ -150,10 +155,7 @@ def test_a_consumer_on_another_stream_is_held_in_the_device_until_its_input_is_m
 def test_a_second_consumer_of_the_same_producer_adds_no_second_wait(
     dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
-    with s1:
-        y = x * 3
+    y = produced_behind_gate(dev, s1, gate, 3)
     with s2:
         before = s2.last_fence
         a = y + 1
@@ -179,10 +181,7 @@ def test_a_tensor_of_the_default_stream_is_complete_before_a_user_stream_reads_i
 def test_the_default_stream_waits_for_a_tensor_still_made_on_a_user_stream(
     dev: npu.Device, s1: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
-    with s1:
-        y = x * 2
+    y = produced_behind_gate(dev, s1, gate, 2)
     timer = gate.open_later()
     z = y - 1  # the host waits for y first
     assert s1.query()
@@ -209,15 +208,25 @@ def test_copy_into_a_tensor_of_another_stream_follows_its_producer(
 # --------------------------------------------------------------------------
 
 
+def freed_behind_gate(
+    dev: npu.Device, stream: npu.Stream, gate: Gate
+) -> tuple[npu.Tensor, tuple[int, int]]:
+    """``x``, and where ``x + 1`` computed on ``stream`` lay: freed while its op
+    still waits behind the closed gate."""
+    x = upload(dev)
+    gate.close_on(stream)
+    with stream:
+        t = x + 1
+    assert t.buffer is not None
+    where = (t.buffer.handle, t.offset)
+    del t
+    return x, where
+
+
 def test_memory_freed_while_a_stream_still_uses_it_is_not_given_to_another_stream(
     dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
-    with s1:
-        t = x + 1
-    where = (t.buffer.handle, t.offset)
-    del t  # freed while its op is queued behind the gate
+    x, where = freed_behind_gate(dev, s1, gate)
     with s2:
         u = x + 2
     assert (u.buffer.handle, u.offset) != where
@@ -228,12 +237,8 @@ def test_memory_freed_while_a_stream_still_uses_it_is_not_given_to_another_strea
 def test_memory_freed_on_a_stream_is_reused_at_once_by_that_stream(
     dev: npu.Device, s1: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
+    x, where = freed_behind_gate(dev, s1, gate)
     with s1:
-        t = x + 1
-        where = (t.buffer.handle, t.offset)
-        del t
         v = x + 3  # runs after t's op on the same queue: safe to reuse
     assert (v.buffer.handle, v.offset) == where
     gate.open()
@@ -243,12 +248,7 @@ def test_memory_freed_on_a_stream_is_reused_at_once_by_that_stream(
 def test_an_upload_never_takes_memory_a_stream_still_uses(
     dev: npu.Device, s1: npu.Stream, gate: Gate
 ) -> None:
-    x = upload(dev)
-    gate.close_on(s1)
-    with s1:
-        t = x + 1
-    where = (t.buffer.handle, t.offset)
-    del t
+    _, where = freed_behind_gate(dev, s1, gate)
     u = upload(dev, np.full(N, 9, np.float32))
     assert (u.buffer.handle, u.offset) != where
     gate.open()
@@ -295,14 +295,19 @@ def failing_op_into(out: npu.Tensor, dev: npu.Device) -> ops.TensorOp:
     return ops.TensorOp(npu.Opcode.ELTWISE, int(EltwiseKind.DIV), (ra, ra, out._ref()), (a,))
 
 
+def failed_on(dev: npu.Device, stream: npu.Stream) -> tuple[npu.Tensor, ops.TensorOp]:
+    """A tensor whose producing op, launched on ``stream``, fails on the device; the op."""
+    out = upload(dev, np.zeros(N, np.int32))
+    op = failing_op_into(out, dev)
+    with stream:
+        sys.modules["npu.tensor"]._launch([op], out)
+    return out, op
+
+
 def test_a_failed_tensor_op_on_a_stream_raises_at_numpy_with_the_op(
     dev: npu.Device, s1: npu.Stream
 ) -> None:
-    launch = sys.modules["npu.tensor"]._launch
-    out = upload(dev, np.zeros(N, np.int32))
-    with s1:
-        op = failing_op_into(out, dev)
-        launch([op], out)
+    out, op = failed_on(dev, s1)
     with pytest.raises(npu.NpuDeviceError) as info:
         out.numpy()
     assert (info.value.status, info.value.op) == (npu.Status.BAD_ARGS, op)
@@ -312,11 +317,7 @@ def test_a_failed_tensor_op_on_a_stream_raises_at_numpy_with_the_op(
 def test_a_tensor_computed_on_another_stream_from_a_failed_op_raises_it_too(
     dev: npu.Device, s1: npu.Stream, s2: npu.Stream
 ) -> None:
-    launch = sys.modules["npu.tensor"]._launch
-    out = upload(dev, np.zeros(N, np.int32))
-    with s1:
-        op = failing_op_into(out, dev)
-        launch([op], out)
+    out, op = failed_on(dev, s1)
     with s2:
         derived = out + 1
     with pytest.raises(npu.NpuDeviceError) as info:
