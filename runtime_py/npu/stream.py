@@ -42,7 +42,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, SupportsIndex
+from typing import TYPE_CHECKING, Final, SupportsIndex, cast
 
 import numpy as np
 
@@ -712,7 +712,7 @@ class Stream:
             fence = 0
             for op in batch:
                 if isinstance(op, ops.TensorOp):
-                    fence = self._launch_tensor(q, op, False, cache=False)
+                    fence = self._launch_tensor(q, op, False, cache=False, made=True)
                 else:
                     fence = self._launch_op(q, op)
                 if not first:
@@ -887,13 +887,34 @@ class Stream:
             vas.append(buf.va + ref.offset)
         return pack_tensor_params(op, vas), tuple(bufs)
 
-    def _launch_tensor(self, q: UserQueue, op: ops.TensorOp, validate: bool, cache: bool) -> int:
+    def _pack_made(self, op: ops.TensorOp) -> tuple[bytes, tuple[Buffer, ...]]:
+        """:meth:`_pack` for an op the tensor layer made from live tensors.
+
+        Its operands lie inside ``op.buffers`` by construction, so each is
+        matched to its buffer there without the bounds checks; anything
+        unexpected falls back to :meth:`_pack`.
+        """
+        bufs = op.buffers
+        vas = []
+        for ref in op.operands:
+            for b in bufs:
+                if isinstance(b, Buffer) and b._handle == ref.handle and b._mmap is not None:
+                    vas.append(b._va + ref.offset)
+                    break
+            else:
+                return self._pack(op, validate=False)
+        return pack_tensor_params(op, vas), cast("tuple[Buffer, ...]", bufs)
+
+    def _launch_tensor(
+        self, q: UserQueue, op: ops.TensorOp, validate: bool, cache: bool, made: bool = False
+    ) -> int:
         """Push ``op`` with its parameter block (not kicked); ``cache`` keeps the
-        packed block for launches of the same op object again."""
+        packed block for launches of the same op object again; ``made``: the
+        tensor layer built it (see :meth:`_pack_made`)."""
         key = id(op)
         entry = self._packed.get(key) if cache else None
         if entry is None or entry[0] is not op or not _alive(entry[2]):
-            block, bufs = self._pack(op, validate)
+            block, bufs = self._pack_made(op) if made else self._pack(op, validate)
             entry = (op, block, bufs)
             if cache:
                 if len(self._packed) >= _PACK_CACHE_MAX:
