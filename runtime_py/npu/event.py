@@ -7,8 +7,9 @@ the device has passed it; :meth:`Event.synchronize` waits for it; and
 milliseconds, from the device clock in the completion records
 (``FENCE_INFO``), so host and Python overheads are not counted.
 
-All tensor work of a device runs on its queue 0, in order, so a marker is
-reached once everything recorded before it is done. An event made with
+On the default stream (outside any ``with stream:``) tensor work runs on
+the device's queue 0, in order, so a marker is reached once everything
+recorded before it there is done. An event made with
 ``enable_timing=True`` records a NOP as its marker (the device stamps the
 time when it reaches the NOP); without it, recording only remembers the last
 fence, which costs nothing.
