@@ -20,9 +20,9 @@ Rules, as for CUDA graphs:
   the same buffers are read and written at every replay. Inputs are tensors
   made before the capture; change them between replays with
   :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
-  the array), never while a replay runs. A replay does not wait for inputs
-  still being computed on another stream: make them on the replaying
-  stream, or order them with an :class:`npu.Event`.
+  the array), never while a replay runs. A replay is ordered after inputs
+  still being computed on another stream, as an eager op is (see
+  :mod:`npu.tensor`).
 - No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``
   raise ``RuntimeError``. Uploads (``npu.tensor(...)``) run at once; their
   values are constants of the graph.
@@ -35,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from . import ops
 from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
 from .stream import Stream, _Program, current_stream
+from .tensor import _dependencies, _merge_deps
 
 if TYPE_CHECKING:
     from .allocator import Allocation
@@ -65,6 +66,8 @@ class Graph:
         self._packed: list[PackedOps] = []
         self._memory: list[Allocation] = []
         self._outputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        # Tensors made before the capture that its ops read or overwrite.
+        self._inputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
         self._captured = False
         self._fence: int | None = None
         # The user stream of the last replay (None: the default stream).
@@ -120,20 +123,22 @@ class Graph:
             stream = current_stream(self.device)
         elif stream.device is not self.device:
             raise ValueError(f"Graph.replay: {stream!r} is of another device")
-        target: Stream | None = None
-        if stream.is_default:
+        target = None if stream.is_default else stream
+        # Inputs still being made elsewhere: as for an eager op (npu.tensor).
+        after, deps, _ = _dependencies(target, list(self._inputs))
+        if target is None:
             fence = self.device.submit_packed(self._packed)
             first = fence - len(self._ops) + 1
         else:
             if self._program is None:
-                self._program = stream._build(self._ops)
-            first, fence = stream._replay(self._program)
-            target = stream
+                self._program = target._build(self._ops)
+            first, fence = target._replay(self._program, after)
+        inherited = _merge_deps(deps) if deps else ()
         for t in self._outputs:
             t._fence = fence
             t._since = first
             t._stream = target
-            t._deps = ()
+            t._deps = inherited
         self._fence = fence
         self._stream = target
         return fence
@@ -149,8 +154,11 @@ class Graph:
 
     # -- called by npu.tensor while capturing ---------------------------------
 
-    def _record(self, batch: list[ops.AnyOp], out: Tensor) -> None:
+    def _record(self, batch: list[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]) -> None:
         self._ops.extend(batch)
+        for t in (*inputs, out):
+            if t not in self._outputs:
+                self._inputs.add(t)
         self._outputs.add(out)
 
     def _keep(self, memory: Allocation) -> None:

@@ -694,20 +694,10 @@ class Stream:
         already) and a device-side WAIT here (unless an earlier WAIT here
         covers it): no host round trip.
         """
-        waits = []
-        for src, fence in after:
-            value = src._signal_after(fence)
-            if value is not None:
-                waits.append((src, value))
+        waits = self._signals_for(after)
         with self._lock:
             q = self._live("launch")
-            for src, value in waits:
-                if self._waited.get(src._key, 0) >= value:
-                    continue
-                wf = q._emit(_OP_WAIT, False, src._signal_va, value, 0, None, None, self._timeout_s)
-                desc = _Desc("WAIT", (src._signal_va, value))
-                self._ops[(wf - 1) & self._mask] = (wf, desc, None)
-                self._waited[src._key] = value
+            self._push_waits(q, waits)
             first = 0
             fence = 0
             for op in batch:
@@ -720,6 +710,27 @@ class Stream:
             q.kick()
             self.device._stream_fences[self._key] = fence
             return first, fence
+
+    def _signals_for(self, after: Sequence[tuple[Stream, int]]) -> list[tuple[Stream, int]]:
+        """For each (stream, fence): the counter value its stream stores once the
+        fence is done (a SIGNAL pushed there if needed); done fences drop out.
+        Called without this stream's lock held."""
+        waits = []
+        for src, fence in after:
+            value = src._signal_after(fence)
+            if value is not None:
+                waits.append((src, value))
+        return waits
+
+    def _push_waits(self, q: UserQueue, waits: Sequence[tuple[Stream, int]]) -> None:
+        """Push a WAIT per (stream, value) not covered by an earlier WAIT (lock held)."""
+        for src, value in waits:
+            if self._waited.get(src._key, 0) >= value:
+                continue
+            wf = q._emit(_OP_WAIT, False, src._signal_va, value, 0, None, None, self._timeout_s)
+            desc = _Desc("WAIT", (src._signal_va, value))
+            self._ops[(wf - 1) & self._mask] = (wf, desc, None)
+            self._waited[src._key] = value
 
     def _wait_fence(self, fence: int, timeout_s: float | None) -> None:
         """Wait for ``fence`` of this stream (returns at once if it is closed)."""
@@ -1004,8 +1015,11 @@ class Stream:
         params = np.frombuffer(b"".join(blocks), np.uint64).reshape(len(blocks), _PARAMS_WORDS)
         return _Program(desc, params.copy(), np.array(rows, np.intp), op_list, tuple(used.values()))
 
-    def _replay(self, program: _Program) -> tuple[int, int]:
-        """Launch a prebuilt program; return the fences of its first and last op.
+    def _replay(
+        self, program: _Program, after: Sequence[tuple[Stream, int]] = ()
+    ) -> tuple[int, int]:
+        """Launch a prebuilt program after the fences ``after`` of other user
+        streams (as :meth:`_run`); return the fences of its first and last op.
 
         Runs of at most half the ring go in at a time, each copied straight
         into the free ring slots and arena blocks (slices, two where the
@@ -1017,10 +1031,12 @@ class Stream:
             ValueError: a buffer the program addresses was freed since the build.
             NpuError: as :meth:`launch`.
         """
+        waits = self._signals_for(after)
         with self._lock:
             q = self._live("replay")
             if not _alive(program.buffers):
                 raise ValueError(f"{self._name}.replay: a buffer the ops address was freed")
+            self._push_waits(q, waits)
             if self._arena_view is None:
                 self._make_arena()
             arena, block_vas = self._arena_np, self._block_vas

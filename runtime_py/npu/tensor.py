@@ -768,57 +768,60 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     device = out._device
     graph = device._capturing
     if graph is not None:
-        graph._record(batch, out)
+        graph._record(batch, out, inputs)
         return out
     stream = _current_user_stream_of(device)
+    after, deps, since = _dependencies(stream, inputs, out)
     if stream is None:
-        for t in inputs:
-            if t._stream is not None:
-                t.wait()  # made on a user stream: the kernel path cannot WAIT on it
-        if out._stream is not None:
-            out.wait()
         fence = device.submit(batch)
-        since = fence - len(batch) + 1
-        for t in inputs:
-            if t._fence is not None and t._since is not None:
-                since = builtins.min(since, t._since)
-        out._deps = ()
+        first = fence - len(batch) + 1
     else:
-        since, fence, deps = _launch_on(stream, batch, out, inputs)
-        out._deps = deps
+        first, fence = stream._run(batch, after)
     out._stream = stream
     out._fence = fence
-    out._since = since
+    out._since = first if since is None else builtins.min(since, first)
+    out._deps = _merge_deps(deps) if deps else ()
     if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
 
 
-def _launch_on(
-    stream: Stream, batch: Sequence[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]
-) -> tuple[int, int, tuple[_Dep, ...]]:
-    """Launch ``batch`` on user ``stream`` after the ops producing ``inputs`` and
-    ``out``: (first fence of the batch's ops or their inputs', last fence, deps)."""
+def _dependencies(
+    stream: Stream | None, inputs: Iterable[Tensor], out: Tensor | None = None
+) -> tuple[list[tuple[Stream, int]], list[_Dep], int | None]:
+    """Order work about to go to ``stream`` (None: the default stream) after the
+    pending ops producing ``inputs`` and ``out`` (overwritten, for ``copy_``).
+
+    Producers on the same timeline need nothing (it runs in order). The
+    default stream has no SIGNAL or WAIT, so a producer on the other side of
+    it is waited for here, by the host. Returns the fences of other user
+    streams the work must WAIT for, the dependencies its result inherits
+    (for error reporting), and the lowest pending fence of the inputs on
+    ``stream`` (None if there is none).
+    """
     after: list[tuple[Stream, int]] = []
     deps: list[_Dep] = []
     since: int | None = None
-    for t in (*inputs, out):
+    for t in inputs:
         if t._fence is None:
             continue
         src = t._stream
         if src is stream:
             if t._since is not None:
                 since = t._since if since is None else builtins.min(since, t._since)
-        elif src is None:
-            t.wait()  # made on the default stream: the host waits for it
+        elif src is None or stream is None:
+            t.wait()
             continue
         else:
             after.append((src, t._fence))
             deps.append((src, t._since if t._since is not None else t._fence, t._fence))
         deps.extend(t._deps)
-    first, fence = stream._run(batch, after)
-    since = first if since is None else builtins.min(since, first)
-    return since, fence, _merge_deps(deps) if deps else ()
+    if out is not None and out._fence is not None and out._stream is not stream:
+        if out._stream is None or stream is None:
+            out.wait()
+        else:
+            after.append((out._stream, out._fence))
+    return after, deps, since
 
 
 def _merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:

@@ -435,3 +435,43 @@ def test_a_graph_whose_buffer_was_freed_is_refused_before_launch_on_a_stream(
     with pytest.raises(ValueError, match="freed"):
         g.replay(s1)
     assert s1.last_fence == launched
+
+
+def graph_of_y_plus_1(dev: npu.Device) -> tuple[npu.Graph, npu.Tensor, npu.Tensor]:
+    """A graph computing ``w = y + 1`` from an input ``y`` (zeros): (graph, y, w)."""
+    y = upload(dev, np.zeros(N, np.float32))
+    g = npu.Graph(dev)
+    with g.capture():
+        w = y + 1
+    return g, y, w
+
+
+def test_a_graph_replayed_on_one_stream_waits_in_the_device_for_an_input_of_another(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    g, y, w = graph_of_y_plus_1(dev)
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y.copy_(x * 2)  # the graph's input, rewritten behind the gate
+    with s2:
+        g.replay()
+    time.sleep(HOLD_S)
+    assert not s2.query(), "the replay ran before its input was made"
+    gate.open()
+    np.testing.assert_array_equal(w.numpy(), X * 2 + 1)
+
+
+def test_a_graph_replayed_on_the_default_stream_waits_for_an_input_of_a_user_stream(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    g, y, w = graph_of_y_plus_1(dev)
+    x = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        y.copy_(x * 2)
+    timer = gate.open_later()
+    g.replay()  # the host waits for y first
+    assert s1.query()
+    timer.join()
+    np.testing.assert_array_equal(w.numpy(), X * 2 + 1)
