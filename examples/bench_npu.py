@@ -186,7 +186,9 @@ def bench_user_queue(dev: npu.Device) -> dict[str, float]:
     roundtrip_us_spin / roundtrip_us_block: one NOP pushed and waited for by
     spinning on the fence record / by the WAIT ioctl (the NOP asks for an
     interrupt). irqs_per_1000_ops: the driver's irq_count across 1000 NOPs
-    with NPU_CMD_F_IRQ on the last only."""
+    with NPU_CMD_F_IRQ on the last only. irqs_per_1000_flagged_ops: across
+    1000 64 KiB FILLs that each ask for an interrupt, pushed at once (what
+    the device's moderation with the driver's irq_coalesce_* leaves)."""
     res: dict[str, float] = {}
     nop = [npu.ops.nop()]
 
@@ -240,6 +242,16 @@ def bench_user_queue(dev: npu.Device) -> dict[str, float]:
         res["irqs_per_1000_ops"] = float(read_irq_count(dev) - before) * 1000 / UQ_IRQ_OPS
         if q.completed() != q.last_fence:
             raise BenchError("user queue: not every NOP completed")
+        with dev.alloc(64 * 1024) as buf:
+            time.sleep(IRQ_SETTLE_S)
+            before = read_irq_count(dev)
+            for _ in range(UQ_IRQ_OPS):
+                q.fill(buf, 7, buf.size, irq=True)
+            q.kick()
+            q.synchronize(timeout_s=WAIT_TIMEOUT_S)
+            time.sleep(IRQ_SETTLE_S)
+            irqs = read_irq_count(dev) - before
+        res["irqs_per_1000_flagged_ops"] = float(irqs) * 1000 / UQ_IRQ_OPS
     res["user_queue_op_speedup"] = res["op_us_ioctl_submit"] / res["op_us_user_queue"]
     return res
 
@@ -1137,13 +1149,15 @@ def main() -> int:
                 result.update(uq)
                 log.info(
                     "per op: SUBMIT %.1f us, user queue %.1f us (batched %.1f us); "
-                    "round trip: spin %.1f us, block %.1f us; %.1f irqs per 1000 ops",
+                    "round trip: spin %.1f us, block %.1f us; %.1f irqs per 1000 ops "
+                    "(%.0f with an interrupt asked by each)",
                     uq["op_us_ioctl_submit"],
                     uq["op_us_user_queue"],
                     uq["op_us_user_queue_batched"],
                     uq["roundtrip_us_spin"],
                     uq["roundtrip_us_block"],
                     uq["irqs_per_1000_ops"],
+                    uq["irqs_per_1000_flagged_ops"],
                 )
                 if info.has(npu.Cap.TENSOR):
                     result["stream_op_us"] = bench_stream_ops(dev)

@@ -271,6 +271,7 @@ int npu_hw_init(struct npu_device *ndev);
 int npu_hw_reset(struct npu_device *ndev);
 void npu_hw_start(struct npu_device *ndev);
 void npu_queue_rebase(struct npu_queue *q, u64 base);
+void npu_queue_moderate(struct npu_device *ndev, u32 i);
 struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence);
 void npu_hw_fini(struct npu_device *ndev);
 void npu_hw_free(struct npu_device *ndev);

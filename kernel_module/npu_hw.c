@@ -31,13 +31,26 @@ int npu_hw_reset(struct npu_device *ndev)
 }
 
 static unsigned int irq_coalesce_ops = 16;
-module_param(irq_coalesce_ops, uint, 0444);
+module_param(irq_coalesce_ops, uint, 0644);
 MODULE_PARM_DESC(irq_coalesce_ops,
-		 "Completion interrupts: at most one per this many SUBMITs while the queue stays busy (0, 1: one each)");
+		 "Completion interrupts of every queue: at most one per this many asked for while the queue stays busy (0, 1: one each)");
 static unsigned int irq_coalesce_us = 100;
-module_param(irq_coalesce_us, uint, 0444);
+module_param(irq_coalesce_us, uint, 0644);
 MODULE_PARM_DESC(irq_coalesce_us,
-		 "Completion interrupts: the longest a held one waits, in us (0: until the count or an idle queue)");
+		 "Completion interrupts: the longest a held one waits, in us (0: until the count or an idle queue); both apply to queues set up afterwards");
+
+/*
+ * Interrupt moderation of hardware queue @i (the driver's and user queues
+ * alike): completions that ask for an interrupt are held until
+ * irq_coalesce_ops of them or irq_coalesce_us have passed; the device
+ * signals at once when the queue goes idle, so an isolated command is
+ * never delayed.
+ */
+void npu_queue_moderate(struct npu_device *ndev, u32 i)
+{
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), min(irq_coalesce_ops, NPU_IRQ_COUNT_MAX));
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), min(irq_coalesce_us, NPU_IRQ_DELAY_MAX));
+}
 
 /* Program the ring registers of @q and enable it; the device is disabled. */
 static void npu_queue_start(struct npu_queue *q)
@@ -52,9 +65,7 @@ static void npu_queue_start(struct npu_queue *q)
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CPL_HI), upper_32_bits(q->cpl_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_LO), lower_32_bits(q->wb_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_FENCE_HI), upper_32_bits(q->wb_dma));
-	/* The device signals at once when the queue goes idle: no added latency. */
-	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), min(irq_coalesce_ops, NPU_IRQ_COUNT_MAX));
-	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), min(irq_coalesce_us, NPU_IRQ_DELAY_MAX));
+	npu_queue_moderate(ndev, i);
 	/* The highest priority a process may ask for without CAP_SYS_NICE. */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), NPU_QUEUE_PRIORITY_USER);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);

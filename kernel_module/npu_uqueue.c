@@ -166,9 +166,8 @@ static int npu_uqueue_start(struct npu_uqueue *uq, u32 priority, u32 head)
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_HI), upper_32_bits(uq->ctx->vm.l1_dma));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), NPU_MMU_MAX_L1);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), priority);
-	/* An interrupt for each descriptor that asks (NPU_CMD_F_IRQ). */
-	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_COUNT), 1);
-	npu_wr(ndev, NPU_QREG(i, NPU_Q_IRQ_DELAY), 0);
+	/* Descriptors asking for an interrupt (NPU_CMD_F_IRQ) share them. */
+	npu_queue_moderate(ndev, i);
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_HEAD), head);
 	ret = npu_mbox_call(ndev, NPU_MBOX_CREATE_QUEUE, i, priority, resp);
 	if (ret) {

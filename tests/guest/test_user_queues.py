@@ -331,6 +331,59 @@ def test_a_higher_priority_queue_runs_ahead_of_a_lower_ones_queued_work(
 # --------------------------------------------------------------------------
 
 
+def user_queue_interrupts() -> int:
+    """Completion interrupts of the user queues so far, from /proc/interrupts."""
+    total = 0
+    with open("/proc/interrupts") as f:
+        cpus = len(f.readline().split())
+        for line in f:
+            if line.rstrip().endswith("npu-uqueue"):
+                total += sum(int(n) for n in line.split()[1 : 1 + cpus])
+    return total
+
+
+@pytest.fixture
+def moderation() -> Iterator[Callable[[int, int], None]]:
+    """Sets irq_coalesce_ops / irq_coalesce_us for queues created afterwards;
+    puts the values back after the test."""
+    params = "/sys/module/npu/parameters/irq_coalesce_"
+
+    def put(ops: int, us: int) -> None:
+        for name, value in (("ops", ops), ("us", us)):
+            with open(params + name, "w") as f:
+                f.write(str(value))
+
+    with open(params + "ops") as f_ops, open(params + "us") as f_us:
+        saved = (int(f_ops.read()), int(f_us.read()))
+    try:
+        yield put
+    finally:
+        put(*saved)
+
+
+def burst_interrupts(dev: npu.Device, burst: int) -> int:
+    """Interrupts taken by ``burst`` 64 KiB FILLs that each ask for one, on a new queue."""
+    with dev.create_queue(entries=1024) as q, dev.alloc(64 * 1024) as buf:
+        before = user_queue_interrupts()
+        for _ in range(burst):
+            q.fill(buf, 7, buf.size, irq=True)
+        q.kick()
+        q.synchronize()
+        return user_queue_interrupts() - before
+
+
+def test_interrupts_of_a_burst_that_each_ask_for_one_are_coalesced_by_count(
+    dev: npu.Device, moderation: Callable[[int, int], None]
+) -> None:
+    burst = 256
+    moderation(1, 0)  # every completion signalled
+    every = burst_interrupts(dev, burst)
+    moderation(16, 2000)  # one per 16 while busy; the delay never ends a wait first
+    coalesced = burst_interrupts(dev, burst)
+    assert 1 <= coalesced <= burst // 16 + 4, f"{coalesced} interrupts for {burst} commands"
+    assert every > coalesced, f"without moderation {every}, with {coalesced}"
+
+
 def test_each_command_gets_a_completion_record(dev: npu.Device, queue: npu.UserQueue) -> None:
     buf = dev.alloc(PAGE)
     fences = [queue.nop(), queue.fill(buf, 3, PAGE), queue.copy(buf, buf, 64, 0, 64)]
@@ -743,6 +796,48 @@ def test_closing_files_with_busy_queues_leaks_nothing(dev_path: str) -> None:
     with npu.Device(dev_path) as d, d.alloc(PAGE) as buf, d.create_queue() as q:
         q.wait(q.fill(buf, 5, PAGE))
         assert (buf.numpy(np.uint32) == 5).all()
+
+
+def _busy_streams_then_sleep(ready_w: int) -> None:
+    """Child: two streams with long work and tensor ops in flight, then wait to be killed."""
+    dev = npu.open_device(0)
+    src, dst = dev.alloc(8 * MiB), dev.alloc(8 * MiB)
+    x = npu.tensor(np.arange(4096, dtype=np.float32), device=dev)
+    producer, consumer = npu.Stream(dev, entries=1024), npu.Stream(dev, entries=1024)
+    for _ in range(200):
+        producer.copy(dst, src, 8 * MiB)
+    with producer:
+        y = x * 2
+    with consumer:
+        z = y + 1  # held in the device behind the producer's copies
+    os.write(ready_w, b"R")
+    time.sleep(60)
+    del z  # not reached
+
+
+def test_a_process_killed_with_work_in_its_streams_leaks_nothing(dev_path: str) -> None:
+    baseline = bo_counters()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns
+        try:
+            os.close(r)
+            _busy_streams_then_sleep(w)
+        finally:
+            os._exit(3)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"R", "the child failed before its work was queued"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+    assert wait_until(lambda: bo_counters() == baseline), f"{bo_counters()} != {baseline}"
+    f = os.open(dev_path, os.O_RDWR)
+    try:
+        assert len(lend_all(f)) == USER_QUEUES
+    finally:
+        os.close(f)
 
 
 # --------------------------------------------------------------------------
