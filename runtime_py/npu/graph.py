@@ -22,7 +22,8 @@ Rules, as for CUDA graphs:
   :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
   the array), never while a replay runs. A replay is ordered after inputs
   still being computed on another stream, as an eager op is (see
-  :mod:`npu.tensor`).
+  :mod:`npu.tensor`), and after the graph's previous replay when that ran
+  on another stream (both use the graph's memory).
 - No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``
   raise ``RuntimeError``. Uploads (``npu.tensor(...)``) run at once; their
   values are constants of the graph.
@@ -126,6 +127,13 @@ class Graph:
         target = None if stream.is_default else stream
         # Inputs still being made elsewhere: as for an eager op (npu.tensor).
         after, deps, _ = _dependencies(target, list(self._inputs))
+        # The previous replay on another timeline still uses the graph's memory.
+        last, last_stream = self._fence, self._stream
+        if last is not None and last_stream is not target:
+            if last_stream is None or target is None:
+                self.synchronize()
+            else:
+                after.append((last_stream, last))
         if target is None:
             fence = self.device.submit_packed(self._packed)
             first = fence - len(self._ops) + 1

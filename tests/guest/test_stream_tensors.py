@@ -475,3 +475,21 @@ def test_a_graph_replayed_on_the_default_stream_waits_for_an_input_of_a_user_str
     assert s1.query()
     timer.join()
     np.testing.assert_array_equal(w.numpy(), X * 2 + 1)
+
+
+def test_a_graph_replayed_on_a_second_stream_waits_for_its_replay_on_the_first(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    g = npu.Graph(dev)
+    with g.capture():
+        w = x * 2 + 1  # an intermediate in the graph's memory, then w
+    gate.close_on(s1)
+    with s1:
+        g.replay()  # held behind the gate
+    with s2:
+        g.replay()  # would race the first over the same memory
+    time.sleep(HOLD_S)
+    assert not s2.query(), "the second replay ran before the first"
+    gate.open()
+    np.testing.assert_array_equal(w.numpy(), X * 2 + 1)
