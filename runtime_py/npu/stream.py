@@ -200,7 +200,12 @@ class StreamKey:
         if s is None or s._closed:
             return True
         q = s._queue
-        return q is None or q.closed or int(q._fence_view[0]) >= fence
+        if q is None or q.closed:
+            return True
+        try:
+            return int(q._fence_view[0]) >= fence
+        except ValueError:  # closed by another thread meanwhile: its work is over
+            return True
 
     def wait(self, fence: int, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Wait for ``fence`` of the stream (nothing to do once it is closed or gone).
