@@ -21,12 +21,12 @@ import logging
 import math
 import mmap
 import weakref
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ._closing import Closing
 from .errors import NpuError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ __all__ = ["Buffer", "UserBuffer"]
 log = logging.getLogger(__name__)
 
 
-class Buffer:
+class Buffer(Closing):
     """A mapped buffer object of a :class:`npu.Device`.
 
     Do not construct directly; use :meth:`npu.Device.alloc`.
@@ -220,17 +220,6 @@ class Buffer:
 
     def close(self) -> None:
         """Alias of :meth:`free`."""
-        self.free()
-
-    def __enter__(self) -> Buffer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         self.free()
 
     def __repr__(self) -> str:

@@ -27,10 +27,10 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 from . import _abi
+from ._closing import Closing
 from .buffer import Buffer, UserBuffer
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
 from .ops import AnyOp, Op, TensorOp
@@ -202,7 +202,7 @@ class _Submitted:
     ops: tuple[AnyOp, ...]
 
 
-class Device:
+class Device(Closing):
     """An open NPU device (``/dev/npuN``).
 
     Args:
@@ -285,17 +285,6 @@ class Device:
                 log.warning("freeing %r while closing %s failed: %s", buf, self.path, exc)
         self._closer()
         log.debug("closed %s", self.path)
-
-    def __enter__(self) -> Device:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"fd={self._fd}"

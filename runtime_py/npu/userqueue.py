@@ -35,12 +35,12 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Final, NoReturn, SupportsIndex
 
 import numpy as np
 
 from . import _abi
+from ._closing import Closing
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S
 from .errors import NpuDeviceError, NpuError, NpuTimeoutError
@@ -110,7 +110,7 @@ class _Failure:
     op: object | None = None
 
 
-class UserQueue:
+class UserQueue(Closing):
     """A hardware queue lent to this process (QUEUE_CREATE), driven without ioctls.
 
     Do not construct directly; use :meth:`npu.Device.create_queue`.
@@ -455,17 +455,6 @@ class UserQueue:
         log.debug("QUEUE_DESTROY queue=%d", self.index)
         if error is not None:
             raise error
-
-    def __enter__(self) -> UserQueue:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         if self.closed:

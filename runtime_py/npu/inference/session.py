@@ -16,13 +16,13 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from onnx import helper
 
+from .._closing import Closing
 from ..device import Device, default_device
 from ..errors import NpuError
 from .cpu import Array, Kernel, cpu_kernel
@@ -78,7 +78,7 @@ class RunProfile:
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
 
 
-class InferenceSession:
+class InferenceSession(Closing):
     """Run an ONNX model with the NPU and a numpy CPU fallback.
 
     Args:
@@ -185,17 +185,6 @@ class InferenceSession:
         self._plans.clear()
         self._device_vals.clear()
         self._finalizer()
-
-    def __enter__(self) -> InferenceSession:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- running ------------------------------------------------------------------------
 
