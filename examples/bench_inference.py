@@ -42,9 +42,21 @@ def breakdown_keys(prefix: str, bd: ic.Breakdown | None) -> dict[str, float]:
     }
 
 
+def stream_keys(prefix: str, kernel: ic.Speed, stream: ic.Speed | None) -> dict[str, float]:
+    """The NPU's batch-1 latency and batch throughput inside ``with npu.Stream(...)``,
+    and the batch-1 ratio to the default stream's (SUBMIT) in the same run."""
+    if stream is None:
+        return {}
+    return {
+        f"{prefix}_b1_latency_ms_npu_stream": stream.latency_b1_s * 1e3,
+        f"{prefix}_b{stream.batch}_images_per_s_npu_stream": stream.images_per_s,
+        f"{prefix}_b1_stream_vs_submit": kernel.latency_b1_s / stream.latency_b1_s,
+    }
+
+
 def bench_digits_cnn() -> dict[str, Any]:
     """digits_cnn_* keys; raises RuntimeError if the NPU disagrees with numpy."""
-    r = ic.digits("digits_cnn.onnx", accuracy=False)
+    r = ic.digits("digits_cnn.onnx", accuracy=False, on_stream=True)
     if r.agree != r.n:
         raise RuntimeError(f"digits CNN: NPU and numpy disagree on {r.n - r.agree}/{r.n} images")
     res: dict[str, Any] = {
@@ -59,6 +71,7 @@ def bench_digits_cnn() -> dict[str, Any]:
     }
     res.update(breakdown_keys("digits_cnn_b1_npu", r.npu.breakdown_b1))
     res.update(breakdown_keys("digits_cnn_b64_npu", r.npu.breakdown_batch))
+    res.update(stream_keys("digits_cnn", r.npu, r.npu_stream))
     log.info(
         "digits CNN: b1 %.2f ms npu / %.1f ms numpy; b64 %.0f / %.1f images/s (%.1fx)",
         r.npu.latency_b1_s * 1e3,
@@ -72,7 +85,7 @@ def bench_digits_cnn() -> dict[str, Any]:
 
 def bench_resnet() -> dict[str, Any]:
     """resnet_* keys; raises RuntimeError if the NPU's logits are out of tolerance."""
-    r = ic.resnet()
+    r = ic.resnet(on_stream=True)
     if not r.within_tolerance:
         raise RuntimeError(f"ResNet: NPU logits off the reference by {r.max_diff_vs_ref:.3g}")
     res: dict[str, Any] = {
@@ -86,6 +99,7 @@ def bench_resnet() -> dict[str, Any]:
         "resnet_npu_partitions": r.partitions,
     }
     res.update(breakdown_keys("resnet_b8_npu", r.npu.breakdown_batch))
+    res.update(stream_keys("resnet", r.npu, r.npu_stream))
     log.info(
         "ResNet: b8 %.1f images/s npu / %.2f numpy (%.1fx); max |npu - numpy| %.2g",
         r.npu.images_per_s,

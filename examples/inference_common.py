@@ -188,6 +188,17 @@ def measure(sess: Any, x1: Array, xb: Array, on_npu: bool) -> Speed:
     )
 
 
+def measure_on_stream(sess: Any, x1: Array, xb: Array) -> Speed:
+    """:func:`measure` of an NPU session run inside ``with npu.Stream(...)``: its
+    partitions go to a user queue from prebuilt descriptors instead of SUBMIT."""
+    stream = npu.Stream(sess.device)
+    try:
+        with stream:
+            return measure(sess, x1, xb, on_npu=True)
+    finally:
+        stream.close()
+
+
 @dataclass
 class DigitsResult:
     """Accuracy, agreement and speed of one digits model on the NPU and in guest numpy."""
@@ -201,6 +212,7 @@ class DigitsResult:
     cpu: Speed
     partitions: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
+    npu_stream: Speed | None = None  # the NPU inside `with npu.Stream(...)`
 
     @property
     def ok(self) -> bool:
@@ -224,11 +236,12 @@ def describe_fallbacks(sess: Any) -> list[str]:
     return out
 
 
-def digits(model: str, accuracy: bool = True) -> DigitsResult:
+def digits(model: str, accuracy: bool = True, on_stream: bool = False) -> DigitsResult:
     """Run a digits model on the test split, NPU and CPU provider; measure both.
 
     With accuracy=False only the first BATCH images are classified (for the
-    benchmark), not the whole split."""
+    benchmark), not the whole split; with on_stream the NPU is also measured
+    inside ``with npu.Stream(...)``."""
     x, y = load_digits_split()
     if not accuracy:
         x, y = x[:BATCH], y[:BATCH]
@@ -246,6 +259,7 @@ def digits(model: str, accuracy: bool = True) -> DigitsResult:
         cpu=measure(s_cpu, x[:1], x[:BATCH], on_npu=False),
         partitions=describe_partitions(s_npu),
         fallbacks=describe_fallbacks(s_npu),
+        npu_stream=measure_on_stream(s_npu, x[:1], x[:BATCH]) if on_stream else None,
     )
 
 
@@ -261,10 +275,12 @@ class ResnetResult:
     cpu: Speed
     partitions: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
+    npu_stream: Speed | None = None  # the NPU inside `with npu.Stream(...)`
 
 
-def resnet() -> ResnetResult:
-    """Run the ResNet on its sample batch, NPU and CPU provider; compare and measure."""
+def resnet(on_stream: bool = False) -> ResnetResult:
+    """Run the ResNet on its sample batch, NPU and CPU provider; compare and measure
+    (with on_stream, the NPU inside ``with npu.Stream(...)`` as well)."""
     x, ref = load_resnet_sample()
     x = x[:RESNET_BATCH]
     ref = ref[:RESNET_BATCH]
@@ -281,6 +297,7 @@ def resnet() -> ResnetResult:
         cpu=measure(s_cpu, x[:1], x, on_npu=False),
         partitions=describe_partitions(s_npu),
         fallbacks=describe_fallbacks(s_npu),
+        npu_stream=measure_on_stream(s_npu, x[:1], x) if on_stream else None,
     )
 
 

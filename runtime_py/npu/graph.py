@@ -111,10 +111,10 @@ class Graph:
 
         Raises:
             RuntimeError: not captured yet, or nothing was recorded.
-            ValueError: ``stream`` is of another device, or (on a user stream)
-                a buffer the recorded ops address was freed.
-            NpuError: the driver refused the submission, or the stream is
-                closed or has no room (as :meth:`npu.Stream.launch`).
+            ValueError: ``stream`` is of another device.
+            NpuError: the driver refused the submission (``EBADF`` for a
+                freed buffer, on either path), or the stream is closed or has
+                no room (as :meth:`npu.Stream.launch`).
         """
         if not self._captured:
             raise RuntimeError("Graph.replay: capture the graph first")

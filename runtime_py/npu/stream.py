@@ -1033,14 +1033,16 @@ class Stream:
         wait for room, as launches do.
 
         Raises:
-            ValueError: a buffer the program addresses was freed since the build.
-            NpuError: as :meth:`launch`.
+            NpuError: ``EBADF``, a buffer the program addresses was freed since
+                the build (nothing is launched); else as :meth:`launch`.
         """
         waits = self._signals_for(after)
         with self._lock:
             q = self._live("replay")
             if not _alive(program.buffers):
-                raise ValueError(f"{self._name}.replay: a buffer the ops address was freed")
+                raise NpuError(
+                    errno.EBADF, "a buffer the ops address was freed", f"{self._name}.replay"
+                )
             self._push_waits(q, waits)
             if self._arena_view is None:
                 self._make_arena()

@@ -68,6 +68,43 @@ def test_resnet_at_batch_8_matches_the_reference(dev):
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=NET_RTOL, atol=NET_ATOL)
 
 
+@pytest.fixture
+def stream(dev):
+    s = npu.Stream(dev)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_inside_a_stream_a_model_runs_on_that_queue_and_matches_the_reference(dev, stream):
+    model = resnet_like()
+    x = np.random.default_rng(1).uniform(0, 1, (2, 3, 32, 32)).astype(np.float32)
+    want = reference(model, {"x": x})[0]
+    with npu.InferenceSession(model, device=dev) as sess:
+        sess.run(None, {"x": x})  # compiles the plan, uploads the weights
+        kernel_before = dev.submitted_fences().get(0, 0)
+        for _ in range(2):  # the first builds the plan's descriptors, the second reuses them
+            before = stream.last_fence
+            with stream:
+                (got,) = sess.run(None, {"x": x})
+            assert stream.last_fence > before
+            np.testing.assert_allclose(got, want, rtol=NET_RTOL, atol=NET_ATOL)
+        assert dev.submitted_fences().get(0, 0) == kernel_before
+
+
+def test_on_a_stream_a_freed_buffer_is_refused_with_the_nodes_named(dev, stream):
+    x = rnd(np.random.default_rng(5), 2, 1, 28, 28)
+    with npu.InferenceSession(digits_cnn(), device=dev) as sess:
+        with stream:
+            sess.run(None, {"x": x})
+        (plan,) = sess._plans[next(iter(sess._plans))]
+        plan.arena.free()
+        with stream, pytest.raises(npu.NpuError, match=r"conv1") as info:
+            sess.run(None, {"x": x})
+        assert info.value.errno == 9  # EBADF
+
+
 @pytest.mark.parametrize("op", ["LeakyRelu", "Erf", "Floor"])
 def test_model_with_an_op_the_npu_lacks_runs_npu_cpu_npu(dev, op):
     model = digits_cnn(middle=op)

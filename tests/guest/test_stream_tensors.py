@@ -432,8 +432,9 @@ def test_a_graph_whose_buffer_was_freed_is_refused_before_launch_on_a_stream(
     launched = s1.last_fence
     assert x.buffer is not None
     x.buffer.free()  # the segment under x, behind the allocator's back
-    with pytest.raises(ValueError, match="freed"):
+    with pytest.raises(npu.NpuError, match="freed") as info:
         g.replay(s1)
+    assert info.value.errno == 9  # EBADF, as SUBMIT gives for a freed buffer
     assert s1.last_fence == launched
 
 

@@ -35,6 +35,7 @@ from ..buffer import Buffer
 from ..device import Device, PackedOps
 from ..errors import NpuDeviceError, NpuError
 from ..ops import TensorOp
+from ..stream import Stream, _current_user_stream_of, _Program
 from ..validate import window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
@@ -129,6 +130,8 @@ class PartitionPlan:
     arena: Buffer | None
     arena_bytes: int
     vals: dict[str, Val] = field(default_factory=dict)
+    # The ops prebuilt for user streams, at the first run inside `with stream:`.
+    program: _Program | None = None
 
 
 class _Builder:
@@ -693,6 +696,10 @@ class NpuProvider:
     def run_plan(self, plan: PartitionPlan, env: dict[str, Array]) -> tuple[float, float]:
         """Execute ``plan``: write its host inputs, submit, wait; publish its outputs in ``env``.
 
+        Inside ``with stream:`` (a user stream of this device) the plan is
+        launched on that stream instead of SUBMIT, from descriptors built at
+        its first such run.
+
         Returns:
             (seconds spent writing inputs, seconds in submit + wait).
 
@@ -712,7 +719,10 @@ class NpuProvider:
                 )
             np.copyto(view, arr, casting="same_kind")
         t1 = time.perf_counter()
-        if plan.chunks:
+        stream = _current_user_stream_of(self.device) if plan.chunks else None
+        if stream is not None:
+            self._run_on_stream(plan, stream)
+        elif plan.chunks:
             dev = self.device
             fence = 0
             for chunk, packed in zip(plan.chunks, plan.packed, strict=True):
@@ -728,20 +738,42 @@ class NpuProvider:
             try:
                 dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
             except NpuDeviceError as exc:
-                node = plan.op_nodes.get(id(exc.op)) if exc.op is not None else None
-                where = node.describe() if node is not None else "an NPU partition"
-                raise NpuDeviceError(
-                    exc.status,
-                    exc.fence,
-                    exc.op,
-                    f"{self.graph.source}: {where}: {exc.context}",
-                    exc.errno or 0,
-                    exc.strerror,
-                ) from exc
+                raise self._node_error(plan, exc) from exc
         t2 = time.perf_counter()
         for name, view in plan.outputs:
             env[name] = view
         return t1 - t0, t2 - t1
+
+    def _run_on_stream(self, plan: PartitionPlan, stream: Stream) -> None:
+        """Launch ``plan`` on a user stream from its prebuilt descriptors; wait for it."""
+        op_list = [op for chunk in plan.chunks for op in chunk]
+        try:
+            if plan.program is None:
+                plan.program = stream._build(op_list)
+            _, last = stream._replay(plan.program)
+            stream._wait_fence(last, WAIT_TIMEOUT_S)
+        except NpuDeviceError as exc:
+            raise self._node_error(plan, exc) from exc
+        except NpuError as exc:
+            names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in op_list))
+            raise NpuError(
+                exc.errno or 0,
+                exc.strerror,
+                f"{self.graph.source}: NPU partition (nodes {names}) on {stream!r}: {exc.context}",
+            ) from exc
+
+    def _node_error(self, plan: PartitionPlan, exc: NpuDeviceError) -> NpuDeviceError:
+        """``exc`` with the ONNX node of its op named in the context."""
+        node = plan.op_nodes.get(id(exc.op)) if exc.op is not None else None
+        where = node.describe() if node is not None else "an NPU partition"
+        return NpuDeviceError(
+            exc.status,
+            exc.fence,
+            exc.op,
+            f"{self.graph.source}: {where}: {exc.context}",
+            exc.errno or 0,
+            exc.strerror,
+        )
 
 
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
