@@ -729,12 +729,7 @@ class NpuProvider:
                 try:
                     fence = dev.submit_packed(packed)
                 except NpuError as exc:
-                    names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in chunk))
-                    raise NpuError(
-                        exc.errno or 0,
-                        exc.strerror,
-                        f"{self.graph.source}: NPU partition (nodes {names}): {exc.context}",
-                    ) from exc
+                    raise self._partition_error(plan, chunk, exc, "") from exc
             try:
                 dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
             except NpuDeviceError as exc:
@@ -755,12 +750,18 @@ class NpuProvider:
         except NpuDeviceError as exc:
             raise self._node_error(plan, exc) from exc
         except NpuError as exc:
-            names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in op_list))
-            raise NpuError(
-                exc.errno or 0,
-                exc.strerror,
-                f"{self.graph.source}: NPU partition (nodes {names}) on {stream!r}: {exc.context}",
-            ) from exc
+            raise self._partition_error(plan, op_list, exc, f" on {stream!r}") from exc
+
+    def _partition_error(
+        self, plan: PartitionPlan, op_list: Sequence[TensorOp], exc: NpuError, where: str
+    ) -> NpuError:
+        """``exc`` (refused before running) with the ONNX nodes of ``op_list`` named."""
+        names = ", ".join(dict.fromkeys(plan.op_nodes[id(o)].name for o in op_list))
+        return NpuError(
+            exc.errno or 0,
+            exc.strerror,
+            f"{self.graph.source}: NPU partition (nodes {names}){where}: {exc.context}",
+        )
 
     def _node_error(self, plan: PartitionPlan, exc: NpuDeviceError) -> NpuDeviceError:
         """``exc`` with the ONNX node of its op named in the context."""
