@@ -16,6 +16,7 @@
 #include <linux/delay.h>
 #include <linux/dma-mapping.h>
 #include <linux/iopoll.h>
+#include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/poll.h>
 #include <linux/sched/signal.h>
@@ -73,11 +74,19 @@ static int npu_hwq_quiesce(struct npu_device *ndev, u32 index)
  * Called after the PTEs of a buffer of @ctx were cleared and before its
  * pages are freed: a command of the context's user queues that started
  * earlier may hold the old translations (the device reads page tables
- * once per command), so wait until each has moved on.
+ * once per command), so wait until each has moved on (HEAD moved, ACTIVE
+ * cleared, or the queue stopped or was taken back). uq_mutex is held only
+ * to look, while it keeps the device bound, never across the wait: a long
+ * command must not hold up other files' queue calls, nor the watchdog's
+ * reset, which also ends the wait.
  */
 void npu_uqueue_sync(struct npu_context *ctx)
 {
 	struct npu_device *ndev = ctx->ndev;
+	struct npu_uqueue *uqs[NPU_NUM_QUEUES] = {};
+	u32 heads[NPU_NUM_QUEUES] = {};
+	ktime_t deadline;
+	bool busy;
 	u32 i;
 
 	/* Most files have no user queue: no lock on their BO frees. */
@@ -85,10 +94,38 @@ void npu_uqueue_sync(struct npu_context *ctx)
 		return;
 	mutex_lock(&ndev->uq_mutex);
 	/* After an unbind the device was reset: nothing runs. */
-	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++)
-		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped)
-			npu_hwq_quiesce(ndev, i);
+	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped) {
+			uqs[i] = ndev->uq[i];
+			heads[i] = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
+		}
+	}
 	mutex_unlock(&ndev->uq_mutex);
+
+	deadline = ktime_add_us(ktime_get(), NPU_UQ_QUIESCE_US);
+	for (;;) {
+		busy = false;
+		mutex_lock(&ndev->uq_mutex);
+		for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+			if (!uqs[i])
+				continue;
+			/* Taken back (QUEUE_DESTROY waited for its command) or stopped. */
+			if (ndev->uq[i] != uqs[i] || uqs[i]->stopped ||
+			    !(npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_ACTIVE) ||
+			    npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD)) != heads[i])
+				uqs[i] = NULL;
+			else
+				busy = true;
+		}
+		mutex_unlock(&ndev->uq_mutex);
+		if (!busy)
+			return;
+		if (ktime_after(ktime_get(), deadline)) {
+			dev_err(&ndev->pdev->dev, "user queue command did not finish\n");
+			return;
+		}
+		usleep_range(20, 100);
+	}
 }
 
 /* Zap the process's doorbell mapping of @uq; caller holds uq_mutex. */

@@ -20,6 +20,7 @@ import mmap
 import os
 import signal
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -758,6 +759,41 @@ def test_queue_destroy_drops_the_commands_not_run_yet(raw_queue: RawQueue) -> No
 
 def bo_counters() -> tuple[int, int]:
     return sysfs_int("bo_count"), sysfs_int("bo_bytes")
+
+
+def test_freeing_a_buffer_behind_a_long_command_does_not_hold_up_other_files(
+    dev_path: str,
+) -> None:
+    """The free waits for the file's running command (its old translations),
+    but without the lock other files' queue calls take."""
+    n = 2048  # one GEMM of 17 GFLOP: a command of a few hundred ms
+    with npu.Device(dev_path) as d:
+        a, b, c = (d.alloc(n * n * 4) for _ in range(3))
+        victim = d.alloc(PAGE)
+        s = npu.Stream(d)
+        try:
+            fence = s.launch(npu.ops.gemm(a, b, c, n, n, n))
+            freeing = threading.Thread(target=victim.free)
+            freeing.start()
+            time.sleep(0.02)  # the free is now waiting for the GEMM
+            q = s.queue
+            assert q is not None
+            f = os.open(dev_path, os.O_RDWR)
+            try:
+                running_before = q.completed() < fence
+                index = int(queue_create(f).queue)
+                running_after = q.completed() < fence
+                free_still_waiting = freeing.is_alive()
+                queue_destroy(f, index)
+            finally:
+                os.close(f)
+            freeing.join()
+            s.synchronize()
+        finally:
+            s.close()
+    assert running_before, "the GEMM was too short to test anything"
+    assert running_after, "QUEUE_CREATE of another file waited for the GEMM"
+    assert free_still_waiting, "the free did not wait for the GEMM"
 
 
 def test_closing_files_with_busy_queues_leaks_nothing(dev_path: str) -> None:
