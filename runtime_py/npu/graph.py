@@ -22,8 +22,9 @@ Rules, as for CUDA graphs:
   :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
   the array), never while a replay runs. A replay is ordered after inputs
   still being computed on another stream, as an eager op is (see
-  :mod:`npu.tensor`), and after the graph's previous replay when that ran
-  on another stream (both use the graph's memory).
+  :mod:`npu.tensor`), after reads of its outputs still pending on other
+  streams, and after the graph's previous replay when that ran on another
+  stream (both use the graph's memory).
 - No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``
   raise ``RuntimeError``. Uploads (``npu.tensor(...)``) run at once; their
   values are constants of the graph.
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 from . import ops
 from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
 from .stream import Stream, _Program, current_stream
-from .tensor import _dependencies, _merge_deps
+from .tensor import _dependencies, _merge_deps, _note_reads, _order_write
 
 if TYPE_CHECKING:
     from .allocator import Allocation
@@ -126,7 +127,12 @@ class Graph:
             raise ValueError(f"Graph.replay: {stream!r} is of another device")
         target = None if stream.is_default else stream
         # Inputs still being made elsewhere: as for an eager op (npu.tensor).
-        after, deps, _ = _dependencies(target, list(self._inputs))
+        inputs = list(self._inputs)
+        after, deps, _ = _dependencies(target, inputs)
+        # Tensors the replay rewrites that other streams may still read.
+        for t in self._outputs:
+            if t._readers:
+                _order_write(t, target, after)
         # The previous replay on another timeline still uses the graph's memory.
         last, last_stream = self._fence, self._stream
         if last is not None and last_stream is not target:
@@ -141,6 +147,7 @@ class Graph:
             if self._program is None:
                 self._program = target._build(self._ops)
             first, fence = target._replay(self._program, after)
+        _note_reads(inputs, target, fence)
         inherited = _merge_deps(deps) if deps else ()
         for t in self._outputs:
             t._fence = fence

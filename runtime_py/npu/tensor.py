@@ -13,12 +13,13 @@ computed from.
 Ops go to the thread's current stream (:func:`npu.current_stream`): the
 default stream (SUBMIT to the driver's queue 0) outside any ``with
 stream:``, else the user stream, launched from user space. A tensor
-remembers the stream of its producing op; an op whose input (or whose
-output, for ``copy_``) is still being produced on another user stream is
-ordered after it in the device (a SIGNAL there, a WAIT here), and one
-produced on the default stream is first waited for by the host. So results
-never depend on which stream computed an input; overlap comes from ops
-that do not depend on each other.
+remembers the stream of its producing op and the last op of each stream
+that read it; an op whose input (or whose output, for ``copy_``) is still
+being produced on another user stream is ordered after it in the device (a
+SIGNAL there, a WAIT here), a write into a tensor after its pending reads
+on other streams, and across the default stream the host waits instead.
+So results never depend on which stream computed an input; overlap comes
+from ops that do not depend on each other.
 
 Semantics follow numpy (see docs/runtime.md for the rules and their
 exceptions):
@@ -200,6 +201,10 @@ class Tensor:
         self._deps = deps
         # _ref() results by rank (a tensor's layout never changes).
         self._refs: dict[int | None, ops.TensorRef] | None = None
+        # The ops that read this tensor: stream (its StreamKey, which does not
+        # keep it alive; None: the driver's queue 0) -> the last such fence.
+        # A write into the tensor (copy_, a graph replay) is ordered after them.
+        self._readers: dict[StreamKey | None, int] | None = None
         graph = device._capturing
         if graph is not None:  # its fence is set by each replay
             graph._outputs.add(self)
@@ -777,6 +782,7 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
         first = fence - len(batch) + 1
     else:
         first, fence = stream._run(batch, after)
+    _note_reads(inputs, stream, fence)
     out._stream = stream
     out._fence = fence
     out._since = first if since is None else builtins.min(since, first)
@@ -816,12 +822,51 @@ def _dependencies(
             after.append((src, t._fence))
             deps.append((src, t._since if t._since is not None else t._fence, t._fence))
         deps.extend(t._deps)
-    if out is not None and out._fence is not None and out._stream is not stream:
+    if out is not None:
+        _order_write(out, stream, after)
+    return after, deps, since
+
+
+def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, int]]) -> None:
+    """Order a write into ``out`` on ``stream`` after the pending ops that
+    produce it and those that read it on other timelines (device-side WAITs
+    added to ``after`` between user streams, host waits across the default
+    stream)."""
+    if out._fence is not None and out._stream is not stream:
         if out._stream is None or stream is None:
             out.wait()
         else:
             after.append((out._stream, out._fence))
-    return after, deps, since
+    readers, out._readers = out._readers, None
+    if not readers:
+        return
+    own = None if stream is None else stream._key
+    device = out._device
+    for key, fence in readers.items():
+        if key is own:
+            continue
+        if key is None:  # read on the driver's queue 0
+            if not device.completed(0, fence):
+                _wait_recording_failures(device, 0, fence)
+            continue
+        reader = key.stream
+        if reader is None or key.completed(fence):
+            continue
+        if stream is None:
+            _wait_recording_failures(device, key, fence)
+        else:
+            after.append((reader, fence))
+
+
+def _note_reads(inputs: Iterable[Tensor], stream: Stream | None, fence: int) -> None:
+    """Remember that ``inputs`` are read by ops up to ``fence`` of ``stream``."""
+    key = None if stream is None else stream._key
+    for t in inputs:
+        readers = t._readers
+        if readers is None:
+            t._readers = {key: fence}
+        else:
+            readers[key] = fence
 
 
 def _merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:

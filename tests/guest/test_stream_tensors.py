@@ -203,6 +203,23 @@ def test_copy_into_a_tensor_of_another_stream_follows_its_producer(
     np.testing.assert_array_equal(y.numpy(), np.full(N, 7, np.float32))
 
 
+def test_copy_into_a_tensor_another_stream_still_reads_waits_for_the_reader(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    y = upload(dev)
+    gate.close_on(s1)
+    with s1:
+        z = y + 1  # reads y behind the gate
+    src = upload(dev, np.full(N, 7, np.float32))
+    with s2:
+        y.copy_(src)  # must not overwrite y before the read
+    time.sleep(HOLD_S)
+    assert not s2.query(), "the write ran before the read it would spoil"
+    gate.open()
+    np.testing.assert_array_equal(z.numpy(), X + 1)
+    np.testing.assert_array_equal(y.numpy(), np.full(N, 7, np.float32))
+
+
 # --------------------------------------------------------------------------
 # Memory reuse across streams
 # --------------------------------------------------------------------------
@@ -494,3 +511,26 @@ def test_a_graph_replayed_on_a_second_stream_waits_for_its_replay_on_the_first(
     assert not s2.query(), "the second replay ran before the first"
     gate.open()
     np.testing.assert_array_equal(w.numpy(), X * 2 + 1)
+
+
+def test_a_graph_replay_waits_for_a_reader_of_its_output_on_another_stream(
+    dev: npu.Device, s1: npu.Stream, s2: npu.Stream, gate: Gate
+) -> None:
+    x = upload(dev)
+    g = npu.Graph(dev)
+    with g.capture():
+        w = x * 2
+    with s1:
+        g.replay()  # w = 2X
+    gate.close_on(s2)
+    with s2:
+        r = w + 1  # reads w behind the gate
+    new_x = upload(dev, X * 10)
+    with s1:
+        x.copy_(new_x)
+        g.replay()  # must not overwrite w before the read
+    time.sleep(HOLD_S)
+    assert not s1.query(), "the replay overwrote its output before another stream read it"
+    gate.open()
+    np.testing.assert_array_equal(r.numpy(), X * 2 + 1)
+    np.testing.assert_array_equal(w.numpy(), X * 20)
