@@ -88,9 +88,8 @@ LARGE_MIN_SPLIT: Final = 1 << 20
 #: Set to ``1`` to allocate (and destroy) one buffer object per allocation.
 NO_CACHING_ENV: Final = "NPU_NO_MEMORY_CACHING"
 
-#: A timeline of a device: a driver queue (int) or a user stream.
-Timeline = "int | StreamKey"
-#: Waits for ``fence`` on a timeline of the device (may raise on a timeout).
+#: Waits for ``fence`` on a timeline of the device, a driver queue (int) or
+#: a user stream (may raise on a timeout).
 Waiter = Callable[["Device", "int | StreamKey", int], None]
 
 #: How many fitting free blocks an upload looks at for one no queued op uses.

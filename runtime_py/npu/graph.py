@@ -154,6 +154,7 @@ class Graph:
             t._since = first
             t._stream = target
             t._deps = inherited
+            t._readers = None  # the replay is ordered after them
         self._fence = fence
         self._stream = target
         return fence

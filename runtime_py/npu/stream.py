@@ -75,7 +75,7 @@ _OP_FILL: Final = int(_abi.Opcode.FILL)
 _OP_SIGNAL: Final = int(_abi.Opcode.SIGNAL)
 _OP_WAIT: Final = int(_abi.Opcode.WAIT)
 # Packed parameter blocks kept for ops launched again (graph-like loops).
-_PACK_CACHE_MAX: Final = 1024
+_PACK_CACHE_MAX: Final = 256
 # u64 counters in the per-device timeline page (one per live stream).
 _TIMELINE_BYTES: Final = 4096
 _SLOT_BYTES: Final = 8
@@ -438,7 +438,6 @@ class Stream:
         self._queue = None
         self._closed = False
         self._name = "Stream(default)"
-        self._key = StreamKey(self)
 
     # -- state ----------------------------------------------------------------
 

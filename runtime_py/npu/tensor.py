@@ -783,6 +783,7 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     else:
         first, fence = stream._run(batch, after)
     _note_reads(inputs, stream, fence)
+    out._readers = None  # this write is ordered after them
     out._stream = stream
     out._fence = fence
     out._since = first if since is None else builtins.min(since, first)
@@ -837,7 +838,7 @@ def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, i
             out.wait()
         else:
             after.append((out._stream, out._fence))
-    readers, out._readers = out._readers, None
+    readers = out._readers  # the caller clears them once the write is launched
     if not readers:
         return
     own = None if stream is None else stream._key

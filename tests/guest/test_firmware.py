@@ -30,11 +30,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import kmsg
 import numpy as np
 import pytest
+from guest_util import wait_until
 
 import npu
 from npu import ops
@@ -94,15 +95,6 @@ def recoveries() -> int:
     return int(read(f"{SYSFS}/recoveries").split()[0])
 
 
-def poll(pred: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def boot_line(m: dict) -> str:
     names = m["opcodes"]
     mask = sum(1 << mkfw.header_constants()[f"NPU_OP_{n}"] for n in set(names))
@@ -157,7 +149,7 @@ def rmmod() -> None:
     gc.collect()
     r = subprocess.run(["rmmod", "npu"], capture_output=True, text=True)
     assert r.returncode == 0, f"rmmod npu: {r.stderr.strip()} (this process: {holders()})"
-    assert poll(lambda: not os.path.exists(DEV_PATH), 10), f"{DEV_PATH} stayed"
+    assert wait_until(lambda: not os.path.exists(DEV_PATH), 10), f"{DEV_PATH} stayed"
 
 
 def insmod(*params: str) -> subprocess.CompletedProcess[str]:
@@ -173,7 +165,7 @@ def restore_driver() -> None:
     if not module_loaded():
         r = insmod()
         assert r.returncode == 0, f"insmod {MODULE}: {r.stderr.strip()}"
-    assert poll(lambda: os.path.exists(DEV_PATH), 10), f"{DEV_PATH} did not come back"
+    assert wait_until(lambda: os.path.exists(DEV_PATH), 10), f"{DEV_PATH} did not come back"
 
 
 @contextlib.contextmanager
@@ -290,7 +282,7 @@ def test_a_firmware_crash_is_recovered_and_ops_before_and_after_complete(
 ) -> None:
     size = 256 * 1024
     # A firmware up for a while: its heartbeat is far above what a fresh boot shows.
-    assert poll(lambda: int(fw_status()["heartbeat"]) >= 200, 5)
+    assert wait_until(lambda: int(fw_status()["heartbeat"]) >= 200, 5)
     write(f"{DEBUGFS}/fw_log_level", "3")  # a reboot goes back to the image's level
     with dev.alloc(size) as a, dev.alloc(size) as b, dev.alloc(size) as c:
         for buf in (a, b, c):
@@ -306,7 +298,7 @@ def test_a_firmware_crash_is_recovered_and_ops_before_and_after_complete(
                 assert st["state"] == str(FW_CRASHED), st
                 assert st["mailbox"] == str(-errno.ETIMEDOUT), "a crashed firmware answers"
             after = dev.submit([ops.copy(a, c, size), ops.fill(b, 0xB2B2B2B2, size // 2)])
-            assert poll(lambda: recoveries() > count, RECOVERY_BOUND_S + 1)
+            assert wait_until(lambda: recoveries() > count, RECOVERY_BOUND_S + 1)
             took = time.monotonic() - t0
             dev.wait(before, timeout_s=10)
             dev.wait(after, timeout_s=10)
@@ -334,7 +326,7 @@ def test_a_firmware_crash_is_recovered_and_ops_before_and_after_complete(
 def test_a_crash_of_an_idle_device_is_recovered_too(dev: npu.Device) -> None:
     count = recoveries()
     write(f"{DEBUGFS}/inject", "fw_crash")
-    assert poll(lambda: recoveries() == count + 1, RECOVERY_BOUND_S + 1)
+    assert wait_until(lambda: recoveries() == count + 1, RECOVERY_BOUND_S + 1)
     assert fw_status()["state"] == str(FW_RUNNING)
     with dev.alloc(4096) as buf:
         dev.wait(dev.submit([ops.fill(buf, 0x600DF00D, 4096)]), timeout_s=5)
@@ -355,7 +347,7 @@ def test_fw_name_loads_another_image() -> None:
         reloaded(f"fw_name={name}") as r,
     ):
         assert r.returncode == 0, r.stderr
-        assert poll(lambda: os.path.exists(DEV_PATH), 10)
+        assert wait_until(lambda: os.path.exists(DEV_PATH), 10)
         assert read(FW_NAME_PARAM).strip() == name
         assert read(f"{SYSFS}/fw_version").strip() == "1.1"
         assert fw_status()["state"] == str(FW_RUNNING)
@@ -432,6 +424,6 @@ def test_a_valid_image_with_a_slow_heartbeat_is_not_declared_lost() -> None:
         reloaded(f"fw_name={name}") as r,
     ):
         assert r.returncode == 0, r.stderr
-        assert poll(lambda: os.path.exists(DEV_PATH), 10)
+        assert wait_until(lambda: os.path.exists(DEV_PATH), 10)
         time.sleep(2.5)
         assert recoveries() == 0

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from guest_util import wait_until
 
 import npu
 from npu import _abi, ops
@@ -67,15 +68,6 @@ def sysfs_int(name: str) -> int:
 def queue0_completed() -> int:
     with open(f"{SYSFS}/fences") as f:
         return int(f.read().split()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def errno_of(call: Callable[[], object]) -> int:

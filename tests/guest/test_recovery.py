@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from guest_util import wait_until
 
 import npu
 from npu import _abi, ops
@@ -80,15 +81,6 @@ def fences() -> tuple[int, int]:
     with open(f"{SYSFS}/fences") as f:
         submitted, completed = f.read().split()
     return int(submitted), int(completed)
-
-
-def poll(pred: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def inject(fault: str) -> None:
@@ -151,7 +143,7 @@ def hang_timeout() -> Iterator[int]:
 @pytest.fixture(autouse=True)
 def quiet_device() -> Iterator[None]:
     """Each test starts and ends with the device idle and nothing armed."""
-    assert poll(lambda: fences()[0] == fences()[1], 30), f"device busy: {fences()}"
+    assert wait_until(lambda: fences()[0] == fences()[1], 30), f"device busy: {fences()}"
     assert armed() == 0, f"a fault is armed before the test: {armed():#x}"
     yield
     left = armed()
@@ -471,7 +463,7 @@ def test_another_files_user_queue_resumes_where_it_was_after_the_reset(
         q.wait(q.fill(buf, 0x11111111, 4096), timeout_s=30)  # before the hang
         inject("hang")
         hung = dev.submit([ops.nop()])
-        assert poll(lambda: armed() == 0), "the hang did not fire"
+        assert wait_until(lambda: armed() == 0, 5.0), "the hang did not fire"
         fence = q.fill(buf, 0x22222222, 4096)  # queued while the device hangs
         q.kick()
         q.wait(fence, timeout_s=30)  # run after the reset, on the same ring

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from guest_util import wait_until
 
 import npu
 from npu import _abi
@@ -169,15 +170,6 @@ def lend_all(fd: int) -> list[int]:
             assert exc.errno == errno.EBUSY
             return got
         assert len(got) <= USER_QUEUES
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # --------------------------------------------------------------------------
