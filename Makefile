@@ -5,6 +5,9 @@
 #   make test     host tests + the guest suite (boots the guest once)
 #   make stress   the reliability suite at full size (tests/stress/; long)
 #
+# NPU_KERNEL=debug runs any guest command (demo, shell, guest-run, bench,
+# test-guest) on the debug kernel (KASAN, lockdep, kmemleak, fault injection).
+#
 # Build products are cached outside the clone, in $(NPU_CACHE), keyed by
 # their inputs, so a fresh clone on the same machine rebuilds nothing.
 
@@ -13,17 +16,24 @@ export NPU_CACHE
 VENV := $(NPU_CACHE)/venv
 PY := $(VENV)/bin/python
 GUEST := $(PY) scripts/guest.py
-KVER = $(shell cat $(NPU_CACHE)/guest/current/kver)
+# The kernel the guest commands boot: distro (Debian 13's) or debug.
+NPU_KERNEL ?= distro
+export NPU_KERNEL
+ifeq ($(NPU_KERNEL),debug)
+GUEST_DEPS := qemu guest module-debug
+else
+GUEST_DEPS := qemu guest module
+endif
 # make demo DEMO=examples/hello_npu.py runs the first-contact script instead.
 DEMO ?= examples/infer_digits.py
 
-.PHONY: all deps qemu guest module firmware demo test test-host test-guest lint bench \
-	shell guest-run models clean help stress
+.PHONY: all deps qemu qemu-asan guest kernel-debug module module-debug firmware demo test \
+	test-host test-guest lint bench shell guest-run models clean help stress buildroot
 
 all: qemu guest module
 
 help:
-	@sed -n '1,13p' Makefile
+	@sed -n '1,16p' Makefile
 
 deps:
 	@bash scripts/deps.sh
@@ -31,11 +41,23 @@ deps:
 qemu: deps
 	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/qemu.lock bash scripts/build-qemu.sh
 
+# QEMU with AddressSanitizer and UBSan: the qtest suite runs against it.
+qemu-asan: deps
+	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/qemu-asan.lock bash scripts/build-qemu.sh asan
+
 guest: deps
 	@mkdir -p $(NPU_CACHE) && flock $(NPU_CACHE)/guest.lock bash scripts/build-guest.sh
 
+# The debug kernel (guest/kernel/*.config), built from Debian 13's source.
+kernel-debug: guest
+	@flock $(NPU_CACHE)/kernel.lock bash scripts/build-kernel.sh
+
+# npu.ko for the distribution kernel / the debug kernel (build/module/<kver>/).
 module: guest firmware
-	@$(MAKE) -s -C kernel_module KVER=$(KVER)
+	@bash scripts/build-module.sh distro
+
+module-debug: kernel-debug firmware
+	@bash scripts/build-module.sh debug
 
 # The firmware image; the guest installs it into /lib/firmware/npu/ at boot.
 firmware: build/firmware/npu/npu_fw.bin
@@ -43,40 +65,46 @@ firmware: build/firmware/npu/npu_fw.bin
 build/firmware/npu/npu_fw.bin: firmware/npu_fw.json scripts/mkfw.py include/npu_hw.h include/npu_fw.h
 	@python3 scripts/mkfw.py $< -o $@
 
-demo: qemu guest module
+demo: $(GUEST_DEPS)
 	@$(GUEST) run -- python3 $(DEMO)
 
-test: qemu guest module
-	@$(PY) -m pytest tests
+# Host tests (qtests on the ASan QEMU), the guest suite on the distribution
+# kernel, then on the debug kernel behind an IOMMU, then fault injection.
+test: qemu qemu-asan guest module module-debug
+	@NPU_KERNEL=distro $(PY) -m pytest tests
 
-test-host: deps
+test-host: deps qemu-asan
 	@$(PY) -m pytest tests/host
 
-test-guest: qemu guest module
+test-guest: $(GUEST_DEPS)
 	@$(PY) -m pytest tests --ignore=tests/host
 
 # The reliability suite at the issue's sizes (make test runs it short).
-stress: qemu guest module
+stress: $(GUEST_DEPS)
 	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py
 
 lint: deps qemu module
 	@bash scripts/lint.sh
+
+# The Buildroot image (buildroot_config/); needs a Buildroot 2025.02 tree
+# and internet access: make buildroot BUILDROOT_DIR=~/buildroot-2025.02.x
+buildroot: deps
+	@mkdir -p $(NPU_CACHE) && BUILDROOT_DIR="$(BUILDROOT_DIR)" flock $(NPU_CACHE)/buildroot.lock bash scripts/buildroot.sh
 
 # Regenerate the example models in examples/models/ (host numpy; deterministic).
 models: deps
 	@$(PY) examples/models/train_digits.py -q
 	@$(PY) examples/models/make_resnet.py
 
-bench: qemu guest module
+bench: $(GUEST_DEPS)
 	@$(PY) scripts/bench.py
 
-shell: qemu guest module
+shell: $(GUEST_DEPS)
 	@$(GUEST) shell
 
 # make guest-run CMD='python3 examples/hello_npu.py'
-guest-run: qemu guest module
+guest-run: $(GUEST_DEPS)
 	@$(GUEST) run -- $(CMD)
 
 clean:
-	@$(MAKE) -s -C kernel_module KVER=$(KVER) clean
 	rm -rf build

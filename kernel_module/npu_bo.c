@@ -455,10 +455,10 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	}
 	/* vm_map_pages() takes vm_pgoff as the page index into the BO. */
 	vma->vm_pgoff = start >> PAGE_SHIFT;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	if (bo->local) {
 		/* Device memory: write-combined through the BAR. */
-		vma->vm_flags |= VM_IO;
+		vm_flags_set(vma, VM_IO);
 		vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
 		phys_addr_t phys = ctx->ndev->mem_phys + bo->local_off + start;
 

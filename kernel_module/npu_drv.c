@@ -335,7 +335,7 @@ static int __init npu_init(void)
 	ret = alloc_chrdev_region(&npu_devt, 0, NPU_MAX_DEVICES, NPU_DRIVER_NAME);
 	if (ret)
 		return ret;
-	npu_class = class_create(THIS_MODULE, NPU_DRIVER_NAME);
+	npu_class = class_create(NPU_DRIVER_NAME);
 	if (IS_ERR(npu_class)) {
 		ret = PTR_ERR(npu_class);
 		goto err_unregister_region;

@@ -10,7 +10,7 @@
 #include <linux/firmware.h>
 #include <linux/iopoll.h>
 #include <linux/moduleparam.h>
-#include <asm/unaligned.h>
+#include <linux/unaligned.h>
 
 #include "npu_drv.h"
 #include "npu_fw.h"

@@ -632,8 +632,8 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 		if (len != PAGE_SIZE || (vma->vm_flags & VM_EXEC))
 			goto out;
 		bell = pci_resource_start(ndev->pdev, NPU_BAR_REGS) + NPU_DOORBELL(index);
-		vma->vm_flags |= VM_IO | VM_DONTEXPAND | VM_DONTDUMP;
-		vma->vm_flags &= ~VM_MAYEXEC;
+		vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP);
+		vm_flags_clear(vma, VM_MAYEXEC);
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
 		ret = io_remap_pfn_range(vma, vma->vm_start, bell >> PAGE_SHIFT,
 					 PAGE_SIZE, vma->vm_page_prot);
@@ -642,7 +642,7 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	if (within != NPU_UQ_MEM_OFFSET || len > uq->mem_size)
 		goto out;
 	vma->vm_pgoff = 0;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	ret = dma_mmap_coherent(&ndev->pdev->dev, vma, uq->mem, uq->mem_dma,
 				uq->mem_size);
 	if (ret)

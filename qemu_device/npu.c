@@ -1191,9 +1191,10 @@ static void npu_exit(PCIDevice *pdev)
     msix_uninit_exclusive_bar(pdev);
 }
 
-static void npu_qdev_reset(DeviceState *dev)
+/* Resettable hold phase: a PCI or system reset of the device. */
+static void npu_reset_hold(Object *obj, ResetType type)
 {
-    NpuState *s = NPU_PCI(dev);
+    NpuState *s = NPU_PCI(obj);
 
     npu_request_reset(s, true);
     qemu_mutex_lock(&s->lock);
@@ -1201,16 +1202,16 @@ static void npu_qdev_reset(DeviceState *dev)
     qemu_mutex_unlock(&s->lock);
 }
 
-static Property npu_properties[] = {
+static const Property npu_properties[] = {
     DEFINE_PROP_UINT32("cores", NpuState, num_cores, 2),
     DEFINE_PROP_SIZE("mem-size", NpuState, mem_size, 512 * MiB),
     DEFINE_PROP_BOOL("boot-rom", NpuState, boot_rom, false),
-    DEFINE_PROP_END_OF_LIST(),
 };
 
 static void npu_class_init(ObjectClass *klass, void *data)
 {
     DeviceClass *dc = DEVICE_CLASS(klass);
+    ResettableClass *rc = RESETTABLE_CLASS(klass);
     PCIDeviceClass *k = PCI_DEVICE_CLASS(klass);
 
     k->realize = npu_realize;
@@ -1220,25 +1221,22 @@ static void npu_class_init(ObjectClass *klass, void *data)
     k->revision = NPU_PCI_REVISION;
     k->class_id = NPU_PCI_CLASS;
     dc->desc = "Emulated NPU (neural processing unit)";
-    dc->reset = npu_qdev_reset;
+    rc->phases.hold = npu_reset_hold;
     device_class_set_props(dc, npu_properties);
     set_bit(DEVICE_CATEGORY_MISC, dc->categories);
 }
 
-static const TypeInfo npu_info = {
-    .name = TYPE_NPU_PCI,
-    .parent = TYPE_PCI_DEVICE,
-    .instance_size = sizeof(NpuState),
-    .class_init = npu_class_init,
-    .interfaces = (InterfaceInfo[]) {
-        { INTERFACE_CONVENTIONAL_PCI_DEVICE },
-        { },
+static const TypeInfo npu_types[] = {
+    {
+        .name = TYPE_NPU_PCI,
+        .parent = TYPE_PCI_DEVICE,
+        .instance_size = sizeof(NpuState),
+        .class_init = npu_class_init,
+        .interfaces = (InterfaceInfo[]) {
+            { INTERFACE_CONVENTIONAL_PCI_DEVICE },
+            { },
+        },
     },
 };
 
-static void npu_register_types(void)
-{
-    type_register_static(&npu_info);
-}
-
-type_init(npu_register_types)
+DEFINE_TYPES(npu_types)

@@ -7,7 +7,7 @@
 #ifndef HW_MISC_NPU_DEV_H
 #define HW_MISC_NPU_DEV_H
 
-#include "hw/pci/pci.h"
+#include "hw/pci/pci_device.h"
 #include "qemu/thread.h"
 #include "npu_hw.h"
 

@@ -371,7 +371,7 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
         MemoryRegion *mr = address_space_translate(as, pa, &xlat, &l, write,
                                                    MEMTXATTRS_UNSPECIFIED);
 
-        direct = memory_access_is_direct(mr, write);
+        direct = memory_access_is_direct(mr, write, MEMTXATTRS_UNSPECIFIED);
     }
     if (!direct) {
         *plen = MAX(MIN(run, l), 1);

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Build the Debian bookworm guest: kernel + initramfs + ext4 root image.
+# Build the Debian 13 (trixie) guest: kernel + initramfs + ext4 root image.
 #
 # Cached in $NPU_CACHE/guest/<key>, keyed by this script and the guest recipe
-# (guest/packages.txt, guest/requirements.txt, guest/npu-init). Also installs
-# on the host the linux-headers package of the exact guest kernel version,
-# which `make module` builds against.
+# (guest/packages.txt, guest/requirements.txt, guest/npu-init). The root tree
+# is kept beside the image: it is also the trixie toolchain (gcc-14, the
+# guest kernel's exact headers) that builds npu.ko and the debug kernel in a
+# chroot (scripts/common.sh: guest_chroot), since the bookworm host's gcc 12
+# cannot build for a kernel made with gcc 14.
+#
+#   build-guest.sh        build (or reuse) the image
+#   build-guest.sh key    print its cache key
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/common.sh
@@ -12,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 g="$NPU_ROOT/guest"
 key=$(hash_files "$here/build-guest.sh" "$g/packages.txt" "$g/requirements.txt" "$g/npu-init")
+[ "${1:-}" = key ] && { echo "guest $key"; exit 0; }
 top="$NPU_CACHE/guest/$key"
 current="$NPU_CACHE/guest/current"
 
@@ -21,8 +27,11 @@ if [ ! -f "$top/.done" ]; then
 	root="$top/rootfs"
 	pkgs=$(grep -v '^#' "$g/packages.txt" | xargs | tr ' ' ',')
 	mirror=$(debian_mirror)
-	log "guest: debootstrap bookworm from $mirror (about 4 min)"
-	debootstrap --variant=minbase --include="$pkgs" bookworm "$root" "$mirror" \
+	log "guest: debootstrap $GUEST_SUITE from $mirror (about 4 min)"
+	# trixie is not in bookworm's debootstrap scripts; it bootstraps as sid does.
+	debootstrap --variant=minbase --include="$pkgs" \
+		--keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+		"$GUEST_SUITE" "$root" "$mirror" /usr/share/debootstrap/scripts/sid \
 		>"$top/debootstrap.log" 2>&1 ||
 		{ tail -n 30 "$top/debootstrap.log"; die "debootstrap failed (see $top/debootstrap.log)"; }
 
@@ -37,7 +46,10 @@ if [ ! -f "$top/.done" ]; then
 	echo npu-guest >"$root/etc/hostname"
 	chroot "$root" groupadd -f -r npu
 	chroot "$root" passwd -d root >/dev/null
-	mkdir -p "$root/mnt/npu"
+	# numpy's BLAS is OpenBLAS, not the reference BLAS.
+	chroot "$root" update-alternatives --quiet --set libblas.so.3-x86_64-linux-gnu \
+		/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+	mkdir -p "$root/mnt/npu" "$root/src" "$root/cache"
 	# Keep boot fast: no module load list, no fstab work.
 	: >"$root/etc/fstab"
 	rm -rf "$root/var/cache/apt/archives"/*.deb "$root/usr/share/doc" "$root/usr/share/man"
@@ -46,18 +58,15 @@ if [ ! -f "$top/.done" ]; then
 	cp "$root/boot/vmlinuz-$kver" "$top/vmlinuz"
 	cp "$root/boot/initrd.img-$kver" "$top/initrd.img"
 	echo "$kver" >"$top/kver"
+	# The Debian versions of what the benchmarks compare against.
+	chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' \
+		"linux-image-$kver" python3-numpy python3-onnx python3-onnxruntime \
+		libopenblas0-pthread python3 >"$top/versions"
+	readlink -f "$root/etc/alternatives/libblas.so.3-x86_64-linux-gnu" >"$top/blas"
 
 	log "guest: making the ext4 image"
-	mke2fs -q -t ext4 -L npuroot -d "$root" "$top/rootfs.ext4" 2G
-	rm -rf "$root"
+	mke2fs -q -t ext4 -L npuroot -d "$root" "$top/rootfs.ext4" 3G
 	touch "$top/.done"
 fi
-ln -sfn "$top" "$current"
-
-kver=$(cat "$top/kver")
-if [ ! -d "/usr/src/linux-headers-$kver" ]; then
-	log "guest: installing host headers linux-headers-$kver"
-	apt-get install -y -qq --no-install-recommends "linux-headers-$kver" >/dev/null ||
-		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends "linux-headers-$kver" >/dev/null; }
-fi
-log "guest ready: $current (kernel $kver)"
+ln -sfn "$key" "$current"
+log "guest ready: $current (kernel $(cat "$top/kver"), $(cat "$top/blas"))"

@@ -1,30 +1,50 @@
 #!/usr/bin/env bash
-# Build QEMU (x86_64-softmmu) from Debian's source package for the host's
-# release, with the NPU device from qemu_device/ spliced into hw/misc.
+# Build QEMU (x86_64-softmmu) from Debian 13's source package (10.0.x), with
+# the NPU device from qemu_device/ spliced into hw/misc.
 #
-# The configured tree is cached in $NPU_CACHE/qemu/<key>, where <key> hashes
-# what the configure step depends on (this script, the Debian source version,
-# the list of device files). The device sources themselves are synced into
-# the tree on every run and rebuilt incrementally by ninja, so editing a
-# device file costs seconds, not a reconfigure.
+#   build-qemu.sh          the release build ($NPU_CACHE/bin/qemu-system-x86_64)
+#   build-qemu.sh asan     the same QEMU with AddressSanitizer and UBSan
+#                          ($NPU_CACHE/bin/qemu-system-x86_64-asan), which
+#                          the qtest suite runs against
+#   build-qemu.sh VARIANT key   print the cache key of that build
+#
+# The spliced source tree is cached in $NPU_CACHE/qemu/<key>, where <key>
+# hashes what the configure step depends on (this script, the Debian source
+# version, the list of device files); each variant has its own build
+# directory in it. The device sources themselves are synced into the tree on
+# every run and rebuilt incrementally by ninja, so editing a device file
+# costs seconds, not a reconfigure.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/common.sh
 . "$here/common.sh"
 
+variant=${1:-release}
+print_key=0
+[ "${2:-}" = key ] && print_key=1
+case "$variant" in
+release) suffix="" extra=(--extra-cflags="-g -O2") ;;
+asan) suffix="-asan" extra=(--enable-asan --enable-ubsan --extra-cflags="-g -O1 -fno-omit-frame-pointer") ;;
+*) die "unknown QEMU variant '$variant' (release or asan)" ;;
+esac
+
 dev_dir="$NPU_ROOT/qemu_device"
 inc_dir="$NPU_ROOT/include"
 # Only the set of C files shapes meson.build; their contents do not.
 dev_files=$(find "$dev_dir" -maxdepth 1 -name '*.c' -printf '%f\n' | LC_ALL=C sort | tr '\n' ' ')
-src_version=$(apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | sort -V | tail -n1)
-[ -n "$src_version" ] || { add_deb_src; apt-get update -qq; src_version=$(apt-cache showsrc qemu | awk '/^Version:/ {print $2}' | sort -V | tail -n1); }
-[ -n "$src_version" ] || die "apt-cache showsrc qemu found no source package"
+src_suite_version() {
+	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1
+}
+src_version=$(src_suite_version)
+[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; apt-get update -qq; src_version=$(src_suite_version); }
+[ -n "$src_version" ] || die "apt-cache showsrc qemu found no $GUEST_SUITE source package"
 
 key=$( { echo "$src_version"; echo "$dev_files"; cat "$here/build-qemu.sh"; } | sha256sum | cut -c1-16)
+[ $print_key = 1 ] && { echo "qemu-$variant $key"; exit 0; }
 top="$NPU_CACHE/qemu/$key"
 src="$top/src"
-bld="$src/build"
-out="$NPU_CACHE/bin/qemu-system-x86_64"
+bld="$src/build$suffix"
+out="$NPU_CACHE/bin/qemu-system-x86_64$suffix"
 
 # Copy the device sources, the shared contract headers and trace events into
 # the tree when they changed (ninja then rebuilds just those).
@@ -41,13 +61,13 @@ sync_device_sources() {
 	fi
 }
 
-if [ ! -f "$top/.configured" ]; then
-	log "QEMU: fetching Debian source qemu=$src_version into $top"
+exec 8>"$NPU_CACHE/qemu-src.lock"
+flock 8
+if [ ! -f "$top/.spliced" ]; then
+	log "QEMU: Debian source qemu=$src_version into $top"
 	rm -rf "$top"
-	mkdir -p "$top/dl"
-	(cd "$top/dl" && apt-get source -qq "qemu=$src_version" >/dev/null)
-	mv "$top/dl"/qemu-*/ "$src"
-	rm -rf "$top/dl"
+	mkdir -p "$top"
+	cp -a "$(fetch_source qemu "$src_version")" "$src"
 
 	log "QEMU: splicing the npu device into hw/misc"
 	mkdir -p "$src/hw/misc/npu"
@@ -63,38 +83,44 @@ EOF
 npu_blas = dependency('openblas', required: true)
 EOF
 	{
-		printf "softmmu_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, files(\n"
+		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, files(\n"
 		for f in $dev_files; do printf "  'npu/%s',\n" "$f"; done
 		printf ")])\n"
 	} >>"$src/hw/misc/meson.build"
 	cp "$src/hw/misc/trace-events" "$src/hw/misc/trace-events.orig"
-	sync_device_sources
+	touch "$top/.spliced"
+fi
+sync_device_sources
+flock -u 8
 
-	log "QEMU: configuring (x86_64-softmmu, minimal features)"
+if [ ! -f "$bld/.configured" ]; then
+	log "QEMU ($variant): configuring (x86_64-softmmu, minimal features)"
+	rm -rf "$bld"
 	mkdir -p "$bld"
+	# The +ds tarball carries neither meson wheels nor firmware blobs: meson
+	# comes from the project's venv, the BIOS from Debian's seabios.
 	(cd "$bld" && ../configure \
 		--target-list=x86_64-softmmu \
 		--without-default-features \
+		--python="$NPU_VENV/bin/python3" \
 		--enable-tcg --enable-kvm --enable-virtfs --enable-attr \
 		--enable-cap-ng --enable-fdt=system --enable-trace-backends=log \
-		--disable-docs --disable-werror \
+		--disable-docs --disable-werror --disable-install-blobs \
 		--cc="ccache gcc" --cxx="ccache g++" \
-		--extra-cflags="-g -O2") >"$top/configure.log" 2>&1 ||
-		{ tail -n 40 "$top/configure.log"; die "QEMU configure failed (see $top/configure.log)"; }
-	touch "$top/.configured"
+		"${extra[@]}") >"$bld.configure.log" 2>&1 ||
+		{ tail -n 40 "$bld.configure.log"; die "QEMU configure failed (see $bld.configure.log)"; }
+	touch "$bld/.configured"
 fi
 
-sync_device_sources
-
-log "QEMU: building (first build takes ~10 min; later ones seconds)"
+log "QEMU ($variant): building (first build takes ~6 min; later ones seconds)"
 export CCACHE_DIR="$NPU_CACHE/ccache"
-if ! ninja -C "$bld" qemu-system-x86_64 >"$top/build.log" 2>&1; then
-	grep -E 'error|warning' "$top/build.log" | head -n 40 >&2 || true
-	tail -n 20 "$top/build.log" >&2
-	die "QEMU build failed (see $top/build.log)"
+if ! ninja -C "$bld" qemu-system-x86_64 >"$bld.build.log" 2>&1; then
+	grep -E 'error|warning' "$bld.build.log" | head -n 40 >&2 || true
+	tail -n 20 "$bld.build.log" >&2
+	die "QEMU build failed (see $bld.build.log)"
 fi
-grep -E 'hw/misc/npu/.*warning' "$top/build.log" >&2 || true
+grep -E 'hw/misc/npu/.*warning' "$bld.build.log" >&2 || true
 mkdir -p "$(dirname "$out")"
 ln -sf "$bld/qemu-system-x86_64" "$out"
-ln -sfn "$top" "$NPU_CACHE/qemu/current"
-log "QEMU ready: $out"
+ln -sfn "$key" "$NPU_CACHE/qemu/current"
+log "QEMU ($variant) ready: $out"

@@ -10,12 +10,13 @@ APT_PKGS=(
 	build-essential ccache ninja-build meson pkg-config flex bison
 	libglib2.0-dev libpixman-1-dev libopenblas-dev zlib1g-dev
 	debootstrap e2fsprogs dpkg-dev fakeroot cpio xz-utils zstd
-	python3-venv pciutils sparse git
+	python3-venv pciutils sparse git curl
 	libcap-ng-dev libattr1-dev libfdt-dev qemu-system-data seabios
 	shellcheck
 )
 
 stamp="$NPU_CACHE/stamps/deps-$(hash_files "$here/deps.sh" "$here/common.sh" "$NPU_ROOT/requirements-dev.txt")"
+[ "${1:-}" = key ] && { echo "deps ${stamp##*/deps-}"; exit 0; }
 if [ -f "$stamp" ]; then
 	exit 0
 fi

@@ -5,7 +5,7 @@ Module use (the host test harness)::
 
     from guest import Guest
     with Guest() as g:              # boots; QEMU is killed on every exit path
-        g.load_module()             # insmod /mnt/npu/kernel_module/npu.ko
+        g.load_module()             # insmod /mnt/npu/build/module/<kver>/npu.ko
         rc, out = g.run("lspci -n")
 
 CLI::
@@ -24,6 +24,10 @@ interleave with command output; use ``dmesg()`` for the kernel log.
 
 Environment:
     NPU_CACHE        build products (default ~/.cache/npu-stack)
+    NPU_KERNEL       guest kernel: "distro" (default; Debian 13's 6.12) or
+                     "debug" (KASAN, lockdep, kmemleak...: make kernel-debug)
+    NPU_GUEST        guest image: "debian" (default) or "buildroot" (the
+                     image of make buildroot, with its own kernel)
     NPU_QEMU         QEMU binary (default $NPU_CACHE/bin/qemu-system-x86_64)
     NPU_DEVICES      device arguments (default "-device npu"; "" for none)
     NPU_MEM          guest memory (default 2G)
@@ -57,9 +61,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NPU_CACHE = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
 GUEST_DIR = NPU_CACHE / "guest" / "current"
+DEBUG_KERNEL_DIR = NPU_CACHE / "kernel-debug" / "current"
+BUILDROOT_IMAGES = NPU_CACHE / "buildroot" / "images"
 GUEST_ROOT = "/mnt/npu"  # where the project tree is mounted in the guest
-MODULE_PATH = GUEST_ROOT + "/kernel_module/npu.ko"
-HOST_MODULE_PATH = ROOT / "kernel_module" / "npu.ko"
 KERNEL_CMDLINE = "console=ttyS0 root=/dev/vda rw init=/sbin/npu-init quiet"
 # Coldplug would load these for q35's stock devices; they only cost boot time.
 BOOT_BLACKLIST = (
@@ -71,8 +75,10 @@ READY_LINE = "npu-init: ready"
 # Kernel log lines that fail a test. The unsigned/out-of-tree module taint
 # messages do not match.
 BAD_DMESG_RE = re.compile(
-    r"Oops|BUG:|WARNING:|general protection|circular locking|"
-    r"sleeping function called|KASAN"
+    r"Oops|BUG:|WARNING:|general protection|kernel BUG|"
+    r"KASAN|UBSAN|KFENCE|"
+    r"possible circular locking|inconsistent lock state|possible recursive locking|"
+    r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called"
 )
 # The guest tty turns LF into CRLF and QEMU's stdio adds another CR.
 _CRLF_RE = re.compile(r"\r+\n")
@@ -103,24 +109,79 @@ def qemu_binary() -> Path:
     return Path(os.environ.get("NPU_QEMU") or NPU_CACHE / "bin" / "qemu-system-x86_64")
 
 
-def check_prerequisites(need_module: bool = False) -> None:
+class GuestKernel:
+    """The guest image and kernel that NPU_GUEST and NPU_KERNEL select."""
+
+    def __init__(self, kind: str | None = None) -> None:
+        self.guest = os.environ.get("NPU_GUEST", "").strip() or "debian"
+        self.kind = kind or os.environ.get("NPU_KERNEL", "").strip() or "distro"
+        if self.guest not in ("debian", "buildroot"):
+            raise GuestSetupError(f"NPU_GUEST={self.guest!r}: expected 'debian' or 'buildroot'")
+        if self.kind not in ("distro", "debug"):
+            raise GuestSetupError(f"NPU_KERNEL={self.kind!r}: expected 'distro' or 'debug'")
+        self.initrd: Path | None = None
+        if self.guest == "buildroot":
+            self.kind = "buildroot"
+            self.vmlinuz = BUILDROOT_IMAGES / "bzImage"
+            self.rootfs = BUILDROOT_IMAGES / "rootfs.ext4"
+            self.kver_file: Path | None = None
+            self.build = "make buildroot BUILDROOT_DIR=<a Buildroot checkout>"
+        elif self.kind == "debug":
+            self.vmlinuz = DEBUG_KERNEL_DIR / "vmlinuz"
+            self.rootfs = GUEST_DIR / "rootfs.ext4"
+            self.kver_file = DEBUG_KERNEL_DIR / "kver"
+            self.build = "make kernel-debug"
+        else:
+            self.vmlinuz = GUEST_DIR / "vmlinuz"
+            self.initrd = GUEST_DIR / "initrd.img"
+            self.rootfs = GUEST_DIR / "rootfs.ext4"
+            self.kver_file = GUEST_DIR / "kver"
+            self.build = "make guest"
+
+    @property
+    def kver(self) -> str:
+        """The kernel release (uname -r in the guest)."""
+        if self.kver_file is None or not self.kver_file.is_file():
+            return ""
+        return self.kver_file.read_text().strip()
+
+    @property
+    def load_command(self) -> str:
+        """The guest command that loads the driver built for this kernel."""
+        if self.kind == "buildroot":  # installed into the image by package/npu-driver
+            return "modprobe npu"
+        return f"insmod {GUEST_ROOT}/build/module/{self.kver}/npu.ko"
+
+    @property
+    def host_module_path(self) -> Path | None:
+        """npu.ko on the host (None: it lives in the image)."""
+        if self.kind == "buildroot":
+            return None
+        return ROOT / "build" / "module" / self.kver / "npu.ko"
+
+
+def check_prerequisites(need_module: bool = False, kernel: GuestKernel | None = None) -> None:
     """Raise GuestSetupError naming what is missing and how to build it."""
     missing = []
     q = qemu_binary()
     if not (q.is_file() and os.access(q, os.X_OK)):
         missing.append(f"QEMU binary {q} (build: make qemu / bash scripts/build-qemu.sh)")
-    for f in ("vmlinuz", "initrd.img", "rootfs.ext4"):
-        if not (GUEST_DIR / f).is_file():
-            missing.append(f"guest {GUEST_DIR / f} (build: bash scripts/build-guest.sh)")
-    if need_module and not HOST_MODULE_PATH.is_file():
-        missing.append(f"kernel module {HOST_MODULE_PATH} (build: make module)")
+    k = kernel or GuestKernel()
+    for f in (k.vmlinuz, k.initrd, k.rootfs):
+        if f is not None and not f.is_file():
+            missing.append(f"guest {f} (build: {k.build})")
+    hm = k.host_module_path
+    if need_module and hm is not None and not hm.is_file():
+        missing.append(f"kernel module {hm} (build: make module)")
     if missing:
         raise GuestSetupError(
             "guest prerequisites missing (`make test` builds them):\n  " + "\n  ".join(missing)
         )
 
 
-def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list:
+def qemu_argv(
+    extra_cmdline: str = "", console_args: list | None = None, kernel: GuestKernel | None = None
+) -> list:
     """The QEMU command line (argv[0] included)."""
     kvm = os.environ.get("NPU_KVM", "") == "1"
     cmdline = f"{KERNEL_CMDLINE} modprobe.blacklist={BOOT_BLACKLIST}"
@@ -130,6 +191,7 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
     iommu = os.environ.get("NPU_IOMMU", "") == "1"
     if iommu:
         cmdline += " intel_iommu=on"
+    k = kernel or GuestKernel()
     argv = [str(qemu_binary())]
     # Our QEMU build has no firmware of its own: use Debian's (qemu-system-data,
     # seabios, ipxe-qemu), which live in several directories.
@@ -139,9 +201,10 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
     argv += [
         "-machine",
         "q35",
-        # TCG: the default CPU model boots faster than "max" (no AVX/AES-NI
-        # for the guest to probe and use under emulation).
-        *(["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg"]),
+        # TCG: "max" (what TCG implements: SSE4.2, AVX2, FMA...). Under the
+        # default qemu64 model trixie's OpenBLAS picks kernels that die with
+        # SIGILL, and the numpy baseline would be unfairly slow.
+        *(["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg", "-cpu", "max"]),
         "-m",
         os.environ.get("NPU_MEM", "") or "2G",
         "-smp",
@@ -161,13 +224,12 @@ def qemu_argv(extra_cmdline: str = "", console_args: list | None = None) -> list
             else ["-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con"]
         ),
         "-kernel",
-        str(GUEST_DIR / "vmlinuz"),
-        "-initrd",
-        str(GUEST_DIR / "initrd.img"),
+        str(k.vmlinuz),
+        *(["-initrd", str(k.initrd)] if k.initrd is not None else []),
         "-append",
         cmdline,
         "-drive",
-        f"file={GUEST_DIR / 'rootfs.ext4'},if=virtio,format=raw,snapshot=on",
+        f"file={k.rootfs},if=virtio,format=raw,snapshot=on",
         "-fsdev",
         f"local,id=npufs,path={ROOT},security_model=none",
         "-device",
@@ -206,7 +268,9 @@ class Guest:
         log_path: Path | None = None,
         boot_timeout: float | None = None,
         extra_cmdline: str = "",
+        kernel: str | None = None,
     ):
+        self.kernel = GuestKernel(kernel)
         self.log_path = Path(
             log_path or os.environ.get("NPU_GUEST_LOG") or ROOT / "build" / "guest-console.log"
         )
@@ -235,10 +299,10 @@ class Guest:
     def start(self) -> Guest:
         import pexpect
 
-        check_prerequisites()
+        check_prerequisites(kernel=self.kernel)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
-        argv = qemu_argv(self.extra_cmdline)
+        argv = qemu_argv(self.extra_cmdline, kernel=self.kernel)
         self._log.write("[guest.py] " + shlex.join(argv) + "\n")
         self._log.flush()
         t0 = time.monotonic()
@@ -512,16 +576,22 @@ class Guest:
     def module_loaded(self) -> bool:
         return self.run("test -d /sys/module/npu", timeout=30)[0] == 0
 
-    def load_module(self, params: str = "", path: str = MODULE_PATH) -> None:
-        """insmod the driver and wait for udev; GuestError (with dmesg) on failure."""
-        if path == MODULE_PATH and not HOST_MODULE_PATH.is_file():
-            raise GuestSetupError(f"kernel module {HOST_MODULE_PATH} is not built (make module)")
+    def load_module(self, params: str = "", path: str | None = None) -> None:
+        """insmod the driver (by default the one built for this guest's
+        kernel) and wait for udev; GuestError (with dmesg) on failure."""
+        if path is None:
+            hm = self.kernel.host_module_path
+            if hm is not None and not hm.is_file():
+                raise GuestSetupError(f"kernel module {hm} is not built (make module)")
+            cmd = self.kernel.load_command
+        else:
+            cmd = f"insmod {shlex.quote(path)}"
         mark = self.dmesg_mark()
-        rc, out = self.run(f"insmod {shlex.quote(path)} {params}".rstrip(), timeout=120)
+        rc, out = self.run(f"{cmd} {params}".rstrip(), timeout=120)
         new = self.new_dmesg(mark)
         if rc != 0:
             raise GuestError(
-                f"insmod {path} failed ({rc}): {out.strip()}\ndmesg:\n" + "\n".join(new[-40:])
+                f"{cmd} failed ({rc}): {out.strip()}\ndmesg:\n" + "\n".join(new[-40:])
             )
         self.run("udevadm settle -t 30", timeout=60)
         bad = bad_dmesg_lines(new)

@@ -24,11 +24,11 @@ step "mypy --strict (runtime_py)"
 "$NPU_VENV/bin/mypy" || bad mypy
 
 step "shellcheck"
-shellcheck -x -P "$NPU_ROOT" scripts/*.sh guest/npu-init .ci/run || bad shellcheck
+shellcheck -x -P "$NPU_ROOT" scripts/*.sh guest/npu-init .ci/run buildroot_config/board/npu/*.sh ||
+	bad shellcheck
 
 step "kernel checkpatch --strict"
-bash "$here/fetch-checkpatch.sh" || bad "fetching checkpatch"
-cp_pl="$NPU_CACHE/checkpatch/scripts/checkpatch.pl"
+cp_pl=$(bash "$here/fetch-checkpatch.sh") || bad "fetching checkpatch"
 if [ -x "$cp_pl" ]; then
 	"$cp_pl" --strict --no-tree --quiet --show-types \
 		-f kernel_module/npu_*.[ch] || bad "kernel checkpatch"
@@ -38,9 +38,8 @@ if [ -x "$cp_pl" ]; then
 		-f include/*.h || bad "kernel checkpatch (include/)"
 fi
 
-step "kernel W=1 + sparse build"
-kver=$(cat "$NPU_CACHE/guest/current/kver")
-out=$(make -s -C "/lib/modules/$kver/build" M="$NPU_ROOT/kernel_module" W=1 C=2 modules 2>&1)
+step "kernel W=1 + sparse build (the guest kernel's headers, gcc-14, in the guest root)"
+out=$(bash "$here/build-module.sh" distro W=1 C=2 2>&1) || bad "kernel module build"
 echo "$out" | grep -E 'warning|error' && bad "kernel W=1/sparse"
 
 step "QEMU checkpatch"

@@ -77,8 +77,11 @@ def _case_file(classname: str, name: str) -> str | None:
     return None
 
 
-def run_suite(g, gm, junit_host: Path, junit_guest: str) -> tuple[SuiteRun, list]:
-    """Run tests/guest in the booted guest g; (the run, its new kernel log lines)."""
+def run_suite(
+    g, gm, junit_host: Path, junit_guest: str, cmd: str | None = None
+) -> tuple[SuiteRun, list]:
+    """Run tests/guest (or `cmd`, a pytest command line with a ``{junit}``
+    field) in the booted guest g; (the run, its new kernel log lines)."""
     run = SuiteRun()
     junit_host.parent.mkdir(parents=True, exist_ok=True)
     junit_host.unlink(missing_ok=True)  # never read a stale result
@@ -86,7 +89,9 @@ def run_suite(g, gm, junit_host: Path, junit_guest: str) -> tuple[SuiteRun, list
     t0 = time.monotonic()
     try:
         run.rc, run.output = g.run(
-            f"{suite_cmd(junit_guest)}; rc=$?; sync; exit $rc", timeout=SUITE_TIMEOUT
+            f"{cmd.format(junit=junit_guest) if cmd else suite_cmd(junit_guest)}; "
+            "rc=$?; sync; exit $rc",
+            timeout=SUITE_TIMEOUT,
         )
     except gm.GuestError as e:
         run.error = f"{e}\n{getattr(e, 'output', '')[-4000:]}"

@@ -6,6 +6,8 @@ Run from the project root in the guest (/mnt/npu)::
 
 - every test: the kernel log (/dev/kmsg) is read before and after; new
   records matching kmsg.BAD_KMSG_RE fail the test (error in its teardown);
+- every test file, on a kernel with kmemleak (the debug kernel): a scan
+  after the file; an object leaked from npu.ko fails it;
 - session: the driver is loaded (insmod) if it is not, and /dev/npu0 awaited;
 - fixtures: `dev` (an open npu.Device), `dev_path` ("/dev/npu0"),
   `fd` (a raw O_RDWR file descriptor on /dev/npu0).
@@ -23,7 +25,8 @@ import kmsg  # tests/guest/kmsg.py: the kernel-log gate
 import pytest
 
 DEV_PATH = "/dev/npu0"
-MODULE = "/mnt/npu/kernel_module/npu.ko"
+# npu.ko as built for the running kernel (scripts/build-module.sh).
+MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
 RUNTIME = "/mnt/npu/runtime_py"
 
 if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
@@ -34,6 +37,27 @@ if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
 def _kmsg_gate():
     with kmsg.checked():
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kmemleak_baseline():
+    """Forget what kmemleak found before the suite (boot-time objects)."""
+    if kmsg.kmemleak_available():
+        kmsg.kmemleak_scan()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kmemleak_gate(_kmemleak_baseline):
+    """On a kernel with kmemleak: scan after each test file; an unreferenced
+    object allocated from npu.ko fails the file (its last test errors)."""
+    yield
+    if kmsg.kmemleak_available():
+        leaks = kmsg.kmemleak_scan()
+        if leaks:
+            pytest.fail(
+                f"kmemleak: {len(leaks)} object(s) from npu.ko leaked:\n" + "\n".join(leaks[:5]),
+                pytrace=False,
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -34,7 +34,18 @@ REPO = Path(__file__).resolve().parents[2]
 HW_HEADER = REPO / "include" / "npu_hw.h"
 
 NPU_CACHE = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
-QEMU = Path(os.environ.get("NPU_QEMU") or NPU_CACHE / "bin" / "qemu-system-x86_64")
+# The qtests run QEMU built with AddressSanitizer and UBSan (make qemu-asan);
+# NPU_QTEST_QEMU picks another binary.
+QEMU = Path(os.environ.get("NPU_QTEST_QEMU") or NPU_CACHE / "bin" / "qemu-system-x86_64-asan")
+# A sanitizer report on QEMU's stderr fails the test (QTest.close()). Leak
+# checking is off: QEMU does not free everything at exit by design.
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86",
+    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=87",
+}
+SANITIZER_RE = re.compile(
+    rb"ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|UndefinedBehaviorSanitizer"
+)
 FIRMWARE_DIRS = ("/usr/share/qemu", "/usr/share/seabios")
 
 U32 = (1 << 32) - 1
@@ -109,6 +120,10 @@ class QTestRefused(QTestError):
     """QEMU answered a command with something other than ``OK``."""
 
 
+class SanitizerReport(QTestError):
+    """QEMU's AddressSanitizer or UBSan reported an error."""
+
+
 class QTest:
     """One QEMU process under ``-accel qtest``, driven over its stdin/stdout."""
 
@@ -125,9 +140,15 @@ class QTest:
             *(a for d in FIRMWARE_DIRS if Path(d).is_dir() for a in ("-L", d)),
             *args,
         ]  # fmt: skip
+        if not (QEMU.is_file() and os.access(QEMU, os.X_OK)):
+            raise QTestError(f"no QEMU at {QEMU} (build: make qemu-asan, or set NPU_QTEST_QEMU)")
         self._log: IO[bytes] = open(log_path.with_suffix(".stderr"), "wb")  # noqa: SIM115
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, **SANITIZER_ENV},
         )
         self._buf = b""
 
@@ -147,7 +168,20 @@ class QTest:
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
                 pipe.close()
+        if self._log.closed:
+            return
         self._log.close()
+        self.check_sanitizers()
+
+    def check_sanitizers(self) -> None:
+        """Raise SanitizerReport if QEMU's stderr holds an ASan or UBSan report."""
+        err = self.log_path.with_suffix(".stderr").read_bytes()
+        m = SANITIZER_RE.search(err)
+        if m:
+            start = max(0, m.start() - 200)
+            raise SanitizerReport(
+                "QEMU sanitizer report:\n" + err[start : start + 6000].decode(errors="replace")
+            )
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of QEMU's stderr and guest-error log, for failure messages."""

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from npu import _abi
 
 DEV_PATH = "/dev/npu0"
-MODULE = "/mnt/npu/kernel_module/npu.ko"
+# npu.ko as built for the running kernel (scripts/build-module.sh).
+MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
 SYSFS = "/sys/class/npu/npu0"
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
@@ -217,6 +218,17 @@ def slab_objects(pattern: str = r"^kmalloc-") -> dict[str, int]:
             if rx.search(parts[0]):
                 out[parts[0]] = int(parts[1])
     return out
+
+
+def free_kb() -> int:
+    """Free memory in kB: MemFree plus the pages on the per-CPU free lists.
+
+    Since Linux 6.7 the per-CPU lists tune their size to the free rate: a
+    large free parks ~100 MB there, which MemFree does not count.
+    """
+    with open("/proc/zoneinfo") as f:
+        pcp_pages = sum(int(n) for n in re.findall(r"(?m)^\s+count:\s+(\d+)", f.read()))
+    return meminfo()["MemFree"] + pcp_pages * (PAGE >> 10)
 
 
 def drop_caches() -> None:

@@ -138,7 +138,7 @@ def test_kill9_with_work_in_flight_leaks_nothing(record_property):
     base_files = _device_files()
     base_pins = su.pinned_pages()
     su.drop_caches()
-    base_free = su.meminfo()["MemFree"]
+    base_free = su.free_kb()
     in_flight = 0
     early = 0
     t0 = time.monotonic()
@@ -171,7 +171,7 @@ def test_kill9_with_work_in_flight_leaks_nothing(record_property):
         "userptr pages of killed processes still pinned"
     )
     su.drop_caches()
-    free = su.meminfo()["MemFree"]
+    free = su.free_kb()
     # BOs and pins are counted exactly above; MemFree only catches gross
     # leaks of memory no counter sees (page tables, DMA memory). It moves
     # by up to ~55 MiB between samples with nothing else in /proc/meminfo

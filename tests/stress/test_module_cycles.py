@@ -97,14 +97,14 @@ def test_rmmod_insmod_cycles_leak_nothing(record_property):
         _cycle()
     su.drop_caches()
     time.sleep(0.5)
-    slab0, free0 = su.slab_objects(), su.meminfo()["MemFree"]
+    slab0, free0 = su.slab_objects(), su.free_kb()
     t0 = time.monotonic()
     for _ in range(cycles):
         _cycle()
     seconds = time.monotonic() - t0
     su.drop_caches()
     time.sleep(0.5)
-    slab1, free1 = su.slab_objects(), su.meminfo()["MemFree"]
+    slab1, free1 = su.slab_objects(), su.free_kb()
     per_slab = _slabinfo_objsperslab()
     grew = {
         name: slab1.get(name, 0) - n0

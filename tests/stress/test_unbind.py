@@ -167,13 +167,13 @@ def test_unbind_with_an_open_file_and_a_mapped_bo_then_rebind(pci_addr, record_p
     assert words[2] == 0xFEEDF00D  # still mapped, still there
 
     # The old device's 128 MiB go back to the system with the last mapping
-    # (at least half of it: MemFree does not count pages on per-CPU lists).
+    # (at least 3/4 of it: free memory moves by some MiB on its own).
     del words
     su.drop_caches()
-    before = su.meminfo()["MemFree"]
+    before = su.free_kb()
     m.close()
     su.drop_caches()
-    after = su.meminfo()["MemFree"]
+    after = su.free_kb()
     record_property("unbind_seconds", round(unbind_s, 2))
     record_property("rebind_seconds", round(bind_s, 2))
     record_property("unbind_aborted_in_flight", aborted)
@@ -181,7 +181,7 @@ def test_unbind_with_an_open_file_and_a_mapped_bo_then_rebind(pci_addr, record_p
         f"unbind {unbind_s:.2f} s (in-flight ops aborted: {aborted}), bind {bind_s:.2f} s; "
         f"freed {after - before} kB with the last mapping"
     )
-    assert after - before >= (BIG >> 10) // 2, f"MemFree {before} -> {after} kB"
+    assert after - before >= (BIG >> 10) * 3 // 4, f"free memory {before} -> {after} kB"
 
 
 def _submitter(w: int) -> None:

@@ -1,0 +1,127 @@
+"""The debug-kernel pass: the in-guest suite again on the debug kernel
+(NPU_KERNEL=debug: KASAN, KFENCE, UBSAN, lockdep, kmemleak, DMA-API debug,
+fault injection), with the NPU behind an emulated Intel VT-d IOMMU
+(``-device intel-iommu``, ``intel_iommu=on``), then the fault-injection
+suite (tests/faults/) in the same guest.
+
+The in-guest gates do the checking: the kernel-log gate after every test
+(KASAN, UBSAN, KFENCE, lockdep, DMA-API, Oops/BUG/WARNING) and, with
+kmemleak, a scan after every test file (an object leaked from npu.ko fails
+it). Every DMA of the device is translated by the IOMMU, so a driver that
+hands the device a physical address, or unmaps a page the device still
+uses, gets DMAR faults here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_guest_suite import SuiteRun, _tail, run_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+DMAR_FAULT_RE = re.compile(r"DMAR: \[DMA (Read|Write)|DMAR:.*fault", re.IGNORECASE)
+FAULTS_CMD = (
+    "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/faults tests/faults "
+    "--junitxml={junit}"
+)
+
+pytestmark = pytest.mark.guest
+
+
+@dataclass
+class DebugPass:
+    suite: SuiteRun
+    faults: SuiteRun
+    dmar: list[str]
+    iommu_group: str
+    bug_finders: dict[str, bool]
+
+
+# What the debug kernel must have switched on, as the guest sees it.
+BUG_FINDER_CHECKS = {
+    "kmemleak": "test -e /sys/kernel/debug/kmemleak",
+    "failslab": "test -d /sys/kernel/debug/failslab",
+    "fail_page_alloc": "test -d /sys/kernel/debug/fail_page_alloc",
+    "fail-nth": "test -e /proc/thread-self/fail-nth",
+    "kasan": "dmesg | grep -q KernelAddressSanitizer",
+    "kfence": "dmesg | grep -q 'kfence: initialized'",
+    "lockdep": "test -e /proc/lockdep",
+    "dma-api-debug": "test -d /sys/kernel/debug/dma-api",
+}
+
+
+@pytest.fixture(scope="module")
+def debug_pass(guest_module: Any) -> Iterator[DebugPass]:
+    gm = guest_module
+    old = os.environ.get("NPU_IOMMU")
+    os.environ["NPU_IOMMU"] = "1"
+    g = gm.Guest(log_path=ROOT / "build" / "guest-console-debug.log", kernel="debug")
+    try:
+        g.start()
+    finally:
+        if old is None:
+            os.environ.pop("NPU_IOMMU", None)
+        else:
+            os.environ["NPU_IOMMU"] = old
+    try:
+        finders = {k: g.run(cmd, timeout=60)[0] == 0 for k, cmd in BUG_FINDER_CHECKS.items()}
+        g.load_module()
+        rc, group = g.run("basename $(readlink /sys/class/npu/npu0/device/iommu_group)", timeout=60)
+        suite, dmesg = run_suite(
+            g, gm, ROOT / "build" / "guest-junit-debug.xml", "/mnt/npu/build/guest-junit-debug.xml"
+        )
+        faults, _ = run_suite(
+            g,
+            gm,
+            ROOT / "build" / "guest-junit-faults.xml",
+            "/mnt/npu/build/guest-junit-faults.xml",
+            cmd=FAULTS_CMD,
+        )
+        dmar = [line for line in dmesg if DMAR_FAULT_RE.search(line)]
+        yield DebugPass(suite, faults, dmar, group.strip() if rc == 0 else "", finders)
+    finally:
+        g.close()
+
+
+def _failed(run: SuiteRun) -> str:
+    bad = [c for _, c in run.cases if c.outcome in ("failed", "error")]
+    return f"{len(bad)} of {len(run.cases)} cases failed:\n\n" + "\n\n".join(
+        f"{c.name} [{c.outcome}]\n{c.message}" for c in bad
+    )
+
+
+@pytest.mark.parametrize("finder", list(BUG_FINDER_CHECKS))
+def test_the_debug_kernel_has_its_bug_finder(debug_pass: DebugPass, finder: str) -> None:
+    assert debug_pass.bug_finders[finder], f"{finder} is not on in the debug kernel"
+
+
+def test_the_npu_is_in_an_iommu_group(debug_pass: DebugPass) -> None:
+    group = debug_pass.iommu_group
+    assert group.isdigit(), f"the NPU has no IOMMU group ({group!r}): is intel_iommu on?"
+
+
+def test_guest_suite_passes_on_the_debug_kernel(debug_pass: DebugPass) -> None:
+    run = debug_pass.suite
+    assert not run.error, run.error + "\n" + _tail(run.output)
+    assert not [c for _, c in run.cases if c.outcome in ("failed", "error")], _failed(run)
+    assert run.rc == 0, f"in-guest pytest exited {run.rc}:\n{_tail(run.output)}"
+    assert len(run.cases) > 100, f"only {len(run.cases)} cases ran"
+    assert not run.bad_dmesg, "kernel log errors:\n" + "\n".join(run.bad_dmesg)
+
+
+def test_no_dmar_faults_during_the_suite(debug_pass: DebugPass) -> None:
+    assert not debug_pass.dmar, "DMAR faults:\n" + "\n".join(debug_pass.dmar[:20])
+
+
+def test_fault_injection_suite_passes(debug_pass: DebugPass) -> None:
+    run = debug_pass.faults
+    assert not run.error, run.error + "\n" + _tail(run.output)
+    assert not [c for _, c in run.cases if c.outcome in ("failed", "error")], _failed(run)
+    ran = [c for _, c in run.cases if c.outcome == "passed"]
+    assert run.rc == 0 and ran, f"fault-injection pytest exited {run.rc}:\n{_tail(run.output)}"
