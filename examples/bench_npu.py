@@ -11,9 +11,17 @@ epilogue, the tensor ops (element-wise, unary, convert, transpose on
 ``npu.Tensor``) and 2-D convolution and pooling (CONV2D, POOL2D) of the NPU
 next to the guest CPU doing the same work with numpy. Every result is
 checked (copy equal, GEMM, MATMUL, tensor ops and conv2d close to numpy); the
-script exits 1 if one is wrong. Progress goes to
-stderr; the last line of stdout is one JSON object (see docs/benchmarks.md
-for the keys)::
+script exits 1 if one is wrong.
+
+Every guest-numpy baseline is measured like the NPU side: one untimed
+warm-up run at the size that is reported, then the median of at least
+GUEST_RUNS timed runs (see :func:`guest_median_s`), also with
+``BENCH_QUICK=1``. The JSON also carries ``guest_env`` (see
+:func:`guest_environment`): the guest's Python, numpy and the BLAS library
+numpy actually runs on, which scripts/bench.py moves into ``meta``.
+
+Progress goes to stderr; the last line of stdout is one JSON object (see
+docs/benchmarks.md for the keys)::
 
     python3 examples/bench_npu.py            # in the guest; `make bench` runs it
 
@@ -23,10 +31,13 @@ test; the figures are then noisier).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
 import os
+import platform
+import re
 import statistics
 import sys
 import time
@@ -45,8 +56,13 @@ log = logging.getLogger("bench_npu")
 MIB = 1 << 20
 COPY_BYTES = 64 * MIB
 GEMM_N = 1024
-# numpy in the guest (TCG) runs at ~0.07 GFLOP/s: a 1024^3 GEMM takes ~30 s.
-# If one would take longer than this, the guest-numpy figure uses 512 instead.
+# Timed runs of every guest-numpy baseline, after one untimed warm-up run at
+# the measured size; BENCH_QUICK=1 does not lower it (a single run is not a
+# baseline). The NPU side runs its own counts (GEMM_RUNS, TENSOR_RUNS...).
+GUEST_RUNS = 3
+# numpy in the guest (TCG, -cpu max) runs at ~0.17 GFLOP/s fp32: one 1024^3
+# GEMM takes ~13 s, the warm-up and the GUEST_RUNS timed runs ~50 s. If one
+# run would take longer than this, the guest-numpy figure uses 512 instead.
 GUEST_GEMM_BUDGET_S = 60.0
 REF_ROWS = 128  # rows of the NPU GEMM result checked when the guest GEMM ran at 512
 WAIT_TIMEOUT_S = 120.0
@@ -84,7 +100,7 @@ IRQ_SETTLE_S = 0.05
 TENSOR_SIZES = (("1m", 1024), ("256k", 512))
 TENSOR_CHAIN = 4 if QUICK else 16
 TENSOR_RUNS = 2 if QUICK else 5
-TENSOR_NUMPY_RUNS = 1 if QUICK else 3
+TENSOR_NUMPY_RUNS = GUEST_RUNS  # after a warm-up, also with BENCH_QUICK=1
 GELU_EXACT_SAMPLES = 4096  # elements of the GELU result checked against the exact erf form
 # MATMUL op: 1024^3 on device-resident operands; fp16/bf16 results are
 # checked on their first MATMUL_REF_ROWS rows (numpy in the guest is slow).
@@ -96,18 +112,149 @@ MATMUL_RTOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
 FUSED_N = 512
 # CONV2D: a ResNet-like 64 -> 64 channel 3x3 conv (padding 1) on 56x56, batch
 # 8, fp32. Guest numpy (im2col + matmul) runs on the whole batch unless a
-# batch-1 probe predicts more than CONV_GUEST_BUDGET_S; then on batch 1 (a
-# rate, so comparable), and conv2d_guest_numpy_batch says so.
+# batch-1 probe predicts more than CONV_GUEST_BUDGET_S for one run; then on
+# batch 1 (a rate, so comparable), and conv2d_guest_numpy_batch says so.
+# Either way: a warm-up run, then the median of GUEST_RUNS.
 CONV_N, CONV_C, CONV_O, CONV_HW, CONV_K = 8, 64, 64, 56, 3
 CONV_GUEST_BUDGET_S = 60.0
 CONV_RUNS = 2 if QUICK else 5
 # |got - want| <= rtol * (|want| + sqrt(K)), K = C * KH * KW: fp32 output
 # rounding plus the accumulation order, for standard-normal inputs.
 CONV_RTOL = 1e-4
+# Debian's alternative for the BLAS that programs linked with -lblas load.
+BLAS_ALTERNATIVE = "/etc/alternatives/libblas.so.3-x86_64-linux-gnu"
+# Libraries in /proc/self/maps that are a BLAS (or its wrapper/dispatcher).
+BLAS_LIB_RE = re.compile(r"^lib(?:scipy_)?(?:open|flexi|c)?blas|^libblis|^libmkl_rt")
 
 
 class BenchError(RuntimeError):
     """A benchmark produced a wrong result."""
+
+
+def _numpy_build_blas() -> dict[str, Any] | None:
+    """numpy's build-time BLAS and LAPACK (``numpy.show_config(mode="dicts")``).
+
+    {"name", "version", "detection_method", "lapack"}; None if this numpy
+    cannot say (numpy < 1.26 has no "dicts" mode)."""
+    try:
+        config = np.show_config(mode="dicts")
+    except (TypeError, ValueError, AttributeError, ImportError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    deps = config.get("Build Dependencies", {})
+    blas, lapack = deps.get("blas", {}), deps.get("lapack", {})
+    return {
+        "name": blas.get("name"),
+        "version": blas.get("version"),
+        "detection_method": blas.get("detection method"),
+        "lapack": lapack.get("name"),
+    }
+
+
+def _mapped_blas_libraries() -> list[str]:
+    """Real paths of the BLAS libraries mapped into this process (/proc/self/maps),
+    in load order: what numpy's dynamic linking actually resolved to."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/"):
+            continue
+        path = fields[5]
+        if BLAS_LIB_RE.match(os.path.basename(path)) and path not in found:
+            found.append(path)
+    return found
+
+
+def _openblas_runtime(paths: list[str]) -> dict[str, Any]:
+    """OpenBLAS's own report (config string, kernel core, threads) from the first
+    of the already-loaded `paths` that exports openblas_get_config; {} if none."""
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0))
+        except OSError:
+            continue
+        for prefix, suffix in (("", ""), ("", "64_"), ("scipy_", "64_"), ("scipy_", "")):
+            get_config = getattr(lib, f"{prefix}openblas_get_config{suffix}", None)
+            if get_config is None:
+                continue
+            get_config.restype = ctypes.c_char_p
+            out: dict[str, Any] = {"openblas_config": get_config().decode(errors="replace")}
+            corename = getattr(lib, f"{prefix}openblas_get_corename{suffix}", None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                out["openblas_corename"] = corename().decode(errors="replace")
+            threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            if threads is not None:
+                threads.restype = ctypes.c_int
+                out["num_threads"] = int(threads())
+            return out
+    return {}
+
+
+def guest_blas() -> dict[str, Any]:
+    """The BLAS numpy runs on in this guest, as precisely as can be told.
+
+    ``library``: the implementation's file; ``source`` says how it was
+    found: threadpoolctl if it is installed (its first BLAS pool), else the
+    libraries mapped into this process after ``import numpy`` and a matmul
+    (/proc/self/maps: an OpenBLAS/BLIS/MKL file is preferred over a libblas
+    wrapper), else the realpath of Debian's libblas.so.3 alternative.
+    ``alternative`` is that realpath (None without the alternative),
+    ``mapped`` every BLAS file mapped, ``numpy_build`` numpy's build-time
+    BLAS (:func:`_numpy_build_blas`); for OpenBLAS also its config string,
+    core (the kernels picked for this CPU) and thread count, and
+    threadpoolctl's internal_api, version, architecture and num_threads
+    when it is there."""
+    a = np.ones((64, 64), np.float32)
+    _ = a @ a  # BLAS in use (and its threads started) before looking
+    alt = os.path.realpath(BLAS_ALTERNATIVE) if os.path.lexists(BLAS_ALTERNATIVE) else None
+    mapped = _mapped_blas_libraries()
+    info: dict[str, Any] = {
+        "library": None,
+        "source": None,
+        "alternative": alt,
+        "mapped": mapped,
+        "numpy_build": _numpy_build_blas(),
+    }
+    try:
+        from threadpoolctl import threadpool_info  # type: ignore[import-not-found]
+    except ImportError:
+        pools: list[dict[str, Any]] = []
+    else:
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    if pools:
+        pool = pools[0]
+        info["library"], info["source"] = pool.get("filepath"), "threadpoolctl"
+        for k in ("internal_api", "version", "architecture", "num_threads"):
+            info[k] = pool.get(k)
+    elif mapped:
+        impl = [m for m in mapped if not os.path.basename(m).startswith("libblas.so")]
+        info["library"], info["source"] = (impl or mapped)[0], "/proc/self/maps"
+    elif alt is not None:
+        info["library"], info["source"] = alt, "alternatives"
+    info.update({k: v for k, v in _openblas_runtime(mapped).items() if info.get(k) is None})
+    return info
+
+
+def guest_environment() -> dict[str, Any]:
+    """What the guest-numpy baselines ran on: the ``guest_env`` JSON key.
+
+    ``python`` (version), ``numpy`` (``numpy.__version__``), ``blas``
+    (:func:`guest_blas`) and ``cpus`` (os.cpu_count()). scripts/bench.py
+    moves these into ``meta`` as ``guest_python``, ``guest_numpy``,
+    ``guest_blas`` and ``guest_cpus``."""
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": guest_blas(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def gemm_flop(n: int) -> float:
@@ -123,6 +270,16 @@ def timed_runs(fn: Callable[[], Any], runs: int) -> list[float]:
         fn()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def guest_median_s(fn: Callable[[], Any], runs: int = GUEST_RUNS) -> tuple[float, Any]:
+    """(median seconds, warm-up result) of a guest-numpy baseline.
+
+    One untimed warm-up call of fn (page faults, BLAS thread start-up,
+    numpy's first-call dispatch), whose result is returned for checking the
+    NPU against, then the median of max(runs, GUEST_RUNS) timed calls."""
+    warm = fn()
+    return statistics.median(timed_runs(fn, max(runs, GUEST_RUNS))), warm
 
 
 def check_gemm(c: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:
@@ -375,14 +532,16 @@ def bench_dma_copy(dev: npu.Device) -> float:
 
 
 def bench_guest_memcpy() -> float:
-    """GB/s of np.copyto of 64 MiB into a preallocated array in the guest."""
+    """GB/s of np.copyto of 64 MiB into a preallocated array in the guest.
+
+    A warm-up copy (it faults the pages in), then the median of COPY_RUNS
+    copies, at least GUEST_RUNS."""
     src = np.arange(COPY_BYTES // 4, dtype=np.uint32)
     dst = np.zeros_like(src)
-    np.copyto(dst, src)  # warm-up, faults the pages in
-    times = timed_runs(lambda: np.copyto(dst, src), COPY_RUNS)
+    sec, _ = guest_median_s(lambda: np.copyto(dst, src), COPY_RUNS)
     if not np.array_equal(dst, src):
         raise BenchError("guest memcpy: copy differs")
-    return COPY_BYTES / statistics.median(times) / 1e9
+    return COPY_BYTES / sec / 1e9
 
 
 def bench_memory(dev: npu.Device) -> dict[str, float]:
@@ -477,22 +636,23 @@ def bench_gemm(
 def bench_guest_numpy_gemm(a: np.ndarray, b: np.ndarray) -> tuple[float, int, np.ndarray]:
     """(GFLOP/s, n used, reference rows of a @ b) of numpy a @ b in the guest.
 
-    A 256^3 probe estimates the full-size time; if that is over the budget the
-    measurement is made at 512 instead, and the reference for checking the
-    NPU is then only the first REF_ROWS rows of a @ b (cheaper to compute).
+    A 256^3 probe (itself run once untimed first) estimates the time of one
+    full-size run; if that is over GUEST_GEMM_BUDGET_S the measurement is
+    made at 512 instead, and the reference for checking the NPU is then
+    only the first REF_ROWS rows of a @ b (cheaper to compute). At the size
+    used: one untimed warm-up run (its product is the reference at full
+    size), then the median of GUEST_RUNS timed runs.
     """
     n = a.shape[0]
     probe = 256
-    t0 = time.perf_counter()
-    _ = a[:probe, :probe] @ b[:probe, :probe]
-    est = (time.perf_counter() - t0) * (n / probe) ** 3
-    log.info("guest numpy %d^3 probe: estimated %.1f s for %d^3", probe, est, n)
+    a_p, b_p = np.ascontiguousarray(a[:probe, :probe]), np.ascontiguousarray(b[:probe, :probe])
+    probe_s, _ = guest_median_s(lambda: a_p @ b_p, 1)
+    est = probe_s * (n / probe) ** 3
+    log.info("guest numpy %d^3 probe: estimated %.1f s per %d^3 run", probe, est, n)
     if est > GUEST_GEMM_BUDGET_S:
         n = 512
     a_n, b_n = np.ascontiguousarray(a[:n, :n]), np.ascontiguousarray(b[:n, :n])
-    t0 = time.perf_counter()
-    c = a_n @ b_n
-    dt = time.perf_counter() - t0
+    dt, c = guest_median_s(lambda: a_n @ b_n)
     if n != a.shape[0]:
         c = a[:REF_ROWS] @ b
     return gemm_flop(n) / dt / 1e9, n, c
@@ -727,8 +887,8 @@ def bench_tensor_op(
 ) -> dict[str, float]:
     """This op's figures at one size: NPU (Tensor API and preallocated), guest numpy."""
     key = f"{bench.name}_{size}"
-    ref = bench.numpy_fn(t)  # warm-up and reference
-    numpy_s = statistics.median(timed_runs(lambda: bench.numpy_fn(t), TENSOR_NUMPY_RUNS))
+    # The warm-up run's result is the reference.
+    numpy_s, ref = guest_median_s(lambda: bench.numpy_fn(t), TENSOR_NUMPY_RUNS)
 
     us_npu, last = npu_chain_us(lambda: bench.npu_fn(t), lambda r: r.wait(timeout_s=WAIT_TIMEOUT_S))
     got = last.numpy(timeout_s=WAIT_TIMEOUT_S)
@@ -1023,18 +1183,21 @@ def bench_conv2d(dev: npu.Device) -> dict[str, float]:
     bias = rng.standard_normal(o, dtype=np.float32)
     res: dict[str, float] = {}
 
-    # Guest numpy: probe batch 1; the whole batch if it fits the budget.
+    # Guest numpy: probe batch 1 (cold); the whole batch if one run of it fits
+    # the budget. At the batch used: a warm-up run (the reference), then the
+    # median of GUEST_RUNS (at batch 1 the probe is the warm-up).
     t0 = time.perf_counter()
     ref1 = numpy_conv2d_im2col(x[:1], w, bias, 1)
     t1 = time.perf_counter() - t0
     guest_n = n if t1 * n <= CONV_GUEST_BUDGET_S else 1
-    log.info("guest numpy conv2d batch 1: %.2f s; measuring batch %d", t1, guest_n)
+    log.info("guest numpy conv2d batch 1: %.2f s (cold); measuring batch %d", t1, guest_n)
     if guest_n == 1:
-        ref, sec = ref1, t1
+        ref = ref1
+        sec = statistics.median(
+            timed_runs(lambda: numpy_conv2d_im2col(x[:1], w, bias, 1), GUEST_RUNS)
+        )
     else:
-        t0 = time.perf_counter()
-        ref = numpy_conv2d_im2col(x, w, bias, 1)
-        sec = time.perf_counter() - t0
+        sec, ref = guest_median_s(lambda: numpy_conv2d_im2col(x, w, bias, 1))
     res["conv2d_fp32_gflops_guest_numpy"] = conv_flop(guest_n, c, o, k, hw, hw) / sec / 1e9
     res["conv2d_guest_numpy_batch"] = guest_n
     ref64 = ref.astype(np.float64)
@@ -1089,9 +1252,9 @@ def bench_conv2d(dev: npu.Device) -> dict[str, float]:
     # 2x2 max pool of the conv output (8 x 64 x 56 x 56 -> 28 x 28).
     ty = npu.tensor(got, device=dev)
     pooled = npu.max_pool2d(ty, 2)
-    t0 = time.perf_counter()
-    want = got.reshape(n, o, hw // 2, 2, hw // 2, 2).max(axis=(3, 5))
-    res["maxpool2d_fp32_us_guest_numpy"] = (time.perf_counter() - t0) * 1e6
+    blocks = (n, o, hw // 2, 2, hw // 2, 2)
+    pool_s, want = guest_median_s(lambda: got.reshape(blocks).max(axis=(3, 5)))
+    res["maxpool2d_fp32_us_guest_numpy"] = pool_s * 1e6
     if not np.array_equal(pooled.numpy(), want):
         raise BenchError("NPU max_pool2d differs from numpy")
     with dev.alloc(want.nbytes) as pbuf:
@@ -1125,7 +1288,15 @@ def main() -> int:
     if not found:
         log.error("no NPU found: is the driver loaded? (insmod kernel_module/npu.ko)")
         return 1
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"guest_env": guest_environment()}
+    blas = result["guest_env"]["blas"]
+    log.info(
+        "guest numpy %s on %s (%s; %s)",
+        np.__version__,
+        blas["library"],
+        blas["source"],
+        blas.get("openblas_config") or blas.get("version") or "version unknown",
+    )
     t_start = time.perf_counter()
     try:
         with npu.open_device(found[0]) as dev:

@@ -4,16 +4,29 @@
 models of ``examples/models/`` (docs/models.md) with
 ``npu.InferenceSession`` twice, once on the NPU and once on the CPU provider
 (numpy in the guest), and measure both the same way with the helpers here.
+With ``with_ort=True`` (bench_inference.py) :func:`digits` and :func:`resnet`
+also run the model on the guest's onnxruntime (CPUExecutionProvider), a
+second CPU baseline, in a child process (:func:`ort_baseline`); without an
+importable onnxruntime that baseline is None and a warning is logged.
+
 Guest numpy under TCG is slow (a digits-CNN batch of 64 takes seconds), so
-every numpy measurement has a run count *and* a time budget.
+every CPU measurement has a run count *and* a time budget; the budget never
+cuts a measurement below GUEST_MIN_RUNS timed runs (after the warm-up run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import logging
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +41,11 @@ DIGITS_MODELS = ("digits_cnn.onnx", "digits_mlp.onnx")
 RESNET_MODEL = "resnet_small.onnx"
 NPU_PROVIDERS = ("NPU", "CPU")
 CPU_PROVIDERS = ("CPU",)
+# onnxruntime in the guest: its CPU provider, one intra-op thread per guest CPU.
+ORT_PROVIDERS = ["CPUExecutionProvider"]
+ORT_THREADS = os.cpu_count() or 1
+ORT_WORKER_MISSING = 3  # the exit status of the worker when onnxruntime cannot be imported
+ORT_WORKER_TIMEOUT_S = 900.0
 
 # ResNet logits against the reference (docs/models.md, "Tolerances"):
 # |got - want| <= RESNET_ATOL + RESNET_RTOL * |want| elementwise.
@@ -40,12 +58,17 @@ QUICK = os.environ.get("BENCH_QUICK", "") == "1"
 BATCH = 64  # the digits throughput batch
 RESNET_BATCH = 8
 # (runs, time budget in seconds) of each measurement, after a warm-up run.
+# The CPU baselines (guest numpy, guest onnxruntime) stop at the budget, but
+# never before GUEST_MIN_RUNS timed runs, also with BENCH_QUICK=1.
+GUEST_MIN_RUNS = 3
 NPU_B1_RUNS = 10 if QUICK else 30
 NPU_BATCH_RUNS = 5 if QUICK else 10
 CPU_B1_RUNS, CPU_B1_BUDGET_S = (3, 2.0) if QUICK else (10, 5.0)
-CPU_BATCH_RUNS, CPU_BATCH_BUDGET_S = (1, 5.0) if QUICK else (3, 15.0)
+CPU_BATCH_RUNS, CPU_BATCH_BUDGET_S = (3, 5.0) if QUICK else (3, 15.0)
 
 Array = npt.NDArray[Any]
+
+log = logging.getLogger("inference_common")
 
 
 def load_digits_split() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
@@ -63,6 +86,33 @@ def load_resnet_sample() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float3
 def session(model: str, providers: tuple[str, ...]) -> Any:
     """An npu.InferenceSession of examples/models/<model> on providers."""
     return npu.InferenceSession(str(MODELS / model), providers=providers)
+
+
+@functools.cache
+def ort_module() -> Any | None:
+    """The guest's onnxruntime module, or None (with a warning, logged once) if it
+    cannot be imported. Only the onnxruntime worker process imports it (see
+    :func:`ort_baseline`)."""
+    try:
+        import onnxruntime  # type: ignore[import-not-found]
+    except (ImportError, OSError) as e:
+        log.warning("onnxruntime is not importable (%s): no onnxruntime baseline", e)
+        return None
+    return onnxruntime
+
+
+def ort_session(model: str) -> Any | None:
+    """An onnxruntime.InferenceSession of examples/models/<model> on ORT_PROVIDERS
+    with ORT_THREADS intra-op threads; None if onnxruntime is not importable.
+
+    It has the npu.InferenceSession calls the helpers here use (get_inputs,
+    run), so :func:`run`, :func:`predict` and :func:`measure` take it as is."""
+    ort = ort_module()
+    if ort is None:
+        return None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = ORT_THREADS
+    return ort.InferenceSession(str(MODELS / model), sess_options=opts, providers=ORT_PROVIDERS)
 
 
 def feed(sess: Any, x: Array) -> dict[str, Array]:
@@ -85,15 +135,18 @@ def predict(sess: Any, x: Array, batch: int = BATCH) -> Array:
     return np.concatenate([run(sess, x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
-def timed_runs(fn: Callable[[], Any], runs: int, budget_s: float = float("inf")) -> list[float]:
-    """Seconds of up to `runs` calls of fn, stopping early once budget_s has passed (>= 1 call)."""
+def timed_runs(
+    fn: Callable[[], Any], runs: int, budget_s: float = float("inf"), min_runs: int = 1
+) -> list[float]:
+    """Seconds of up to max(runs, min_runs) calls of fn, stopping early once
+    budget_s has passed, but never before min_runs calls."""
     times: list[float] = []
     start = time.perf_counter()
-    while len(times) < runs:
+    while len(times) < max(runs, min_runs):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-        if time.perf_counter() - start >= budget_s:
+        if len(times) >= min_runs and time.perf_counter() - start >= budget_s:
             break
     return times
 
@@ -157,17 +210,23 @@ class Speed:
         return self.batch / self.batch_s
 
 
-def measure(sess: Any, x1: Array, xb: Array, on_npu: bool) -> Speed:
+def measure(
+    sess: Any, x1: Array, xb: Array, on_npu: bool, batch_out: list[Array] | None = None
+) -> Speed:
     """Batch-1 latency on x1 and throughput on the batch xb, after one warm-up run of each.
 
-    The NPU runs NPU_*_RUNS times; the CPU provider CPU_*_RUNS times or
-    until its time budget is spent, whichever comes first."""
+    The NPU runs NPU_*_RUNS times; a CPU session (the CPU provider, or an
+    onnxruntime session) CPU_*_RUNS times or until its time budget is spent,
+    whichever comes first, but at least GUEST_MIN_RUNS times. If batch_out
+    is given, the first output of the warm-up run on xb is appended to it."""
     inf = float("inf")
     if on_npu:
         b1_runs, b1_budget, bn_runs, bn_budget = NPU_B1_RUNS, inf, NPU_BATCH_RUNS, inf
+        min_runs = 1
     else:
         b1_runs, b1_budget = CPU_B1_RUNS, CPU_B1_BUDGET_S
         bn_runs, bn_budget = CPU_BATCH_RUNS, CPU_BATCH_BUDGET_S
+        min_runs = GUEST_MIN_RUNS
     f1, fb = feed(sess, x1), feed(sess, xb)
     profiles: list[Breakdown] = []
 
@@ -177,11 +236,13 @@ def measure(sess: Any, x1: Array, xb: Array, on_npu: bool) -> Speed:
             profiles.append(Breakdown.of(sess))
 
     sess.run(None, f1)
-    t1 = timed_runs(lambda: run_and_profile(f1), b1_runs, b1_budget)
+    t1 = timed_runs(lambda: run_and_profile(f1), b1_runs, b1_budget, min_runs)
     bd1 = Breakdown.median(profiles) if profiles else None
     profiles.clear()
-    sess.run(None, fb)
-    tb = timed_runs(lambda: run_and_profile(fb), bn_runs, bn_budget)
+    warm = sess.run(None, fb)
+    if batch_out is not None:
+        batch_out.append(np.asarray(warm[0]))
+    tb = timed_runs(lambda: run_and_profile(fb), bn_runs, bn_budget, min_runs)
     bdb = Breakdown.median(profiles) if profiles else None
     return Speed(
         statistics.median(t1), len(xb), statistics.median(tb), (len(t1), len(tb)), bd1, bdb
@@ -200,8 +261,123 @@ def measure_on_stream(sess: Any, x1: Array, xb: Array) -> Speed:
 
 
 @dataclass
+class OrtRun:
+    """One model on the guest's onnxruntime (:func:`ort_baseline`)."""
+
+    version: str  # onnxruntime.__version__
+    threads: int  # intra-op threads
+    logits: Array  # the first output for the `check` inputs
+    speed: Speed
+
+
+_ort_missing: list[bool] = []  # [True] once a worker found no onnxruntime
+
+
+def ort_baseline(model: str, check: Array, x1: Array, xb: Array) -> OrtRun | None:
+    """Run examples/models/<model> on the guest's onnxruntime and measure it.
+
+    A child process (this file run as a script: :func:`ort_worker`) makes
+    the :func:`ort_session`, measures it on x1 and xb with :func:`measure`,
+    as the CPU provider is measured (warm-up, then at least GUEST_MIN_RUNS
+    runs), and returns the logits of `check`: the batch warm-up run's when
+    `check` is xb (onnxruntime under TCG is slow: that saves a run), else
+    :func:`predict`'s. A separate process because Debian's python3-onnx
+    and python3-onnxruntime share one ONNX schema registry: once onnxruntime
+    has made a session in a process, ``onnx.reference`` (the runtime's
+    last-resort CPU kernel) no longer imports there (NotImplementedError:
+    operator names not unique across domains). It also keeps onnxruntime's
+    threads out of this process. (The worker hides the hundreds of harmless
+    "Schema error" lines the first session prints: :func:`schema_errors_filtered`.)
+
+    Returns None, after a warning, if onnxruntime cannot be imported (and
+    from then on without starting a worker); raises RuntimeError if the
+    worker fails otherwise."""
+    if _ort_missing:
+        return None
+    with tempfile.TemporaryDirectory(prefix="npu-ort-") as tmp:
+        inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(inp, check=check, x1=x1, xb=xb)
+        argv = [sys.executable, str(Path(__file__).resolve()), "ort-worker", model, str(inp)]
+        try:
+            proc = subprocess.run([*argv, str(out)], timeout=ORT_WORKER_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"onnxruntime baseline of {model}: timed out ({e.timeout} s)") from e
+        if proc.returncode == ORT_WORKER_MISSING:
+            _ort_missing.append(True)
+            log.warning("no onnxruntime in the guest: the onnxruntime baselines are null")
+            return None
+        if proc.returncode != 0:
+            raise RuntimeError(f"onnxruntime baseline of {model}: worker exited {proc.returncode}")
+        with np.load(out) as d:
+            info = json.loads(str(d["info"]))
+            logits = np.array(d["logits"])
+    speed = Speed(info["latency_b1_s"], info["batch"], info["batch_s"], tuple(info["runs"]))
+    return OrtRun(info["version"], info["threads"], logits, speed)
+
+
+@contextlib.contextmanager
+def schema_errors_filtered() -> Iterator[None]:
+    """Drop onnx's "Schema error: Trying to register schema ..." lines from fd 2.
+
+    Debian's onnxruntime, whose ONNX schemas are also in the system libonnx,
+    prints one such line (and a blank one) per duplicate when its first
+    session is made: hundreds, harmless. Inside the block fd 2 goes to a
+    temporary file; afterwards the other lines are written to stderr as
+    they were, and the dropped ones are counted in one log line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines = tmp.read().decode(errors="replace").splitlines()
+    dup = "Schema error: Trying to register schema "
+    kept = [ln for ln in lines if ln.strip() and not ln.startswith(dup)]
+    if kept:
+        sys.stderr.write("\n".join(kept) + "\n")
+    dropped = sum(ln.startswith(dup) for ln in lines)
+    if dropped:
+        log.info("%d duplicate ONNX schema registration messages not shown", dropped)
+
+
+def ort_worker(model: str, inp: str, out: str) -> int:
+    """The child of :func:`ort_baseline`: inputs from the npz `inp`, results to `out`.
+
+    Exit status 0, or ORT_WORKER_MISSING if onnxruntime cannot be imported."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="ort-worker: %(message)s")
+    ort = ort_module()
+    if ort is None:
+        return ORT_WORKER_MISSING
+    with schema_errors_filtered():
+        sess = ort_session(model)
+    assert sess is not None
+    with np.load(inp) as d:
+        check, x1, xb = d["check"], d["x1"], d["xb"]
+    warm: list[Array] = []
+    speed = measure(sess, x1, xb, on_npu=False, batch_out=warm)
+    same = check.shape == xb.shape and bool(np.array_equal(check, xb))
+    logits = warm[0] if same else predict(sess, check)
+    info = {
+        "version": str(ort.__version__),
+        "threads": ORT_THREADS,
+        "latency_b1_s": speed.latency_b1_s,
+        "batch": speed.batch,
+        "batch_s": speed.batch_s,
+        "runs": list(speed.runs),
+    }
+    np.savez(out, logits=logits, info=np.array(json.dumps(info)))
+    return 0
+
+
+@dataclass
 class DigitsResult:
-    """Accuracy, agreement and speed of one digits model on the NPU and in guest numpy."""
+    """Accuracy, agreement and speed of one digits model on the NPU and in guest numpy
+    (and in guest onnxruntime when asked for and importable)."""
 
     model: str
     n: int
@@ -213,6 +389,10 @@ class DigitsResult:
     partitions: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     npu_stream: Speed | None = None  # the NPU inside `with npu.Stream(...)`
+    ort: Speed | None = None  # guest onnxruntime (with_ort and importable)
+    ort_version: str | None = None
+    accuracy_ort: float | None = None
+    agree_ort: int | None = None  # images where onnxruntime's and the NPU's classes are equal
 
     @property
     def ok(self) -> bool:
@@ -236,12 +416,16 @@ def describe_fallbacks(sess: Any) -> list[str]:
     return out
 
 
-def digits(model: str, accuracy: bool = True, on_stream: bool = False) -> DigitsResult:
+def digits(
+    model: str, accuracy: bool = True, on_stream: bool = False, with_ort: bool = False
+) -> DigitsResult:
     """Run a digits model on the test split, NPU and CPU provider; measure both.
 
     With accuracy=False only the first BATCH images are classified (for the
     benchmark), not the whole split; with on_stream the NPU is also measured
-    inside ``with npu.Stream(...)``."""
+    inside ``with npu.Stream(...)``; with with_ort the model also runs on
+    the guest's onnxruntime (:func:`ort_baseline`), classified and measured
+    like the CPU provider (the ort* fields stay None without onnxruntime)."""
     x, y = load_digits_split()
     if not accuracy:
         x, y = x[:BATCH], y[:BATCH]
@@ -249,6 +433,8 @@ def digits(model: str, accuracy: bool = True, on_stream: bool = False) -> Digits
     s_cpu = session(model, CPU_PROVIDERS)
     p_npu = predict(s_npu, x).argmax(axis=1)
     p_cpu = predict(s_cpu, x).argmax(axis=1)
+    o = ort_baseline(model, x, x[:1], x[:BATCH]) if with_ort else None
+    p_ort = o.logits.argmax(axis=1) if o is not None else None
     return DigitsResult(
         model=model,
         n=len(x),
@@ -260,12 +446,17 @@ def digits(model: str, accuracy: bool = True, on_stream: bool = False) -> Digits
         partitions=describe_partitions(s_npu),
         fallbacks=describe_fallbacks(s_npu),
         npu_stream=measure_on_stream(s_npu, x[:1], x[:BATCH]) if on_stream else None,
+        ort=o.speed if o is not None else None,
+        ort_version=o.version if o is not None else None,
+        accuracy_ort=float(np.mean(p_ort == y)) if p_ort is not None else None,
+        agree_ort=int(np.sum(p_ort == p_npu)) if p_ort is not None else None,
     )
 
 
 @dataclass
 class ResnetResult:
-    """The ResNet at batch RESNET_BATCH on the NPU and in guest numpy."""
+    """The ResNet at batch RESNET_BATCH on the NPU and in guest numpy (and in guest
+    onnxruntime when asked for and importable)."""
 
     max_diff_vs_cpu: float  # max |NPU - CPU provider| over the logits
     max_diff_vs_ref: float  # max |NPU - reference logits of resnet_sample.npz|
@@ -276,11 +467,21 @@ class ResnetResult:
     partitions: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     npu_stream: Speed | None = None  # the NPU inside `with npu.Stream(...)`
+    ort: Speed | None = None  # guest onnxruntime (with_ort and importable)
+    ort_version: str | None = None
+    max_diff_vs_ort: float | None = None  # max |NPU - onnxruntime| over the logits
+    # onnxruntime's logits within RESNET_RTOL/ATOL of both the reference and
+    # the CPU provider's (numpy's)
+    ort_within_tolerance: bool | None = None
+    max_diff_ort_vs_ref: float | None = None  # max |onnxruntime - reference logits|
 
 
-def resnet(on_stream: bool = False) -> ResnetResult:
+def resnet(on_stream: bool = False, with_ort: bool = False) -> ResnetResult:
     """Run the ResNet on its sample batch, NPU and CPU provider; compare and measure
-    (with on_stream, the NPU inside ``with npu.Stream(...)`` as well)."""
+    (with on_stream, the NPU inside ``with npu.Stream(...)`` as well; with
+    with_ort, the guest's onnxruntime too, checked against the reference and
+    numpy's logits within the RESNET tolerance, the ort* fields None without
+    onnxruntime)."""
     x, ref = load_resnet_sample()
     x = x[:RESNET_BATCH]
     ref = ref[:RESNET_BATCH]
@@ -288,6 +489,14 @@ def resnet(on_stream: bool = False) -> ResnetResult:
     s_cpu = session(RESNET_MODEL, CPU_PROVIDERS)
     got = run(s_npu, x)
     cpu = run(s_cpu, x)
+    o = ort_baseline(RESNET_MODEL, x, x[:1], x) if with_ort else None
+    ort_out = o.logits if o is not None else None
+    ort_ok = None
+    if ort_out is not None:
+        ort_ok = all(
+            bool(np.allclose(ort_out, want, rtol=RESNET_RTOL, atol=RESNET_ATOL))
+            for want in (ref, cpu)
+        )
     return ResnetResult(
         max_diff_vs_cpu=float(np.max(np.abs(got - cpu))),
         max_diff_vs_ref=float(np.max(np.abs(got - ref))),
@@ -298,6 +507,11 @@ def resnet(on_stream: bool = False) -> ResnetResult:
         partitions=describe_partitions(s_npu),
         fallbacks=describe_fallbacks(s_npu),
         npu_stream=measure_on_stream(s_npu, x[:1], x) if on_stream else None,
+        ort=o.speed if o is not None else None,
+        ort_version=o.version if o is not None else None,
+        max_diff_vs_ort=float(np.max(np.abs(got - ort_out))) if ort_out is not None else None,
+        ort_within_tolerance=ort_ok,
+        max_diff_ort_vs_ref=float(np.max(np.abs(ort_out - ref))) if ort_out is not None else None,
     )
 
 
@@ -329,3 +543,10 @@ def device_line() -> str | None:
     with npu.open_device(found[0]) as dev:
         info = dev.info
         return f"{info.path}: {info.num_cores} AI core(s), hw v{info.hw_version_str}"
+
+
+if __name__ == "__main__":
+    # python3 inference_common.py ort-worker MODEL IN.npz OUT.npz (see ort_baseline)
+    if len(sys.argv) != 5 or sys.argv[1] != "ort-worker":
+        sys.exit(f"usage: {sys.argv[0]} ort-worker MODEL IN.npz OUT.npz")
+    sys.exit(ort_worker(*sys.argv[2:]))

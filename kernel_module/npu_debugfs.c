@@ -58,14 +58,15 @@ static ssize_t npu_inject_cmd_write(struct file *file, const char __user *ubuf,
 {
 	struct npu_device *ndev = file->private_data;
 	u16 opcode;
-	int ret;
+	int ret, idx;
 
 	ret = kstrtou16_from_user(ubuf, len, 0, &opcode);
 	if (ret)
 		return ret;
-	down_read(&ndev->unplug_sem);
-	ret = ndev->unplugged ? -ENODEV : npu_inject_cmd(ndev, opcode);
-	up_read(&ndev->unplug_sem);
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
+	ret = npu_inject_cmd(ndev, opcode);
+	npu_dev_exit(ndev, idx);
 	return ret ? ret : len;
 }
 
@@ -85,7 +86,7 @@ static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
 {
 	struct npu_device *ndev = file->private_data;
 	char buf[16];
-	int i;
+	int i, idx;
 
 	if (len >= sizeof(buf))
 		return -EINVAL;
@@ -95,11 +96,11 @@ static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
 	i = sysfs_match_string(npu_inject_names, buf);
 	if (i < 0)
 		return i;
-	down_read(&ndev->unplug_sem);
-	if (!ndev->unplugged)
-		npu_wr(ndev, NPU_REG_INJECT, BIT(i));
-	up_read(&ndev->unplug_sem);
-	return ndev->unplugged ? -ENODEV : len;
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
+	npu_wr(ndev, NPU_REG_INJECT, BIT(i));
+	npu_dev_exit(ndev, idx);
+	return len;
 }
 
 static ssize_t npu_inject_read(struct file *file, char __user *ubuf, size_t len,
@@ -108,12 +109,12 @@ static ssize_t npu_inject_read(struct file *file, char __user *ubuf, size_t len,
 	struct npu_device *ndev = file->private_data;
 	char buf[16];
 	u32 armed = 0;
-	int n;
+	int n, idx;
 
-	down_read(&ndev->unplug_sem);
-	if (!ndev->unplugged)
+	if (npu_dev_enter(ndev, &idx)) {
 		armed = npu_rd(ndev, NPU_REG_INJECT);
-	up_read(&ndev->unplug_sem);
+		npu_dev_exit(ndev, idx);
+	}
 	n = scnprintf(buf, sizeof(buf), "0x%x\n", armed);
 	return simple_read_from_buffer(ubuf, len, ppos, buf, n);
 }
@@ -145,22 +146,20 @@ static int npu_fw_status_show(struct seq_file *m, void *unused)
 {
 	struct npu_device *ndev = m->private;
 	u32 resp[2] = {};
-	int ret = -ENODEV;
+	int ret, idx;
 
-	down_read(&ndev->unplug_sem);
-	if (!ndev->unplugged) {
-		seq_printf(m, "state: %u\nversion: %u.%u\nheartbeat: %u\n",
-			   npu_rd(ndev, NPU_REG_FW_STATUS), ndev->fw_version >> 16,
-			   ndev->fw_version & 0xffff, npu_rd(ndev, NPU_REG_FW_HEARTBEAT));
-		ret = npu_mbox_call(ndev, NPU_MBOX_QUERY, 0, 0, resp);
-		if (!ret)
-			seq_printf(m, "commands: %u\nlog_level: %u\n", resp[0], resp[1]);
-		else
-			seq_printf(m, "mailbox: %d\n", ret);
-		ret = 0;
-	}
-	up_read(&ndev->unplug_sem);
-	return ret;
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
+	seq_printf(m, "state: %u\nversion: %u.%u\nheartbeat: %u\n",
+		   npu_rd(ndev, NPU_REG_FW_STATUS), ndev->fw_version >> 16,
+		   ndev->fw_version & 0xffff, npu_rd(ndev, NPU_REG_FW_HEARTBEAT));
+	ret = npu_mbox_call(ndev, NPU_MBOX_QUERY, 0, 0, resp);
+	if (!ret)
+		seq_printf(m, "commands: %u\nlog_level: %u\n", resp[0], resp[1]);
+	else
+		seq_printf(m, "mailbox: %d\n", ret);
+	npu_dev_exit(ndev, idx);
+	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(npu_fw_status);
 
@@ -169,15 +168,15 @@ static ssize_t npu_fw_log_level_write(struct file *file, const char __user *ubuf
 {
 	struct npu_device *ndev = file->private_data;
 	u32 level, resp[2];
-	int ret;
+	int ret, idx;
 
 	ret = kstrtou32_from_user(ubuf, len, 0, &level);
 	if (ret)
 		return ret;
-	down_read(&ndev->unplug_sem);
-	ret = ndev->unplugged ? -ENODEV :
-	      npu_mbox_call(ndev, NPU_MBOX_SET_LOG_LEVEL, level, 0, resp);
-	up_read(&ndev->unplug_sem);
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
+	ret = npu_mbox_call(ndev, NPU_MBOX_SET_LOG_LEVEL, level, 0, resp);
+	npu_dev_exit(ndev, idx);
 	return ret ? ret : len;
 }
 

@@ -32,6 +32,7 @@ static void npu_device_free(struct kref *ref)
 	npu_hw_free(ndev);
 	npu_mmu_fini(ndev);
 	pci_dev_put(ndev->pdev);
+	cleanup_srcu_struct(&ndev->unplug_srcu);
 	kfree(ndev);
 }
 
@@ -119,16 +120,14 @@ static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	struct npu_device *ndev = ctx->ndev;
 	void __user *uarg = (void __user *)arg;
 	long ret;
+	int idx;
 
-	/* WAIT sleeps without the unplug lock; removal completes its fence. */
+	/* WAIT sleeps outside npu_dev_enter(); removal completes its fence. */
 	if (cmd == NPU_IOCTL_WAIT)
 		return npu_ioctl_wait(ctx, uarg);
 
-	down_read(&ndev->unplug_sem);
-	if (ndev->unplugged) {
-		ret = -ENODEV;
-		goto out;
-	}
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
 	switch (cmd) {
 	case NPU_IOCTL_GET_INFO:
 		ret = npu_ioctl_get_info(ctx, uarg);
@@ -158,8 +157,7 @@ static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		ret = -ENOTTY;
 		break;
 	}
-out:
-	up_read(&ndev->unplug_sem);
+	npu_dev_exit(ndev, idx);
 	return ret;
 }
 
@@ -167,11 +165,12 @@ static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 {
 	struct npu_context *ctx = file->private_data;
 	struct npu_device *ndev = ctx->ndev;
-	int ret;
+	int ret, idx;
 
-	down_read(&ndev->unplug_sem);
-	ret = ndev->unplugged ? -ENODEV : npu_bo_mmap(ctx, vma);
-	up_read(&ndev->unplug_sem);
+	if (!npu_dev_enter(ndev, &idx))
+		return -ENODEV;
+	ret = npu_bo_mmap(ctx, vma);
+	npu_dev_exit(ndev, idx);
 	return ret;
 }
 
@@ -220,8 +219,14 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ndev = kzalloc(sizeof(*ndev), GFP_KERNEL);
 	if (!ndev)
 		return -ENOMEM;
+	ret = init_srcu_struct(&ndev->unplug_srcu);
+	if (ret) {
+		kfree(ndev);
+		return ret;
+	}
 	kref_init(&ndev->ref);
-	init_rwsem(&ndev->unplug_sem);
+	/* Before any failure can reach npu_device_free(), which destroys it. */
+	ida_init(&ndev->ctx_ida);
 	ndev->pdev = pci_dev_get(pdev);
 
 	ret = pcim_enable_device(pdev);
@@ -234,6 +239,12 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = dma_set_mask_and_coherent(dev, DMA_BIT_MASK(64));
 	if (ret)
 		goto err_put_ndev;
+	/*
+	 * The device MMU maps a buffer page by page, so a scatterlist segment
+	 * may be as long as the mapping layer makes it (the PCI default, 64
+	 * KiB, is a limit this device does not have).
+	 */
+	dma_set_max_seg_size(dev, UINT_MAX);
 	/* Buffers are shared with user space and the device without syncs. */
 	if (!dev_is_dma_coherent(dev)) {
 		dev_err(dev, "needs cache-coherent DMA\n");
@@ -303,9 +314,8 @@ static void npu_remove(struct pci_dev *pdev)
 	mutex_lock(&npu_devices_lock);
 	idr_remove(&npu_devices, ndev->minor);
 	mutex_unlock(&npu_devices_lock);
-	down_write(&ndev->unplug_sem);
-	ndev->unplugged = true;
-	up_write(&ndev->unplug_sem);
+	WRITE_ONCE(ndev->unplugged, true);
+	synchronize_srcu(&ndev->unplug_srcu);
 
 	npu_debugfs_fini(ndev);
 	device_destroy(npu_class, MKDEV(MAJOR(npu_devt), ndev->minor));

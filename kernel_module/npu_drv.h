@@ -24,7 +24,7 @@
 #include <linux/pci.h>
 #include <linux/scatterlist.h>
 #include <linux/sizes.h>
-#include <linux/rwsem.h>
+#include <linux/srcu.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
@@ -186,8 +186,14 @@ struct npu_device {
 	struct cdev *cdev;
 	struct device *chardev;
 
-	/* unplug_sem: ioctls hold it for read; remove() for write. */
-	struct rw_semaphore unplug_sem;
+	/*
+	 * unplug_srcu: ioctls, mmap and debugfs run inside its read side
+	 * (npu_dev_enter()/npu_dev_exit()); remove() sets unplugged, then waits for
+	 * them with synchronize_srcu(). Unlike a rwsem, a reader never waits
+	 * for remove(), so a reader holding mmap_lock (mmap) and one faulting
+	 * in its argument under the read side (ioctl) cannot deadlock with it.
+	 */
+	struct srcu_struct unplug_srcu;
 	bool unplugged;
 
 	u32 hw_version;
@@ -246,6 +252,26 @@ struct npu_device {
 	} uq_vec[NPU_NUM_QUEUES];
 	u32 hw_queues;			/* queues in use: 0 (driver's) and 1.. (users') */
 };
+
+/*
+ * npu_dev_enter() - start using the device from a file (like drm_dev_enter()).
+ * Returns false once remove() has started: the caller fails with -ENODEV.
+ * Otherwise remove() waits until the matching npu_dev_exit(@idx).
+ */
+static inline bool npu_dev_enter(struct npu_device *ndev, int *idx)
+{
+	*idx = srcu_read_lock(&ndev->unplug_srcu);
+	if (READ_ONCE(ndev->unplugged)) {
+		srcu_read_unlock(&ndev->unplug_srcu, *idx);
+		return false;
+	}
+	return true;
+}
+
+static inline void npu_dev_exit(struct npu_device *ndev, int idx)
+{
+	srcu_read_unlock(&ndev->unplug_srcu, idx);
+}
 
 /* Ring slot of @fence: fences are consecutive from fence_base + 1 at slot 0. */
 static inline u32 npu_fence_slot(struct npu_queue *q, u64 fence)

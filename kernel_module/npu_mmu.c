@@ -73,7 +73,6 @@ void npu_vm_fini(struct npu_vm *vm)
 /* The driver's address space and the (empty) context table. */
 int npu_mmu_init(struct npu_device *ndev)
 {
-	ida_init(&ndev->ctx_ida);
 	ndev->ctx_table = dma_alloc_coherent(&ndev->pdev->dev,
 					     NPU_MAX_CONTEXTS * sizeof(*ndev->ctx_table),
 					     &ndev->ctx_table_dma, GFP_KERNEL);

@@ -611,7 +611,7 @@ static const struct vm_operations_struct npu_uqueue_vm_ops = {
 	.close = npu_uqueue_vm_close,
 };
 
-/* mmap of a queue region (offset below 4 GiB); caller holds unplug_sem. */
+/* mmap of a queue region (offset below 4 GiB), inside npu_dev_enter(). */
 int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 {
 	struct npu_device *ndev = ctx->ndev;
@@ -637,6 +637,13 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
 		ret = io_remap_pfn_range(vma, vma->vm_start, bell >> PAGE_SHIFT,
 					 PAGE_SIZE, vma->vm_page_prot);
+		/*
+		 * remap_pfn_range() turns a failed memtype reservation (an
+		 * allocation) into -EINVAL; every argument it could find
+		 * invalid was checked above, so that can only be memory.
+		 */
+		if (ret == -EINVAL)
+			ret = -ENOMEM;
 		goto out;
 	}
 	if (within != NPU_UQ_MEM_OFFSET || len > uq->mem_size)

@@ -867,8 +867,17 @@ static int8_t npu_requant1(int32_t acc, uint32_t sbits, int32_t zp, int32_t lo)
     int64_t prod = acc * m, q, rem, half;
 
     if (sh >= 0) {
-        /* |prod| >= 1 times 2^9 saturates whatever the zero point. */
-        q = sh > 8 && prod ? (prod < 0 ? -1024 : 1024) : prod * (1ll << sh);
+        /*
+         * |prod| >= 1 times 2^9 saturates whatever the zero point; a zero
+         * product stays zero (and must not be shifted by up to 104 bits).
+         */
+        if (!prod) {
+            q = 0;
+        } else if (sh > 8) {
+            q = prod < 0 ? -1024 : 1024;
+        } else {
+            q = prod * (1ll << sh);
+        }
     } else if (sh < -62) {
         q = 0;                      /* |prod| < 2^55: below half of 2^-sh */
     } else {

@@ -10,6 +10,17 @@ targets, to build/bench.json. The JSON is also printed on stdout;
 diagnostics go to stderr through logging. ``make bench`` builds QEMU, the
 guest and the module first; this script builds nothing.
 
+``meta`` records what the baselines ran on: the guest scripts report a
+``guest_env`` object (bench_npu.py: Python, numpy, the BLAS numpy actually
+uses and the CPU count; bench_inference.py: onnxruntime), which becomes
+``meta.guest_python``, ``meta.guest_numpy``, ``meta.guest_blas``,
+``meta.guest_cpus``, ``meta.guest_onnxruntime`` (null if not importable)
+and ``meta.guest_onnxruntime_threads``; the Debian image's build-time
+package versions and BLAS alternative ($NPU_CACHE/guest/current/versions
+and blas) become ``meta.guest_image_versions`` and ``meta.guest_image_blas``
+and are cross-checked against what the guest reported (a warning if they
+differ).
+
 Usage::
 
     scripts/bench.py [--out build/bench.json] [--quick] [--strict] [-v]
@@ -22,11 +33,13 @@ benchmark fails or a result is wrong). See docs/benchmarks.md for the keys.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -40,7 +53,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from guest import Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
+from guest import GUEST_DIR, Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -53,6 +66,16 @@ GUEST_CMDS = (
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0
+# guest_env keys that meta always has (as guest_<key>, null when no guest
+# script reported them); the guest scripts may report more.
+GUEST_ENV_KEYS = ("python", "numpy", "blas", "cpus", "onnxruntime")
+# Debian packages of the guest image whose upstream version must match what
+# the guest reports: (package in the versions file, guest_env key).
+GUEST_IMAGE_PACKAGES = (
+    ("python3", "python"),
+    ("python3-numpy", "numpy"),
+    ("python3-onnxruntime", "onnxruntime"),
+)
 GEMM_N = 1024
 COPY_BYTES = 64 << 20
 HOST_RUNS = 5
@@ -255,20 +278,99 @@ def host_cpu_model() -> str:
     return platform.processor()
 
 
+def guest_image_meta() -> dict[str, Any]:
+    """The Debian guest image's build-time records: guest_image_versions and
+    guest_image_blas.
+
+    ``guest_image_versions``: {package: Debian version} from
+    $NPU_CACHE/guest/current/versions ("package version" lines);
+    ``guest_image_blas``: the libblas.so.3 alternative resolved at build
+    time ($NPU_CACHE/guest/current/blas). Each is None when its file is
+    missing or another image is booted (NPU_GUEST=buildroot)."""
+    meta: dict[str, Any] = {"guest_image_versions": None, "guest_image_blas": None}
+    if (os.environ.get("NPU_GUEST", "").strip() or "debian") != "debian":
+        return meta
+    try:
+        lines = (GUEST_DIR / "versions").read_text().splitlines()
+    except OSError:
+        pass
+    else:
+        pairs = (line.split(None, 1) for line in lines)
+        meta["guest_image_versions"] = {p[0]: p[1].strip() for p in pairs if len(p) == 2}
+    with contextlib.suppress(OSError):
+        meta["guest_image_blas"] = (GUEST_DIR / "blas").read_text().strip() or None
+    return meta
+
+
+def debian_upstream(version: str) -> str:
+    """The upstream part of a Debian version: "1:2.2.4+ds-1" -> "2.2.4"."""
+    return re.split(r"[+~-]", re.sub(r"^\d+:", "", version), maxsplit=1)[0]
+
+
+def same_version(debian: str, reported: str) -> bool:
+    """Whether a Debian package version is the version a module reports, ignoring
+    trailing ".0" parts: "1.21.0+dfsg-1" is onnxruntime "1.21"."""
+
+    def parts(v: str) -> list[str]:
+        p = v.split(".")
+        while len(p) > 1 and p[-1] == "0":
+            p.pop()
+        return p
+
+    return parts(debian_upstream(debian)) == parts(reported)
+
+
+def guest_meta(env: dict[str, Any]) -> dict[str, Any]:
+    """meta's guest_<key> entries from the merged guest_env reports of the guest
+    scripts (every GUEST_ENV_KEYS key present, None if not reported)."""
+    meta: dict[str, Any] = {f"guest_{k}": None for k in GUEST_ENV_KEYS}
+    meta.update({f"guest_{k}": v for k, v in env.items()})
+    return meta
+
+
+def check_guest_meta(meta: dict[str, Any]) -> list[str]:
+    """Disagreements between what the guest reported and the image's build-time
+    records or the QEMU setup, one readable line each (logged as warnings)."""
+    problems = []
+    versions = meta.get("guest_image_versions") or {}
+    for package, key in GUEST_IMAGE_PACKAGES:
+        built, got = versions.get(package), meta.get(f"guest_{key}")
+        if built is None:
+            continue
+        if got is None:
+            problems.append(f"the image has {package} {built}, but the guest reported no {key}")
+        elif not same_version(built, str(got)):
+            problems.append(f"the image has {package} {built}, the guest reported {key} {got}")
+    blas = meta.get("guest_blas") or {}
+    image_blas = meta.get("guest_image_blas")
+    if image_blas and blas.get("alternative") and blas["alternative"] != image_blas:
+        problems.append(
+            f"the image's libblas.so.3 alternative was {image_blas}, "
+            f"the guest's is {blas['alternative']}"
+        )
+    cpus = meta.get("guest_cpus")
+    if cpus is not None and cpus != meta.get("guest_smp"):
+        problems.append(f"guest_smp is {meta.get('guest_smp')}, the guest has {cpus} CPUs")
+    return problems
+
+
 def metadata() -> dict[str, Any]:
-    """When, what and where: date, commit, QEMU accelerator and the host."""
+    """When, what and where: date, commit, QEMU accelerator, the host and the
+    guest image's build-time records (:func:`guest_image_meta`)."""
     argv = qemu_argv()
     accel = argv[argv.index("-accel") + 1] if "-accel" in argv else "unknown"
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
         "qemu_accel": accel,
+        "guest_kernel": os.environ.get("NPU_KERNEL", "").strip() or "distro",
         "guest_smp": int(os.environ.get("NPU_SMP", "").strip() or 1),
         "guest_mem": os.environ.get("NPU_MEM", "").strip() or "2G",
         "host_cpu": host_cpu_model(),
         "host_cpus": os.cpu_count(),
         "host_numpy": np.__version__,
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        **guest_image_meta(),
     }
 
 
@@ -301,13 +403,17 @@ def parse_guest_json(output: str) -> dict[str, Any]:
 
 
 def run_guest(quick: bool) -> tuple[float, dict[str, Any]]:
-    """Boot the guest, load the driver, run the in-guest benchmarks: (boot_s, their JSON)."""
+    """Boot the guest, load the driver, run the in-guest benchmarks: (boot_s, their JSON).
+
+    The scripts' JSON objects are merged, except their ``guest_env`` objects
+    (facts about the guest), which are merged into one ``guest_env``."""
     log.info("booting the guest")
     with Guest() as g:
         assert g.boot_s is not None
         log.info("guest shell after %.1f s; loading the driver", g.boot_s)
         g.load_module()
         result: dict[str, Any] = {}
+        env: dict[str, Any] = {}
         for guest_cmd in GUEST_CMDS:
             mark = g.dmesg_mark()
             cmd = ("BENCH_QUICK=1 " if quick else "") + guest_cmd
@@ -320,7 +426,10 @@ def run_guest(quick: bool) -> tuple[float, dict[str, Any]]:
                 raise BenchFailed("kernel log has errors after the benchmark:\n" + "\n".join(bad))
             if rc != 0:
                 raise BenchFailed(f"`{cmd}` exited {rc} in the guest")
-            result.update(parse_guest_json(out))
+            part = parse_guest_json(out)
+            env.update(part.pop("guest_env", None) or {})
+            result.update(part)
+        result["guest_env"] = env
         return g.boot_s, result
 
 
@@ -358,11 +467,14 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 on success, 1 on failure (or a missed target with --strict)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    kernel = os.environ.get("NPU_KERNEL", "").strip() or "distro"
     ap.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "build" / "bench.json",
-        help="where to write the JSON (default: build/bench.json)",
+        # The debug kernel's figures go beside, not over, the distribution's.
+        default=ROOT / "build" / ("bench.json" if kernel == "distro" else f"bench-{kernel}.json"),
+        help="where to write the JSON (default: build/bench.json; with NPU_KERNEL=debug "
+        "build/bench-debug.json)",
     )
     ap.add_argument("--quick", action="store_true", help="fewer repetitions in the guest")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
@@ -379,8 +491,20 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         boot_s, guest = run_guest(args.quick)
         res["boot_s"] = boot_s
+        res["meta"].update(guest_meta(guest.pop("guest_env")))
         res.update(guest)
         res["meta"]["guest_total_s"] = time.monotonic() - t0
+        for problem in check_guest_meta(res["meta"]):
+            log.warning("guest environment: %s", problem)
+        blas = res["meta"]["guest_blas"] or {}
+        log.info(
+            "guest: python %s, numpy %s on %s (%s), onnxruntime %s",
+            res["meta"]["guest_python"],
+            res["meta"]["guest_numpy"],
+            blas.get("library"),
+            blas.get("openblas_config") or blas.get("version"),
+            res["meta"]["guest_onnxruntime"],
+        )
         # The host figures are taken after QEMU has exited, so that it does
         # not compete with numpy for the host's cores.
         log.info("host numpy: %dx%d fp32 GEMM and a 64 MiB copy", GEMM_N, GEMM_N)

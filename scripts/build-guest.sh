@@ -59,6 +59,7 @@ if [ ! -f "$top/.done" ]; then
 	cp "$root/boot/initrd.img-$kver" "$top/initrd.img"
 	echo "$kver" >"$top/kver"
 	# The Debian versions of what the benchmarks compare against.
+	# shellcheck disable=SC2016 # dpkg-query's format, not the shell's
 	chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' \
 		"linux-image-$kver" python3-numpy python3-onnx python3-onnxruntime \
 		libopenblas0-pthread python3 >"$top/versions"

@@ -31,6 +31,9 @@ esac
 
 out="$NPU_ROOT/build/module/$kver"
 mkdir -p "$out" "$NPU_ROOT/build/module/include"
+# One build at a time: both kernels' builds share build/module/include.
+exec 9>"$NPU_ROOT/build/module/.lock"
+flock 9
 # Copy what changed only (kbuild rebuilds by mtime).
 sync_into() {
 	local dst=$1 f

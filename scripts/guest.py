@@ -78,7 +78,8 @@ BAD_DMESG_RE = re.compile(
     r"Oops|BUG:|WARNING:|general protection|kernel BUG|"
     r"KASAN|UBSAN|KFENCE|"
     r"possible circular locking|inconsistent lock state|possible recursive locking|"
-    r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called"
+    r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called|"
+    r"trying to register non-static key|turning off the locking correctness validator"
 )
 # The guest tty turns LF into CRLF and QEMU's stdio adds another CR.
 _CRLF_RE = re.compile(r"\r+\n")
@@ -590,9 +591,7 @@ class Guest:
         rc, out = self.run(f"{cmd} {params}".rstrip(), timeout=120)
         new = self.new_dmesg(mark)
         if rc != 0:
-            raise GuestError(
-                f"{cmd} failed ({rc}): {out.strip()}\ndmesg:\n" + "\n".join(new[-40:])
-            )
+            raise GuestError(f"{cmd} failed ({rc}): {out.strip()}\ndmesg:\n" + "\n".join(new[-40:]))
         self.run("udevadm settle -t 30", timeout=60)
         bad = bad_dmesg_lines(new)
         if bad:

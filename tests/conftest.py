@@ -31,10 +31,28 @@ def pytest_configure(config):
     )
 
 
+# Under pytest-xdist (make test: -n 2 --dist loadgroup), the tests that share
+# one guest run in one worker, in this order: the debug-kernel pass (the
+# longest) first, then the distribution kernel's guest; the host tests fill
+# in around them. Each group boots its own guest.
+GUEST_GROUPS = {
+    "test_guest_debug.py": "debug-guest",
+    "test_guest_suite.py": "distro-guest",
+    "test_guest_basics.py": "distro-guest",
+    "test_stress_suite.py": "distro-guest",
+}
+GROUP_ORDER = {"debug-guest": 0, "distro-guest": 1}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "guest" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.guest)
+        group = GUEST_GROUPS.get(item.path.name)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # Stable: host tests keep their order, after the guest groups.
+    items.sort(key=lambda it: GROUP_ORDER.get(GUEST_GROUPS.get(it.path.name, ""), 2))
 
 
 def _guest_module():

@@ -2,7 +2,8 @@
 (NPU_KERNEL=debug: KASAN, KFENCE, UBSAN, lockdep, kmemleak, DMA-API debug,
 fault injection), with the NPU behind an emulated Intel VT-d IOMMU
 (``-device intel-iommu``, ``intel_iommu=on``), then the fault-injection
-suite (tests/faults/) in the same guest.
+suite (tests/faults/) in the same guest. Its figures (boot time, case count,
+allocations failed per scenario) go to build/debug-pass.json.
 
 The in-guest gates do the checking: the kernel-log gate after every test
 (KASAN, UBSAN, KFENCE, lockdep, DMA-API, Oops/BUG/WARNING) and, with
@@ -14,6 +15,8 @@ uses, gets DMAR faults here.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -23,9 +26,26 @@ from typing import Any
 
 import pytest
 from test_guest_suite import SuiteRun, _tail, run_suite
+from test_stress_suite import _figures
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_kmsg() -> Any:
+    """tests/guest/kmsg.py (the in-guest gate), for its KNOWN_REPORTS."""
+    spec = importlib.util.spec_from_file_location("npu_kmsg", ROOT / "tests" / "guest" / "kmsg.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Lines of the known reports: the in-guest gate makes each a strict xfail
+# of the test that causes it; the whole-run check here lets them through.
+KNOWN_LINES = [p for lines in _load_kmsg().KNOWN_REPORTS.values() for p in lines]
+
 DMAR_FAULT_RE = re.compile(r"DMAR: \[DMA (Read|Write)|DMAR:.*fault", re.IGNORECASE)
+FIGURES = ROOT / "build" / "debug-pass.json"
 FAULTS_CMD = (
     "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/faults tests/faults "
     "--junitxml={junit}"
@@ -84,6 +104,16 @@ def debug_pass(guest_module: Any) -> Iterator[DebugPass]:
             cmd=FAULTS_CMD,
         )
         dmar = [line for line in dmesg if DMAR_FAULT_RE.search(line)]
+        figures = {
+            "boot_s": g.boot_s,
+            "suite_cases": len(suite.cases),
+            "suite_s": suite.seconds,
+            "faults_s": faults.seconds,
+        }
+        junit = ROOT / "build" / "guest-junit-faults.xml"
+        if junit.is_file():
+            figures.update(_figures(junit))
+        FIGURES.write_text(json.dumps(figures, indent=2, default=str) + "\n")
         yield DebugPass(suite, faults, dmar, group.strip() if rc == 0 else "", finders)
     finally:
         g.close()
@@ -112,7 +142,8 @@ def test_guest_suite_passes_on_the_debug_kernel(debug_pass: DebugPass) -> None:
     assert not [c for _, c in run.cases if c.outcome in ("failed", "error")], _failed(run)
     assert run.rc == 0, f"in-guest pytest exited {run.rc}:\n{_tail(run.output)}"
     assert len(run.cases) > 100, f"only {len(run.cases)} cases ran"
-    assert not run.bad_dmesg, "kernel log errors:\n" + "\n".join(run.bad_dmesg)
+    bad = [ln for ln in run.bad_dmesg if not any(re.search(k, ln) for k in KNOWN_LINES)]
+    assert not bad, "kernel log errors:\n" + "\n".join(bad)
 
 
 def test_no_dmar_faults_during_the_suite(debug_pass: DebugPass) -> None:

@@ -17,7 +17,6 @@ and fail_page_alloc (guest/kernel/debug.config); skipped elsewhere.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -33,18 +32,15 @@ if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
 _GUEST_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "guest")
 if _GUEST_TESTS not in sys.path:
     sys.path.insert(0, _GUEST_TESTS)
+import guest_util  # noqa: E402
 import kmsg  # noqa: E402
-
-MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _npu_module():
-    if not os.path.isdir("/sys/module/npu"):
-        r = subprocess.run(["insmod", MODULE], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.exit(f"insmod {MODULE} failed: {r.stderr.strip()}", returncode=3)
-    subprocess.run(["udevadm", "settle", "-t", "30"], check=False)
+    problem = guest_util.load_driver()
+    if problem:
+        pytest.exit(problem, returncode=3)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,13 +48,7 @@ def _kmemleak_gate():
     if kmsg.kmemleak_available():
         kmsg.kmemleak_scan()
     yield
-    if kmsg.kmemleak_available():
-        leaks = kmsg.kmemleak_scan()
-        if leaks:
-            pytest.fail(
-                f"kmemleak: {len(leaks)} object(s) from npu.ko leaked:\n" + "\n".join(leaks[:5]),
-                pytrace=False,
-            )
+    kmsg.fail_on_kmemleak()
 
 
 @pytest.fixture(autouse=True)

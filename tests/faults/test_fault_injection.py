@@ -5,8 +5,10 @@ submissions, user queues, pinned user memory, tensor ops) runs in a forked
 child while the kernel fails its allocations:
 
 - systematically, with ``/proc/thread-self/fail-nth``: the child's n-th
-  slab or page allocation fails, for n = 1, 2, ... until the scenario runs
-  to its end without reaching the n-th one (or ``MAX_NTH``);
+  slab or page allocation made with npu.ko on the stack (the stack filter,
+  ``require-start``/``require-end``) fails, for n = 1, 2, ... until the
+  scenario runs to its end without reaching the n-th one (within
+  ``MAX_NTH``);
 - at random, aimed at the child only (``task-filter`` and
   ``/proc/self/make-it-fail``), ``RANDOM_RUNS`` times per scenario.
 
@@ -29,6 +31,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import guest_util
 import numpy as np
 import pytest
 
@@ -63,51 +66,62 @@ RANDOM_KNOBS = {"probability": "5", "interval": "1", "times": "-1"}
 # --------------------------------------------------------------------------
 
 
-def open_close() -> None:
+# Each scenario gets the device opened before the injection is armed (the
+# runtime's own start-up, covered by open_close, would otherwise take most
+# of the allocations) and closes it under injection.
+
+
+def open_close(dev: npu.Device) -> None:
+    dev.close()
     os.close(os.open(DEV_PATH, os.O_RDWR | os.O_CLOEXEC))
 
 
-def buffer_map_write_free() -> None:
-    with npu.Device(DEV_PATH) as dev:
+def buffer_map_write_free(dev: npu.Device) -> None:
+    with dev:
         buf = dev.alloc(64 << 10)
         buf.write(b"\x07" * 16)
         assert buf.read(16) == b"\x07" * 16
         buf.close()
 
 
-def submit_fill_and_wait() -> None:
-    with npu.Device(DEV_PATH) as dev:
+def submit_fill_and_wait(dev: npu.Device) -> None:
+    with dev:
         buf = dev.alloc(1 << 16)
         dev.run([ops.fill(buf, 0xA5A5A5A5, 1 << 16)])
         assert buf.read(4) == b"\xa5" * 4
 
 
-def user_queue_nop() -> None:
-    with npu.Device(DEV_PATH) as dev:
+def user_queue_nop(dev: npu.Device) -> None:
+    with dev:
         q = dev.create_queue(entries=16)
         q.nop()
         q.synchronize(timeout_s=30)
         q.close()
 
 
-def pinned_user_memory_copy() -> None:
-    src = np.arange(4096, dtype=np.uint32)
-    with npu.Device(DEV_PATH) as dev:
-        ubuf, off = dev.userptr(src)
-        dst = dev.alloc(src.nbytes)
-        dev.run([ops.copy(ubuf, dst, src.nbytes, src_offset=off)])
-        assert np.array_equal(np.frombuffer(dst.read(src.nbytes), dtype=np.uint32), src)
+SRC = np.arange(4096, dtype=np.uint32)
+
+
+def pinned_user_memory_copy(dev: npu.Device) -> None:
+    with dev:
+        ubuf, off = dev.userptr(SRC)
+        dst = dev.alloc(SRC.nbytes)
+        dev.run([ops.copy(ubuf, dst, SRC.nbytes, src_offset=off)])
+        assert np.array_equal(np.frombuffer(dst.read(SRC.nbytes), dtype=np.uint32), SRC)
         dst.close()
         ubuf.close()
 
 
-def tensor_matmul() -> None:
-    a = np.ones((16, 8), dtype=np.float32)
-    with npu.Device(DEV_PATH) as dev:
-        assert np.allclose(npu.matmul(a, a.T, device=dev), a @ a.T)
+A = np.ones((16, 8), dtype=np.float32)
+AAT = A @ A.T
 
 
-SCENARIOS: dict[str, Callable[[], None]] = {
+def tensor_matmul(dev: npu.Device) -> None:
+    with dev:
+        assert np.allclose(npu.matmul(A, A.T, device=dev), AAT)
+
+
+SCENARIOS: dict[str, Callable[[npu.Device], None]] = {
     f.__name__: f
     for f in (
         open_close,
@@ -156,8 +170,11 @@ class Outcome:
     detail: str = ""
 
 
-def _child(scenario: Callable[[], None], nth: int, random_faults: bool) -> dict[str, object]:
-    """In the forked child: arm the injection, run, disarm, report."""
+def _child(
+    scenario: Callable[[npu.Device], None], nth: int, random_faults: bool
+) -> dict[str, object]:
+    """In the forked child: open the device, arm the injection, run, disarm, report."""
+    dev = npu.Device(DEV_PATH)
     fd = os.open("/proc/thread-self/fail-nth", os.O_RDWR)
     mif = os.open("/proc/self/make-it-fail", os.O_WRONLY) if random_faults else -1
     left = -1
@@ -167,7 +184,7 @@ def _child(scenario: Callable[[], None], nth: int, random_faults: bool) -> dict[
         if mif >= 0:
             os.pwrite(mif, b"1", 0)
         try:
-            scenario()
+            scenario(dev)
         finally:
             # Read and disarm before anything else makes a system call.
             if mif >= 0:
@@ -227,11 +244,27 @@ def bo_bytes() -> int:
     return int(_read(f"{SYSFS}/bo_bytes"))
 
 
+def driver_text() -> dict[str, str]:
+    """require-start/require-end: the address range of npu.ko (/proc/modules),
+    so that only allocations with the driver on the stack are failed."""
+    with open("/proc/modules") as f:
+        for line in f:
+            name, size, *_, base = line.split()[:6]
+            if name == "npu":
+                start = int(base, 16)
+                assert start, "/proc/modules hides addresses (kptr_restrict)"
+                return {"require-start": str(start), "require-end": str(start + int(size))}
+    raise AssertionError("npu.ko is not loaded")
+
+
 @pytest.fixture(scope="module")
 def injection() -> Iterator[None]:
-    if not os.path.isdir(f"{DEBUGFS}/failslab") or not os.path.exists("/proc/thread-self/fail-nth"):
-        pytest.skip("this kernel has no failslab/fail-nth (the debug kernel has)")
-    with knobs(KNOBS):
+    if not os.path.exists(f"{DEBUGFS}/failslab/require-start") or not os.path.exists(
+        "/proc/thread-self/fail-nth"
+    ):
+        pytest.skip("needs failslab, fail-nth and the stack filter (the debug kernel has them)")
+    text = driver_text()
+    with knobs({a: {**kv, **text} for a, kv in KNOBS.items()}):
         yield
 
 
@@ -241,12 +274,12 @@ def baseline(injection: None) -> Iterator[int]:
     before = bo_bytes()
     yield before
     assert bo_bytes() == before, f"BO memory {bo_bytes()} bytes live, {before} before the test"
-    tensor_matmul()  # the device still computes
+    tensor_matmul(npu.Device(DEV_PATH))  # the device still computes
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_failed_allocation_of_a_scenario_gives_a_clean_errno(
-    name: str, baseline: int
+    name: str, baseline: int, record_property: Callable[[str, object], None]
 ) -> None:
     assert run_once(name).result == "done", "the scenario fails without any injection"
     bad, injected = [], 0
@@ -257,6 +290,9 @@ def test_every_failed_allocation_of_a_scenario_gives_a_clean_errno(
         if not out.injected:
             break  # the scenario made fewer than nth allocations: all were tried
         injected += 1
+    else:
+        bad.append(f"still allocating after {MAX_NTH} failures: raise NPU_FAULT_MAX_NTH")
+    record_property(f"{name}_allocations_failed", injected)
     assert not bad, f"{len(bad)} of {injected} injected failures were not clean:\n" + "\n".join(
         bad[:10]
     )
@@ -265,20 +301,20 @@ def test_every_failed_allocation_of_a_scenario_gives_a_clean_errno(
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_random_allocation_failures_in_a_scenario_give_clean_errnos(
-    name: str, baseline: int
+    name: str, baseline: int, record_property: Callable[[str, object], None]
 ) -> None:
-    bad = []
+    bad, failed_runs = [], 0
     with knobs({"failslab": RANDOM_KNOBS, "fail_page_alloc": RANDOM_KNOBS}):
         for i in range(RANDOM_RUNS):
             out = run_once(name, random_faults=True)
+            failed_runs += out.result != "done"
             if out.result == "bad":
                 bad.append(f"run {i}: {out.detail}")
+    record_property(f"{name}_random_runs_failed", failed_runs)
     assert not bad, f"{len(bad)} of {RANDOM_RUNS} runs were not clean:\n" + "\n".join(bad[:10])
 
 
 def test_the_driver_unloads_and_reloads_cleanly_after_the_injection(injection: None) -> None:
-    module = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
     subprocess.run(["rmmod", "npu"], check=True, capture_output=True)
-    subprocess.run(["insmod", module], check=True, capture_output=True)
-    subprocess.run(["udevadm", "settle", "-t", "30"], check=False)
-    tensor_matmul()
+    assert guest_util.load_driver() is None
+    tensor_matmul(npu.Device(DEV_PATH))

@@ -17,26 +17,55 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
-import time
 
+import guest_util
 import kmsg  # tests/guest/kmsg.py: the kernel-log gate
 import pytest
 
-DEV_PATH = "/dev/npu0"
-# npu.ko as built for the running kernel (scripts/build-module.sh).
-MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
+DEV_PATH = guest_util.DEV_PATH
 RUNTIME = "/mnt/npu/runtime_py"
 
 if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
     sys.path.insert(0, RUNTIME)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "known_kernel_report(lines, reason, when=None): a strict xfail for a kernel report "
+        "the test is known to cause (lines: regexes of its lines; when: a path that exists "
+        "only on kernels that report it)",
+    )
+
+
 @pytest.fixture(autouse=True)
-def _kmsg_gate():
-    with kmsg.checked():
+def _kmsg_gate(request):
+    """The kernel-log gate; a known_kernel_report marker turns its report
+    into a strict xfail: xfail if it appears, a failure if it does not."""
+    m = request.node.get_closest_marker("known_kernel_report")
+    when = m.kwargs.get("when") if m else None
+    known = m.args[0] if m and (when is None or os.path.exists(when)) else None
+    with kmsg.checked(known=known) as seen:
         yield
+    if known is not None:
+        if not seen:
+            pytest.fail(
+                f"the known kernel report ({m.kwargs['reason']}) no longer appears: "
+                "the bug is fixed, remove the known_kernel_report marker",
+                pytrace=False,
+            )
+        pytest.xfail(f"{m.kwargs['reason']}: {seen[0]}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dma_api_all_errors():
+    """With DMA-API debugging (the debug kernel), print every error, not only
+    the first of the boot, so that each test's gate sees its own."""
+    path = "/sys/kernel/debug/dma-api/all_errors"
+    if os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,29 +80,15 @@ def _kmemleak_gate(_kmemleak_baseline):
     """On a kernel with kmemleak: scan after each test file; an unreferenced
     object allocated from npu.ko fails the file (its last test errors)."""
     yield
-    if kmsg.kmemleak_available():
-        leaks = kmsg.kmemleak_scan()
-        if leaks:
-            pytest.fail(
-                f"kmemleak: {len(leaks)} object(s) from npu.ko leaked:\n" + "\n".join(leaks[:5]),
-                pytrace=False,
-            )
+    kmsg.fail_on_kmemleak()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _npu_module():
     """Make sure the driver is loaded and /dev/npu0 exists."""
-    if not os.path.isdir("/sys/module/npu"):
-        r = subprocess.run(["insmod", MODULE], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.exit(f"insmod {MODULE} failed: {r.stderr.strip()}", returncode=3)
-    subprocess.run(["udevadm", "settle", "-t", "30"], check=False)
-    for _ in range(100):
-        if os.path.exists(DEV_PATH):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.exit(f"{DEV_PATH} did not appear after loading the driver", returncode=3)
+    problem = guest_util.load_driver()
+    if problem:
+        pytest.exit(problem, returncode=3)
 
 
 @pytest.fixture

@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
+
+DEV_PATH = "/dev/npu0"
+# npu.ko as built for the running kernel (scripts/build-module.sh).
+MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
+
+
+def load_driver() -> str | None:
+    """insmod npu.ko unless it is loaded, and wait for /dev/npu0; None, or
+    what went wrong."""
+    if not os.path.isdir("/sys/module/npu"):
+        r = subprocess.run(["insmod", MODULE], capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"insmod {MODULE} failed: {r.stderr.strip()}"
+    subprocess.run(["udevadm", "settle", "-t", "30"], check=False)
+    if not wait_until(lambda: os.path.exists(DEV_PATH), 10.0):
+        return f"{DEV_PATH} did not appear after loading the driver"
+    return None
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:

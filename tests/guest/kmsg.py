@@ -28,6 +28,7 @@ BAD_KMSG_RE = re.compile(
     r"KASAN|UBSAN|KFENCE|"
     r"possible circular locking|inconsistent lock state|possible recursive locking|"
     r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called|"
+    r"trying to register non-static key|turning off the locking correctness validator|"
     r"refcount_t:|list_(add|del) corruption|Unable to handle|page allocation failure"
 )
 
@@ -60,26 +61,48 @@ def kmsg_read(fd: int) -> list[str]:
     return out
 
 
+# Kernel reports known to come from a defect left to a later issue, by name:
+# the regexes of their lines. Tests that cause one carry
+# @pytest.mark.known_kernel_report(KNOWN_REPORTS[name], ...) (a strict xfail,
+# tests/guest/conftest.py); the host side of the debug pass excuses them in
+# its whole-run check. docs/reliability.md quotes each.
+KNOWN_REPORTS = {
+    # DMA memory outlives the unbind (issue 16).
+    "unbind-keeps-dma-memory": [
+        r"DMA-API: .*pending DMA allocations while released from device",
+        r"DMA-API: Mapped at",
+        r"WARNING: .* at kernel/dma/debug\.c:\d+ dma_debug_device_change",
+    ],
+}
+
 # What injected allocation failures print by design (warn_alloc and its
 # dump): expected in the fault-injection suite, an error everywhere else.
 ALLOC_FAILURE_RE = re.compile(r"page allocation failure|FAULT_INJECTION")
 
 
 @contextlib.contextmanager
-def checked(expected_failures: bool = False) -> Iterator[None]:
+def checked(expected_failures: bool = False, known: list[str] | None = None) -> Iterator[list[str]]:
     """Fail the enclosed test if the kernel logged an error meanwhile.
 
     expected_failures: allocation-failure warnings (and the WARNING-free
     dumps that come with them) are not errors: the test injects them.
+    known: regexes of the lines of a known report (a strict xfail, see
+    tests/guest/conftest.py): such lines are not errors; the ones seen are
+    appended to the yielded list.
     """
+    seen: list[str] = []
     fd = kmsg_open()
     try:
-        yield
+        yield seen
         new = kmsg_read(fd)
     finally:
         os.close(fd)
     if expected_failures:
         new = [m for m in new if not ALLOC_FAILURE_RE.search(m)]
+    if known:
+        excused = [m for m in new if any(re.search(k, m) for k in known)]
+        seen.extend(excused)
+        new = [m for m in new if m not in excused]
     if any(BAD_KMSG_RE.search(m) for m in new):
         pytest.fail(
             "kernel log has errors after this test:\n" + "\n".join(new[-80:]), pytrace=False
@@ -89,6 +112,19 @@ def checked(expected_failures: bool = False) -> Iterator[None]:
 def kmemleak_available() -> bool:
     """Whether the kernel has kmemleak (the debug kernel has)."""
     return os.path.exists(KMEMLEAK)
+
+
+def fail_on_kmemleak() -> None:
+    """pytest.fail if a kmemleak scan (when the kernel has kmemleak) finds
+    objects leaked from npu.ko."""
+    if not kmemleak_available():
+        return
+    leaks = kmemleak_scan()
+    if leaks:
+        pytest.fail(
+            f"kmemleak: {len(leaks)} object(s) from npu.ko leaked:\n" + "\n".join(leaks[:5]),
+            pytrace=False,
+        )
 
 
 def kmemleak_scan() -> list[str]:

@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
+import kmsg
 import numpy as np
 import pytest
 
@@ -201,6 +202,18 @@ class Removed:
     handle: int
 
 
+# Known, left to the DRM accel rewrite (issue 16; docs/reliability.md): the
+# ring, completion and MMU memory, and user-queue memory still mapped into
+# processes, outlive the unbind (files and mappings keep them), so the
+# DMA-API debug code reports coherent allocations pending at release. A
+# strict xfail on the debug kernel: it fails once the report is gone.
+UNBIND_KEEPS_DMA_MEMORY = pytest.mark.known_kernel_report(
+    kmsg.KNOWN_REPORTS["unbind-keeps-dma-memory"],
+    reason="DMA memory outlives the unbind (issue 16)",
+    when="/sys/kernel/debug/dma-api",
+)
+
+
 @pytest.fixture
 def removed(dev_path, idle) -> Iterator[Removed]:
     address = pci_address()
@@ -254,6 +267,7 @@ def removed(dev_path, idle) -> Iterator[Removed]:
         )
 
 
+@UNBIND_KEEPS_DMA_MEMORY
 def test_wait_across_device_removal_reports_eio_with_status_aborted(removed):
     arg = _abi.NpuWait(fence=removed.last_fence, timeout_ns=30 * 10**9, queue=0)
     with pytest.raises(OSError) as info:
@@ -263,6 +277,7 @@ def test_wait_across_device_removal_reports_eio_with_status_aborted(removed):
     assert 0 < arg.error_fence <= removed.last_fence
 
 
+@UNBIND_KEEPS_DMA_MEMORY
 def test_each_aborted_job_is_reported_once_oldest_first_then_wait_succeeds(removed):
     error_fences = []
     for _ in range(removed.num_jobs + 1):
@@ -281,6 +296,7 @@ def test_each_aborted_job_is_reported_once_oldest_first_then_wait_succeeds(remov
     assert error_fences == sorted(set(error_fences))
 
 
+@UNBIND_KEEPS_DMA_MEMORY
 def test_every_call_but_wait_fails_with_enodev_after_removal(removed):
     fd = removed.fd
     calls = {
@@ -311,6 +327,7 @@ def test_every_call_but_wait_fails_with_enodev_after_removal(removed):
     assert got == {name: "ENODEV" for name in calls}
 
 
+@UNBIND_KEEPS_DMA_MEMORY
 def test_mapping_made_before_removal_stays_readable(removed):
     assert removed.mapping[:8] == b"survivor"
     removed.mapping[8:12] = b"more"

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import kmsg
 import numpy as np
 import pytest
-from guest_util import wait_until
+from guest_util import MODULE, wait_until
 
 import npu
 from npu import ops
@@ -45,8 +45,6 @@ if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 import mkfw  # noqa: E402  (scripts/mkfw.py: build_image)
 
-# npu.ko as built for the running kernel (scripts/build-module.sh).
-MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
 DEV_PATH = "/dev/npu0"
 SYSFS = "/sys/class/npu/npu0"
 DEBUGFS = "/sys/kernel/debug/npu/npu0"

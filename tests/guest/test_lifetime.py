@@ -130,6 +130,50 @@ def idle_baseline() -> int:
 
 
 # --------------------------------------------------------------------------
+# DMA mapping
+# --------------------------------------------------------------------------
+
+DMA_API_ERRORS = "/sys/kernel/debug/dma-api/error_count"
+
+
+@pytest.mark.skipif(not os.path.exists(DMA_API_ERRORS), reason="needs CONFIG_DMA_API_DEBUG")
+def test_bos_of_any_size_map_without_dma_api_errors(fd):
+    # Pages that happen to be contiguous merge into scatterlist segments
+    # longer than 64 KiB, the PCI default limit the driver used to keep.
+    with open(DMA_API_ERRORS) as f:
+        before = int(f.read())
+    bos = [Bo(fd, size) for size in (4096, 72 << 10, MiB, BIG_BO, 16 * MiB)]
+    for bo in bos:
+        bo_destroy(fd, bo.handle)
+    with open(DMA_API_ERRORS) as f:
+        assert int(f.read()) == before
+
+
+def test_an_ioctl_faulting_in_its_argument_and_mmap_take_no_locks_in_opposite_orders(fd):
+    # mmap() enters the driver holding mmap_lock; an ioctl whose argument
+    # page is not mapped yet takes mmap_lock (the fault) inside the driver.
+    # With a rwsem as the unplug lock, those two and a remove() deadlock,
+    # which lockdep (the debug kernel) reports; the SRCU read side cannot.
+    Bo(fd, PAGE).map(fd).close()
+    arg = _abi.NpuBoCreate(size=PAGE)
+    mfd = os.memfd_create("npu-ioctl-arg")
+    try:
+        os.write(mfd, bytes(arg).ljust(PAGE, b"\0"))
+        page = mmap.mmap(mfd, PAGE, mmap.MAP_SHARED, RW)
+        page.madvise(mmap.MADV_DONTNEED)  # the next access faults it back in
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+        assert libc.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, addr) == 0, os.strerror(ctypes.get_errno())
+        out = _abi.NpuBoCreate.from_buffer_copy(page[: ctypes.sizeof(_abi.NpuBoCreate)])
+        bo_destroy(fd, out.handle)
+        del addr
+        page.close()
+    finally:
+        os.close(mfd)
+
+
+# --------------------------------------------------------------------------
 # Mappings
 # --------------------------------------------------------------------------
 
