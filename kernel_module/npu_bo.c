@@ -18,6 +18,15 @@
 #include "npu_drv.h"
 #include "npu_trace.h"
 
+/*
+ * BO memory is shared with user space and the device without cache
+ * maintenance (probe refuses a device without coherent DMA), so mappings
+ * skip the CPU syncs. That also makes two BOs over the same pages (one
+ * array pinned twice) legal for the DMA API, whose debug code otherwise
+ * flags overlapping mappings of a cacheline.
+ */
+#define NPU_BO_DMA_ATTRS DMA_ATTR_SKIP_CPU_SYNC
+
 #define NPU_BO_OFFSET_SHIFT	32
 
 static unsigned int ctx_mem_limit_mib;
@@ -86,7 +95,8 @@ static void npu_bo_free(struct kref *ref)
 		if (bo->owner)
 			atomic64_sub(bo->size, &bo->owner->local_bytes);
 	} else {
-		dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+		dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL,
+				  NPU_BO_DMA_ATTRS);
 		sg_free_table(&bo->sgt);
 		npu_bo_free_pages(bo);
 	}
@@ -113,7 +123,7 @@ static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
 					bo->size, GFP_KERNEL);
 	if (ret)
 		return ret;
-	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, NPU_BO_DMA_ATTRS);
 	if (ret)
 		goto err_free_table;
 	bo->va = npu_vm_map(bo->vm, &bo->sgt, bo->size, device_writable);
@@ -124,7 +134,7 @@ static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
 	return 0;
 
 err_unmap:
-	dma_unmap_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, 0);
+	dma_unmap_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, NPU_BO_DMA_ATTRS);
 err_free_table:
 	sg_free_table(&bo->sgt);
 	return ret;
