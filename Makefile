@@ -71,7 +71,7 @@ demo: $(GUEST_DEPS)
 # Host tests (qtests on the ASan QEMU), the guest suite on the distribution
 # kernel, then on the debug kernel behind an IOMMU, then fault injection.
 test: qemu qemu-asan guest module module-debug
-	@NPU_KERNEL=distro $(PY) -m pytest -n 2 --dist loadgroup tests
+	@NPU_KERNEL=distro $(PY) -m pytest -n 2 --dist loadfile tests
 
 test-host: deps qemu-asan
 	@$(PY) -m pytest tests/host

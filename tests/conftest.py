@@ -31,28 +31,24 @@ def pytest_configure(config):
     )
 
 
-# Under pytest-xdist (make test: -n 2 --dist loadgroup), the tests that share
-# one guest run in one worker, in this order: the debug-kernel pass (the
-# longest) first, then the distribution kernel's guest; the host tests fill
-# in around them. Each group boots its own guest.
-GUEST_GROUPS = {
-    "test_guest_debug.py": "debug-guest",
-    "test_guest_suite.py": "distro-guest",
-    "test_guest_basics.py": "distro-guest",
-    "test_stress_suite.py": "distro-guest",
+# Under pytest-xdist (make test: -n 2 --dist loadfile) each file runs in one
+# worker, the guest files first: the debug-kernel pass (the longest) on one
+# worker while the other runs the distribution kernel's guest files (one
+# guest per worker, see _GuestHolder) and the host tests fill in after.
+FILE_ORDER = {
+    "test_guest_debug.py": 0,
+    "test_guest_suite.py": 1,
+    "test_stress_suite.py": 1,
+    "test_guest_basics.py": 1,
 }
-GROUP_ORDER = {"debug-guest": 0, "distro-guest": 1}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "guest" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.guest)
-        group = GUEST_GROUPS.get(item.path.name)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-    # Stable: host tests keep their order, after the guest groups.
-    items.sort(key=lambda it: GROUP_ORDER.get(GUEST_GROUPS.get(it.path.name, ""), 2))
+    # Stable: host tests keep their order, after the guest files.
+    items.sort(key=lambda it: FILE_ORDER.get(it.path.name, 2))
 
 
 def _guest_module():
