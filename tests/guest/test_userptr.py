@@ -203,7 +203,8 @@ def test_the_same_memory_pinned_twice_works_through_both_buffers(dev: npu.Device
     # Two BOs over the same pages (two views of one array): the DMA API's
     # debug code (the debug kernel) reported overlapping mappings until BO
     # mappings skipped the CPU syncs a coherent device never needs.
-    x = np.arange(2 * MiB // 4, dtype=np.float32)
-    a = npu.from_numpy(x, device=dev)
-    b = npu.from_numpy(x[: MiB // 4], device=dev)
-    np.testing.assert_array_equal((a[: MiB // 4] + b).numpy(), 2 * x[: MiB // 4])
+    n = MiB // 4
+    x = np.arange(2 * n, dtype=np.float32)
+    a = npu.from_numpy(x[:n], device=dev)
+    b = npu.from_numpy(x[n // 2 : n // 2 + n], device=dev)  # half of a's pages
+    np.testing.assert_array_equal((a + b).numpy(), x[:n] + x[n // 2 : n // 2 + n])
