@@ -5,7 +5,11 @@
  *
  * Threads: MMIO runs on the vCPU thread under the BQL; descriptors are
  * fetched and executed on the device's own worker thread, which never takes
- * the BQL. Interrupts are raised from a bottom half (main loop, BQL held).
+ * the BQL: all its DMA is to RAM only (npu_mmu.c), so no access it makes
+ * can reach a register of any device and need the BQL. Interrupts are
+ * raised from a bottom half (main loop, BQL held). A reset, an unplug or a
+ * VM stop waits for the engine only at its control points (npu_cores.c),
+ * which come at least every few milliseconds of work.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -21,7 +25,8 @@
 #include "hw/pci/msix.h"
 #include "hw/qdev-properties.h"
 #include "hw/misc/trace.h"
-#include <cblas.h>
+#include "migration/vmstate.h"
+#include "qemu/atomic.h"
 #include "npu_dev.h"
 
 uint64_t npu_now_ns(void)
@@ -49,6 +54,11 @@ static void npu_irq_bh(void *opaque)
     int q;
 
     qemu_mutex_lock(&s->lock);
+    if (s->paused) {
+        /* A stopped VM gets no interrupt: the resume reschedules us. */
+        qemu_mutex_unlock(&s->lock);
+        return;
+    }
     fire = s->irq_fire & s->irq_mask;
     s->irq_fire &= ~fire;
     npu_update_intx_locked(s);
@@ -139,11 +149,24 @@ static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
 
 /* Soft reset ----------------------------------------------------------- */
 
+/*
+ * Wait until no completion of queue @qi is being written: after this, and
+ * a generation bump, nothing of the queue's old configuration is written.
+ * The writer is the engine, which needs no lock but ours to finish.
+ */
+static void npu_queue_quiesce_locked(NpuState *s, int qi)
+{
+    while (s->q[qi].cpl_writing) {
+        qemu_cond_wait(&s->cpl_done, &s->lock);
+    }
+}
+
 /* Disable queue @qi and clear its state (no command of it runs). */
 void npu_queue_reset_locked(NpuState *s, int qi)
 {
     uint32_t gen = s->q[qi].gen;
 
+    npu_queue_quiesce_locked(s, qi);
     memset(&s->q[qi], 0, sizeof(s->q[qi]));
     s->q[qi].gen = gen + 1;
     timer_del(s->irq_timer[qi].timer);
@@ -191,15 +214,18 @@ static void npu_reset_state_locked(NpuState *s)
 }
 
 /*
- * Ask the worker to reset the device between two commands, so that a reset
- * never tears a DMA transfer in half. With @wait, block until it is done.
+ * Ask the worker to reset the device. The running command is aborted at
+ * its next control point (never in the middle of a DMA transfer), so the
+ * reset is done within one poll quantum. With @wait, block until it is.
  */
 static void npu_request_reset(NpuState *s, bool wait)
 {
     qemu_mutex_lock(&s->lock);
     trace_npu_reset(wait);
     s->reset_pending = true;
+    qatomic_set(&s->abort, true);   /* the running command stops at once */
     qemu_cond_broadcast(&s->cond);
+    qemu_cond_broadcast(&s->resume);
     while (wait && s->reset_pending) {
         qemu_cond_wait(&s->reset_done, &s->lock);
     }
@@ -211,7 +237,8 @@ static void npu_request_reset(NpuState *s, bool wait)
 static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
 {
     return (s->control & NPU_CONTROL_ENABLE) && (q->ctrl & NPU_QCTL_ENABLE) &&
-           !(q->status & NPU_QSTAT_STOPPED) && q->head != q->tail &&
+           !(q->status & (NPU_QSTAT_STOPPED | NPU_QSTAT_ACTIVE)) &&
+           q->head != q->tail &&
            !q->blocked && s->fw_state == NPU_FW_RUNNING &&
            (s->fw_queues & (1u << (q - s->q)));
 }
@@ -251,11 +278,15 @@ static void npu_process_one_locked(NpuState *s, int qi)
              s->inject & NPU_INJECT_DMA_FAULT;
     s->inject &= ~inject;
     npu_walk_init_locked(s, &walk, qi);
-    faults = s->mmu_faults;     /* one command at a time: the delta is ours */
+    /* One command per level at a time: the delta is ours. */
+    faults = s->level_faults[walk.level];
+    qatomic_set(&s->deadline_ns, s->cmd_budget_ms ?
+                qemu_clock_get_ns(QEMU_CLOCK_REALTIME) +
+                s->cmd_budget_ms * (int64_t)SCALE_MS : INT64_MAX);
     qemu_mutex_unlock(&s->lock);
 
     /* The descriptor is copied once; only the local copy is looked at. */
-    if (pci_dma_read(PCI_DEVICE(s), ring + (uint64_t)slot * sizeof(cmd),
+    if (npu_dma_read(s, "descriptor", ring + (uint64_t)slot * sizeof(cmd),
                      &cmd, sizeof(cmd)) != MEMTX_OK) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
                       " 0x%" PRIx64 " failed\n", qi, ring);
@@ -322,10 +353,23 @@ static void npu_process_one_locked(NpuState *s, int qi)
     cpl.opcode = cpu_to_le16(cmd.opcode);
     trace_npu_cmd_done(qi, cmd.fence, status,
                        le64_to_cpu(cpl.t_end) - le64_to_cpu(cpl.t_start));
+    if (status == NPU_ST_TIMEOUT) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d fence %" PRIu64 " ran"
+                      " past its budget of %u ms\n", qi, (uint64_t)cmd.fence,
+                      s->cmd_budget_ms);
+        trace_npu_cmd_timeout(qi, cmd.fence, s->cmd_budget_ms);
+    }
 
     qemu_mutex_lock(&s->lock);
-    if (walk.confined && s->mmu_faults != faults && !s->reset_pending &&
-        q->gen == gen) {
+    if (s->reset_pending || q->gen != gen) {
+        /*
+         * Reset, or disabled and maybe re-pointed meanwhile: the rings the
+         * command came from may be gone, so nothing of it is written.
+         */
+        q->status &= ~NPU_QSTAT_ACTIVE;
+        return;
+    }
+    if (walk.confined && s->level_faults[walk.level] != faults) {
         /*
          * Any fault counts, even one hidden behind another tile's status.
          * The queue stops before the completion is written, so whoever
@@ -334,18 +378,21 @@ static void npu_process_one_locked(NpuState *s, int qi)
         q->done_fence = cmd.fence;
         npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
     }
+    q->cpl_writing = true;      /* the queue's rings stay while we write */
     qemu_mutex_unlock(&s->lock);
 
     wb.value = cpl.fence;
     wb.timestamp = cpl.t_end;
-    if (pci_dma_write(PCI_DEVICE(s), cpl_base + (uint64_t)slot * sizeof(cpl),
+    if (npu_dma_write(s, "completion", cpl_base + (uint64_t)slot * sizeof(cpl),
                       &cpl, sizeof(cpl)) != MEMTX_OK ||
         (fence_addr &&
-         pci_dma_write(PCI_DEVICE(s), fence_addr, &wb, sizeof(wb)) !=
+         npu_dma_write(s, "fence", fence_addr, &wb, sizeof(wb)) !=
          MEMTX_OK)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
                       " failed\n", qi);
         qemu_mutex_lock(&s->lock);
+        q->cpl_writing = false;
+        qemu_cond_broadcast(&s->cpl_done);
         q->status &= ~NPU_QSTAT_ACTIVE;
         if (!s->reset_pending && q->gen == gen) {
             npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
@@ -354,6 +401,8 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
 
     qemu_mutex_lock(&s->lock);
+    q->cpl_writing = false;
+    qemu_cond_broadcast(&s->cpl_done);
     q->status &= ~NPU_QSTAT_ACTIVE;
     if (s->reset_pending || q->gen != gen) {
         return;     /* reset or re-enabled meanwhile: the old state is gone */
@@ -375,10 +424,11 @@ static void npu_process_one_locked(NpuState *s, int qi)
 }
 
 /*
- * The scheduler: the runnable queue of the highest priority; among equal
- * priorities the first after the one served last (round-robin). -1 if none.
+ * The scheduler: the runnable queue of the highest priority above @above;
+ * among equal priorities the first after the one served last
+ * (round-robin). -1 if none.
  */
-static int npu_pick_queue_locked(NpuState *s)
+static int npu_pick_queue_locked(NpuState *s, int above)
 {
     int best = -1, i;
 
@@ -386,11 +436,56 @@ static int npu_pick_queue_locked(NpuState *s)
         int qi = (s->last_queue + i) % NPU_NUM_QUEUES;
 
         if (npu_queue_runnable_locked(s, &s->q[qi]) &&
+            (int)s->q[qi].priority > above &&
             (best < 0 || s->q[qi].priority > s->q[best].priority)) {
             best = qi;
         }
     }
     return best;
+}
+
+/*
+ * Something may have become runnable: wake the worker, and ask a running
+ * command of a lower priority to give way at its next tile boundary.
+ */
+static void npu_kick_locked(NpuState *s)
+{
+    qemu_cond_broadcast(&s->cond);
+    if (s->cur_prio >= 0 && npu_pick_queue_locked(s, s->cur_prio) >= 0) {
+        qatomic_set(&s->preempt, true);
+    }
+}
+
+/*
+ * Run, one level deeper, every runnable command of a priority above the
+ * running one (the command processor, at a tile boundary of the running
+ * command, no lock held). The preempted command's budget does not run
+ * meanwhile; it resumes with what it had left.
+ */
+void npu_preempt(NpuState *s)
+{
+    int64_t left = qatomic_read(&s->deadline_ns);
+    int prio, qi;
+
+    if (left != INT64_MAX) {
+        left -= qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
+    }
+    qemu_mutex_lock(&s->lock);
+    qatomic_set(&s->preempt, false);
+    prio = s->cur_prio;
+    while (!s->stop && !s->reset_pending && !s->paused && !s->hung &&
+           s->depth + 1 < NPU_LEVELS &&
+           (qi = npu_pick_queue_locked(s, prio)) >= 0) {
+        trace_npu_preempt(qi, s->q[qi].priority, prio, s->depth + 1);
+        qatomic_set(&s->depth, s->depth + 1);
+        s->cur_prio = s->q[qi].priority;
+        npu_process_one_locked(s, qi);
+        s->cur_prio = prio;
+        qatomic_set(&s->depth, s->depth - 1);
+    }
+    qatomic_set(&s->deadline_ns, left == INT64_MAX ? INT64_MAX :
+                qemu_clock_get_ns(QEMU_CLOCK_REALTIME) + left);
+    qemu_mutex_unlock(&s->lock);
 }
 
 static bool npu_any_blocked_locked(NpuState *s)
@@ -415,16 +510,18 @@ static void *npu_worker(void *opaque)
         if (s->reset_pending) {
             npu_reset_state_locked(s);
             s->reset_pending = false;
+            qatomic_set(&s->abort, false);
             qemu_bh_schedule(s->irq_bh);    /* lowers INTx */
             qemu_cond_broadcast(&s->reset_done);
             continue;
         }
-        if (s->hung) {
-            qemu_cond_wait(&s->cond, &s->lock);     /* until a reset */
+        if (s->paused || s->hung) {
+            /* Until the VM runs again, or a reset. */
+            qemu_cond_wait(&s->cond, &s->lock);
             continue;
         }
         /* One command at a time, so a higher priority wins at each one. */
-        qi = npu_pick_queue_locked(s);
+        qi = npu_pick_queue_locked(s, -1);
         if (qi < 0 && npu_any_blocked_locked(s)) {
             /* A WAIT may be satisfied by the CPU: look again in 1 ms. */
             qemu_cond_timedwait(&s->cond, &s->lock, 1);
@@ -438,7 +535,14 @@ static void *npu_worker(void *opaque)
             continue;
         }
         s->last_queue = qi;
+        s->cur_prio = s->q[qi].priority;
+        s->busy++;
         npu_process_one_locked(s, qi);
+        s->busy--;
+        qemu_cond_broadcast(&s->parked_cond);
+        s->cur_prio = -1;
+        qatomic_set(&s->preempt, false);
+        qatomic_set(&s->deadline_ns, INT64_MAX);
     }
     qemu_mutex_unlock(&s->lock);
     return NULL;
@@ -705,12 +809,13 @@ static bool npu_ring_config_ok(NpuState *s, NpuQueue *q)
         return false;
     }
     /* Rings and write-back never wrap and never hit the device's BARs. */
-    return npu_dma_range_ok(s, q->ring_base,
-                            (uint64_t)n * sizeof(struct npu_cmd)) &&
-           npu_dma_range_ok(s, q->cpl_base,
-                            (uint64_t)n * sizeof(struct npu_cpl)) &&
+    return npu_dma_range_ok_locked(s, q->ring_base,
+                                   (uint64_t)n * sizeof(struct npu_cmd)) &&
+           npu_dma_range_ok_locked(s, q->cpl_base,
+                                   (uint64_t)n * sizeof(struct npu_cpl)) &&
            (!q->fence_addr ||
-            npu_dma_range_ok(s, q->fence_addr, sizeof(struct npu_fence_wb)));
+            npu_dma_range_ok_locked(s, q->fence_addr,
+                                    sizeof(struct npu_fence_wb)));
 }
 
 static void npu_doorbell_locked(NpuState *s, int qi, uint32_t tail)
@@ -719,7 +824,7 @@ static void npu_doorbell_locked(NpuState *s, int qi, uint32_t tail)
 
     trace_npu_doorbell(qi, tail);
     q->tail = tail;
-    qemu_cond_broadcast(&s->cond);
+    npu_kick_locked(s);
 }
 
 static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
@@ -808,10 +913,11 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
             q->done_fence = 0;
         }
         if ((val & NPU_QCTL_ENABLE) != enabled) {
+            npu_queue_quiesce_locked(s, qi);
             q->gen++;
         }
         q->ctrl = val & NPU_QCTL_ENABLE;
-        qemu_cond_broadcast(&s->cond);
+        npu_kick_locked(s);
         break;
     case NPU_Q_TAIL:
         npu_doorbell_locked(s, qi, val);
@@ -833,6 +939,7 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
             break;
         }
         q->priority = val;      /* takes effect at the next command */
+        npu_kick_locked(s);
         break;
     case NPU_Q_IRQ_COUNT:
     case NPU_Q_IRQ_DELAY:
@@ -938,7 +1045,7 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
             break;
         }
         s->control = val & NPU_CONTROL_ENABLE;
-        qemu_cond_broadcast(&s->cond);
+        npu_kick_locked(s);
         break;
     case NPU_REG_IRQ_STATUS:
         s->irq_status &= ~val;
@@ -1099,6 +1206,8 @@ static void npu_fw_power_on_locked(NpuState *s)
     }
 }
 
+static void npu_vm_state_change(void *opaque, bool running, RunState state);
+
 static void npu_realize(PCIDevice *pdev, Error **errp)
 {
     NpuState *s = NPU_PCI(pdev);
@@ -1106,6 +1215,10 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
 
     if (s->num_cores < 1 || s->num_cores > 64) {
         error_setg(errp, "npu: cores must be between 1 and 64");
+        return;
+    }
+    if (s->mem_budget < 16 * MiB) {
+        error_setg(errp, "npu: mem-budget must be at least 16 MiB");
         return;
     }
     if (s->mem_size && (!is_power_of_2(s->mem_size) || s->mem_size < MiB ||
@@ -1141,17 +1254,25 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
         msix_vector_use(pdev, i);
     }
 
-    s->chunk = g_malloc(NPU_CHUNK);
-    s->cp_core = (NpuCore) { .s = s, .chunk = s->chunk, .index = UINT32_MAX };
-    if (s->num_cores > 1) {
-        /* Parallelism comes from the cores: one BLAS thread per call. */
-        openblas_set_num_threads(1);
+    for (i = 0; i < NPU_LEVELS; i++) {
+        s->level[i].core = (NpuCore) {
+            .s = s, .chunk = g_malloc(NPU_CHUNK), .index = UINT32_MAX,
+        };
     }
     npu_cores_init(s, s->num_cores);
     qemu_mutex_init(&s->lock);
     qemu_mutex_init(&s->log_lock);
     qemu_cond_init(&s->cond);
     qemu_cond_init(&s->reset_done);
+    qemu_cond_init(&s->cpl_done);
+    qemu_cond_init(&s->resume);
+    qemu_cond_init(&s->parked_cond);
+    s->cur_prio = -1;
+    s->deadline_ns = INT64_MAX;
+    s->paused = !runstate_is_running();
+    s->vmstate_entry = qemu_add_vm_change_state_handler(npu_vm_state_change,
+                                                        s);
+    npu_bars_update(s);
     s->irq_bh = qemu_bh_new_guarded(npu_irq_bh, s,
                                     &DEVICE(pdev)->mem_reentrancy_guard);
     for (i = 0; i < NPU_NUM_QUEUES; i++) {
@@ -1172,26 +1293,46 @@ static void npu_exit(PCIDevice *pdev)
     NpuState *s = NPU_PCI(pdev);
     int i;
 
+    /* The running command stops at its next control point: never long. */
     qemu_mutex_lock(&s->lock);
     s->stop = true;
+    qatomic_set(&s->abort, true);
     qemu_cond_broadcast(&s->cond);
+    qemu_cond_broadcast(&s->resume);
     qemu_mutex_unlock(&s->lock);
     qemu_thread_join(&s->thread);
     npu_cores_fini(s);
+    qemu_del_vm_change_state_handler(s->vmstate_entry);
 
     qemu_bh_delete(s->irq_bh);
     for (i = 0; i < NPU_NUM_QUEUES; i++) {
         timer_free(s->irq_timer[i].timer);
     }
+    qemu_cond_destroy(&s->parked_cond);
+    qemu_cond_destroy(&s->resume);
+    qemu_cond_destroy(&s->cpl_done);
     qemu_cond_destroy(&s->reset_done);
     qemu_cond_destroy(&s->cond);
     qemu_mutex_destroy(&s->lock);
     qemu_mutex_destroy(&s->log_lock);
-    g_free(s->chunk);
+    for (i = 0; i < NPU_LEVELS; i++) {
+        npu_scratch_free(s, &s->level[i]);
+        g_free(s->level[i].core.chunk);
+    }
     msix_uninit_exclusive_bar(pdev);
 }
 
-/* Resettable hold phase: a PCI or system reset of the device. */
+/*
+ * Resettable phases of a PCI or system reset. Enter: the running command
+ * is told to stop (nothing else may happen in this phase). Hold: wait for
+ * the engine to drop it, which takes at most one control point's work,
+ * since the engine never needs the BQL we hold; then power-on state.
+ */
+static void npu_reset_enter(Object *obj, ResetType type)
+{
+    npu_request_reset(NPU_PCI(obj), false);
+}
+
 static void npu_reset_hold(Object *obj, ResetType type)
 {
     NpuState *s = NPU_PCI(obj);
@@ -1200,12 +1341,69 @@ static void npu_reset_hold(Object *obj, ResetType type)
     qemu_mutex_lock(&s->lock);
     npu_fw_power_on_locked(s);
     qemu_mutex_unlock(&s->lock);
+    npu_bars_update(s);
 }
+
+/* PCI configuration writes (BQL): the BARs may have moved. */
+static void npu_config_write(PCIDevice *pdev, uint32_t addr, uint32_t val,
+                             int len)
+{
+    pci_default_write_config(pdev, addr, val, len);
+    npu_bars_update(NPU_PCI(pdev));
+}
+
+/*
+ * The VM stops or runs again (BQL). A stopped VM gets no DMA and no
+ * interrupt from the device: the engine parks at its next control point
+ * and this waits until it has (the engine never needs the BQL); interrupts
+ * wait in irq_fire. The time stopped is not charged to a command's budget.
+ */
+static void npu_vm_state_change(void *opaque, bool running, RunState state)
+{
+    NpuState *s = opaque;
+    int64_t now = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
+
+    qemu_mutex_lock(&s->lock);
+    if (!running) {
+        qatomic_set(&s->paused, true);
+        s->paused_at_ns = now;
+        while (s->parked < s->busy && !qatomic_read(&s->abort)) {
+            qemu_cond_wait(&s->parked_cond, &s->lock);
+        }
+        trace_npu_vm_state(running, s->busy);
+    } else if (s->paused) {
+        int64_t d = qatomic_read(&s->deadline_ns);
+
+        if (d != INT64_MAX) {
+            qatomic_set(&s->deadline_ns, d + (now - s->paused_at_ns));
+        }
+        qatomic_set(&s->paused, false);
+        qemu_cond_broadcast(&s->resume);
+        qemu_cond_broadcast(&s->cond);
+        if (s->irq_fire) {
+            qemu_bh_schedule(s->irq_bh);
+        }
+        trace_npu_vm_state(running, s->busy);
+    }
+    qemu_mutex_unlock(&s->lock);
+}
+
+/*
+ * The device's state is not migratable: a command may be in flight in
+ * host threads and device memory is written through host pointers. QEMU
+ * refuses to migrate or snapshot a VM with it, naming the device.
+ */
+static const VMStateDescription npu_vmstate = {
+    .name = TYPE_NPU_PCI,
+    .unmigratable = 1,
+};
 
 static const Property npu_properties[] = {
     DEFINE_PROP_UINT32("cores", NpuState, num_cores, 2),
     DEFINE_PROP_SIZE("mem-size", NpuState, mem_size, 512 * MiB),
     DEFINE_PROP_BOOL("boot-rom", NpuState, boot_rom, false),
+    DEFINE_PROP_UINT32("cmd-budget-ms", NpuState, cmd_budget_ms, 2000),
+    DEFINE_PROP_SIZE("mem-budget", NpuState, mem_budget, 1 * GiB),
 };
 
 static void npu_class_init(ObjectClass *klass, void *data)
@@ -1216,12 +1414,15 @@ static void npu_class_init(ObjectClass *klass, void *data)
 
     k->realize = npu_realize;
     k->exit = npu_exit;
+    k->config_write = npu_config_write;
     k->vendor_id = NPU_PCI_VENDOR_ID;
     k->device_id = NPU_PCI_DEVICE_ID;
     k->revision = NPU_PCI_REVISION;
     k->class_id = NPU_PCI_CLASS;
     dc->desc = "Emulated NPU (neural processing unit)";
+    rc->phases.enter = npu_reset_enter;
     rc->phases.hold = npu_reset_hold;
+    dc->vmsd = &npu_vmstate;
     device_class_set_props(dc, npu_properties);
     set_bit(DEVICE_CATEGORY_MISC, dc->categories);
 }

@@ -1,38 +1,159 @@
 /*
  * NPU AI cores: a pool of worker threads ("cores") that execute the tiles
- * of one command in parallel. The command processor splits a large command
- * into independent tiles, hands them to the cores and waits until all are
- * done, so commands still complete in queue order.
+ * of one command in parallel, and the engine's control points.
+ *
+ * The command processor splits a command into tiles of bounded work and
+ * publishes them as a job; the cores take tiles until none is left. Between
+ * two tiles (and at poll points inside long kernels) every engine thread
+ * calls npu_engine_poll(), where a command stops when it is aborted (reset,
+ * unplug) or over its time budget, and where the engine parks while the VM
+ * is stopped. At a tile boundary a job may also be preempted: the cores
+ * stop taking its tiles, the command processor runs the higher-priority
+ * command as a nested job, and the preempted job then resumes where it
+ * stopped, so its result is the same as if it had run alone.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include "qemu/osdep.h"
 #include "qemu/units.h"
+#include "qemu/atomic.h"
+#include "qemu/timer.h"
 #include "npu_dev.h"
+
+/* Engine control ------------------------------------------------------- */
+
+/*
+ * Busy engine threads (the command processor in a command, a core in a
+ * tile) may move data; parked ones may not. A VM stop waits until every
+ * busy thread is parked (npu.c, npu_vm_state_change).
+ */
+static void npu_engine_enter(NpuState *s)
+{
+    qemu_mutex_lock(&s->lock);
+    s->busy++;
+    qemu_mutex_unlock(&s->lock);
+}
+
+static void npu_engine_leave(NpuState *s)
+{
+    qemu_mutex_lock(&s->lock);
+    s->busy--;
+    qemu_cond_broadcast(&s->parked_cond);
+    qemu_mutex_unlock(&s->lock);
+}
+
+/* The calling busy thread waits for others: it moves no data meanwhile. */
+static void npu_engine_idle(NpuState *s)
+{
+    qemu_mutex_lock(&s->lock);
+    s->parked++;
+    qemu_cond_broadcast(&s->parked_cond);
+    qemu_mutex_unlock(&s->lock);
+}
+
+/* ... and goes on: once the VM runs (or the command is aborted). */
+static void npu_engine_wake(NpuState *s)
+{
+    qemu_mutex_lock(&s->lock);
+    while (s->paused && !qatomic_read(&s->abort)) {
+        qemu_cond_wait(&s->resume, &s->lock);
+    }
+    s->parked--;
+    qemu_mutex_unlock(&s->lock);
+}
+
+static bool npu_preempt_wanted(NpuState *s);
+
+/*
+ * A control point of the running command (any engine thread, no lock):
+ * NPU_ST_ABORTED after a reset or unplug request, NPU_ST_TIMEOUT once the
+ * command ran past its budget; waits here while the VM is stopped. On the
+ * command processor it is also a preemption point: there no job is
+ * published (the cores are idle), so a nested command can use them, and
+ * it has buffers of its own (NpuLevel).
+ */
+uint32_t npu_engine_poll(NpuState *s)
+{
+    if (npu_preempt_wanted(s) && qemu_thread_is_self(&s->thread)) {
+        npu_preempt(s);
+    }
+    if (qatomic_read(&s->paused)) {
+        npu_engine_idle(s);
+        npu_engine_wake(s);
+    }
+    if (qatomic_read(&s->abort)) {
+        return NPU_ST_ABORTED;
+    }
+    if (qemu_clock_get_ns(QEMU_CLOCK_REALTIME) >
+        qatomic_read(&s->deadline_ns)) {
+        return NPU_ST_TIMEOUT;
+    }
+    return NPU_ST_OK;
+}
+
+/*
+ * Account @work units (about one multiply-add or byte each) done by a
+ * kernel between its control points; polls when a quantum is complete.
+ */
+uint32_t npu_engine_work(NpuCore *core, uint64_t work)
+{
+    core->work += work;
+    if (core->work < NPU_POLL_QUANTUM) {
+        return NPU_ST_OK;
+    }
+    core->work = 0;
+    return npu_engine_poll(core->s);
+}
+
+/* Should the job running now give way to a higher-priority command? */
+static bool npu_preempt_wanted(NpuState *s)
+{
+    return qatomic_read(&s->preempt) &&
+           qatomic_read(&s->depth) + 1 < NPU_LEVELS;
+}
+
+/* Cores --------------------------------------------------------------- */
 
 /* Run tiles of the current job until none is left; called with the lock. */
 static void npu_cores_drain_locked(NpuCores *c, NpuCore *core)
 {
-    while (c->next < c->total) {
-        uint64_t begin = c->next;
-        uint64_t end = MIN(c->total, begin + c->grain);
+    NpuState *s = core->s;
+    NpuJob *job = c->job;
+
+    while (job->next < job->total && !job->paused) {
+        uint64_t begin = job->next;
+        uint64_t end = MIN(job->total, begin + job->grain);
         uint32_t st;
 
-        c->next = end;
-        c->running++;
+        if (npu_preempt_wanted(s)) {
+            job->paused = true;     /* the command processor takes over */
+            break;
+        }
+        job->next = end;
+        job->running++;
         qemu_mutex_unlock(&c->lock);
-        st = c->fn(core, c->opaque, begin, end);
+        npu_engine_enter(s);
+        st = npu_engine_poll(s);
+        if (st == NPU_ST_OK) {
+            st = job->fn(core, job->opaque, begin, end);
+        }
+        npu_engine_leave(s);
         qemu_mutex_lock(&c->lock);
-        c->running--;
-        if (st != NPU_ST_OK && c->status == NPU_ST_OK) {
-            c->status = st;
-            c->next = c->total;     /* the command failed: skip the rest */
+        job->running--;
+        if (st != NPU_ST_OK && job->status == NPU_ST_OK) {
+            job->status = st;
+            job->next = job->total; /* the command failed: skip the rest */
         }
     }
-    if (!c->running) {
+    if (!job->running) {
         qemu_cond_broadcast(&c->done);
     }
+}
+
+static bool npu_cores_have_work_locked(NpuCores *c)
+{
+    return c->job && c->job->next < c->job->total && !c->job->paused;
 }
 
 static void *npu_core_thread(void *opaque)
@@ -42,7 +163,7 @@ static void *npu_core_thread(void *opaque)
 
     qemu_mutex_lock(&c->lock);
     while (!c->stop) {
-        if (c->next < c->total) {
+        if (npu_cores_have_work_locked(c)) {
             npu_cores_drain_locked(c, core);
         } else {
             qemu_cond_wait(&c->work, &c->lock);
@@ -61,6 +182,7 @@ void npu_cores_init(NpuState *s, uint32_t n)
     qemu_cond_init(&c->work);
     qemu_cond_init(&c->done);
     c->n = n;
+    c->job = NULL;
     c->core = g_new0(NpuCore, n);
     for (i = 0; i < n; i++) {
         char name[24];
@@ -89,38 +211,80 @@ void npu_cores_fini(NpuState *s)
         g_free(c->core[i].chunk);
     }
     g_free(c->core);
-    npu_scratch_free(s);
     qemu_cond_destroy(&c->done);
     qemu_cond_destroy(&c->work);
     qemu_mutex_destroy(&c->lock);
 }
 
 /*
- * Run fn over [0, total) in tiles of @grain units on the cores and wait for
- * all of them. Returns NPU_ST_OK or the first failing tile's status. Only
- * the command processor calls this, one command at a time.
+ * Run @fn over [0, total) in tiles of @grain units on the cores and wait for
+ * all of them, running preempting commands in between. Returns NPU_ST_OK or
+ * the first failing tile's status. Only the command processor calls this;
+ * a nested call (a preempting command's job) saves and restores the job it
+ * interrupts.
  */
-uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
-                       uint64_t total, uint64_t grain)
+static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
+                              uint64_t total, uint64_t grain)
 {
     NpuCores *c = &s->cores;
+    NpuJob job = {
+        .fn = fn, .opaque = opaque, .total = total, .grain = grain,
+        .status = NPU_ST_OK,
+    };
+    NpuJob *outer;
+
+    npu_engine_idle(s);     /* the cores move the data */
+    qemu_mutex_lock(&c->lock);
+    outer = c->job;
+    c->job = &job;
+    qemu_cond_broadcast(&c->work);
+    for (;;) {
+        while ((job.next < job.total && !job.paused) || job.running) {
+            qemu_cond_wait(&c->done, &c->lock);
+        }
+        if (!job.paused) {
+            break;
+        }
+        /* Preempted at a tile boundary: run the newcomer, then resume. */
+        qemu_mutex_unlock(&c->lock);
+        npu_engine_wake(s);
+        npu_preempt(s);
+        npu_engine_idle(s);
+        qemu_mutex_lock(&c->lock);
+        c->job = &job;
+        job.paused = false;
+        qemu_cond_broadcast(&c->work);
+    }
+    c->job = outer;
+    qemu_mutex_unlock(&c->lock);
+    npu_engine_wake(s);
+    return job.status;
+}
+
+/*
+ * Run a tiled job: on the cores, or inline on the command processor (one
+ * core, or a job of a single tile). Either way every tile boundary is a
+ * control point and a preemption point.
+ */
+uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
+                       uint64_t grain)
+{
+    NpuCore *cp = &s->level[s->depth].core;
+    uint64_t begin;
     uint32_t st;
 
-    qemu_mutex_lock(&c->lock);
-    c->fn = fn;
-    c->opaque = opaque;
-    c->grain = MAX(grain, 1);
-    c->next = 0;
-    c->total = total;
-    c->status = NPU_ST_OK;
-    c->running = 0;
-    qemu_cond_broadcast(&c->work);
-    while (c->next < c->total || c->running) {
-        qemu_cond_wait(&c->done, &c->lock);
+    grain = MAX(grain, 1);
+    if (total > grain && s->cores.n > 1) {
+        return npu_cores_run(s, fn, job, total, grain);
     }
-    st = c->status;
-    c->total = 0;
-    c->next = 0;
-    qemu_mutex_unlock(&c->lock);
-    return st;
+    for (begin = 0; begin < total; begin += grain) {
+        st = npu_engine_poll(s);
+        if (st == NPU_ST_OK) {
+            st = fn(cp, job, begin, MIN(total, begin + grain));
+        }
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+    }
+    return NPU_ST_OK;
 }

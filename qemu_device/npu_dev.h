@@ -9,6 +9,7 @@
 
 #include "hw/pci/pci_device.h"
 #include "qemu/thread.h"
+#include "system/runstate.h"
 #include "npu_hw.h"
 
 #define TYPE_NPU_PCI "npu"
@@ -17,20 +18,45 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 /* Size of the bounce/pattern buffers of the command engine. */
 #define NPU_CHUNK (1 * MiB)
 
+/*
+ * Nesting levels of the command processor: a running command is preempted
+ * at a tile boundary only by one of a strictly higher priority.
+ */
+#define NPU_LEVELS (NPU_Q_PRIORITY_MAX + 1)
+
+/*
+ * Work (about one multiply-add, compared element or byte moved each) a
+ * kernel does between two control points: of the order of a millisecond.
+ */
+#define NPU_POLL_QUANTUM (1ull << 22)
+
 /* L2 tables a walk keeps: an op's operands usually span a few L1 entries. */
 #define NPU_WALK_WAYS 4
+
+/*
+ * The device's memory BAR windows [lo, hi) as the guest last programmed
+ * them (hi == 0: not mapped), for the engine's self-DMA check. Updated
+ * under the BQL (configuration writes, reset), read by the engine from
+ * the snapshot each command takes.
+ */
+typedef struct NpuBars {
+    uint64_t lo[PCI_NUM_REGIONS];
+    uint64_t hi[PCI_NUM_REGIONS];
+} NpuBars;
 
 /* Per-command view of the device MMU (npu_mmu.c). */
 typedef struct NpuWalk {
     bool enabled;
     bool confined;          /* the queue's own address space */
     int queue;              /* whose command: recorded with a fault */
+    uint32_t level;         /* the command processor's nesting level */
     uint32_t ctx;           /* the descriptor's ctx: recorded with a fault */
     uint64_t ctx_base;      /* context table snapshot */
     uint32_t ctx_count;
     uint64_t l1_base;
     uint32_t l1_entries;
     uint32_t victim;        /* the way the next L2 table replaces */
+    NpuBars bars;           /* snapshot at the command's start */
     uint64_t cached_l1[NPU_WALK_WAYS];  /* L1 index of l2[way], or UINT64_MAX */
     /*
      * Copies of those L2 tables, each read whole once: the tables cannot
@@ -62,6 +88,7 @@ typedef struct NpuQueue {
     uint32_t mmu_l1_entries; /* ... if non-zero */
     uint64_t done_fence;
     bool blocked;           /* its head is a WAIT not yet satisfied */
+    bool cpl_writing;       /* the engine writes a completion of it */
 } NpuQueue;
 
 /* The interrupt-moderation timer of one queue. */
@@ -79,6 +106,7 @@ typedef struct NpuCore {
     NpuCores *cores;
     uint32_t index;
     uint8_t *chunk;         /* NPU_CHUNK bytes, private to this core */
+    uint64_t work;          /* since the last control point */
     QemuThread thread;
 } NpuCore;
 
@@ -86,23 +114,42 @@ typedef struct NpuCore {
 typedef uint32_t (*NpuTileFn)(NpuCore *core, void *opaque, uint64_t begin,
                               uint64_t end);
 
-struct NpuCores {
-    uint32_t n;
-    NpuCore *core;
-    /*
-     * @lock protects the job fields below: the command processor publishes
-     * a job, the cores take tiles from it and report the first failure.
-     */
-    QemuMutex lock;
-    QemuCond work;          /* a job was published, or stop */
-    QemuCond done;          /* the last running tile finished */
-    bool stop;
+/* One published job: the tiles of one command (NpuCores.lock). */
+typedef struct NpuJob {
     NpuTileFn fn;
     void *opaque;
     uint64_t total, grain, next;
     uint32_t running;
     uint32_t status;
+    bool paused;            /* preempted: no tile is taken until resumed */
+} NpuJob;
+
+struct NpuCores {
+    uint32_t n;
+    NpuCore *core;
+    /*
+     * @lock protects @stop, @job and the job's fields: the command
+     * processor publishes a job, the cores take tiles from it and report
+     * the first failure. Never taken with NpuState.lock held.
+     */
+    QemuMutex lock;
+    QemuCond work;          /* a job was published or resumed, or stop */
+    QemuCond done;          /* the last running tile finished */
+    bool stop;
+    NpuJob *job;            /* the innermost job, NULL when idle */
 };
+
+/* What the command processor keeps per nesting level (its own use only). */
+typedef struct NpuLevel {
+    NpuCore core;           /* the processor as a core: its bounce buffer */
+    /*
+     * Tensor ops that gather their inputs whole do it here: grown on
+     * demand, kept between ops up to NPU_SCRATCH_KEEP bytes, freed with
+     * the device.
+     */
+    uint8_t *gather_buf;
+    uint64_t gather_size;
+} NpuLevel;
 
 struct NpuState {
     PCIDevice parent_obj;
@@ -113,6 +160,8 @@ struct NpuState {
 
     /* Properties */
     uint32_t num_cores;     /* AI core threads */
+    uint32_t cmd_budget_ms; /* host time a command may run, 0: no limit */
+    uint64_t mem_budget;    /* host bytes of staging and scratch in flight */
     uint64_t mem_size;      /* device memory (BAR2) bytes, 0: none */
     bool boot_rom;          /* firmware running from reset (engine tests) */
 
@@ -130,8 +179,17 @@ struct NpuState {
     QemuMutex log_lock;     /* serialises firmware log writers; before lock */
     QemuCond cond;          /* wakes the worker: doorbell, enable, reset */
     QemuCond reset_done;    /* signalled when a reset request is finished */
+    QemuCond cpl_done;      /* a completion write finished (cpl_writing) */
+    QemuCond resume;        /* the VM runs again, or an abort */
+    QemuCond parked_cond;   /* @parked or @busy went down or up */
     bool stop;
     bool reset_pending;
+    bool paused;            /* the VM is stopped: the engine parks */
+    uint32_t busy;          /* engine threads inside a command */
+    uint32_t parked;        /* of those, parked at a control point */
+    int64_t paused_at_ns;   /* host clock when the VM stopped */
+    int cur_prio;           /* priority of the innermost command, -1: idle */
+    uint32_t level_faults[NPU_LEVELS];  /* MMU faults per nesting level */
     uint32_t control;
     uint32_t irq_status;
     uint32_t irq_mask;
@@ -169,22 +227,29 @@ struct NpuState {
     uint32_t mmu_faults;
     uint64_t mmu_ctx_base;  /* context table */
     uint32_t mmu_ctx_count;
+    NpuBars bars;           /* refreshed under the BQL, see NpuBars */
     NpuQueue q[NPU_NUM_QUEUES];
     /* Moderation timers of the queues (main loop; they take the lock). */
     NpuIrqTimer irq_timer[NPU_NUM_QUEUES];
     int last_queue;         /* served last: where round-robin resumes */
 
-    /* Command-processor private: bounce buffer, and itself as a core. */
-    uint8_t *chunk;
-    NpuCore cp_core;
-    NpuCores cores;
     /*
-     * Tensor ops that gather their inputs whole do it here: grown on
-     * demand, kept between ops up to NPU_SCRATCH_KEEP bytes, freed with
-     * the cores (npu_cores_fini).
+     * Engine control, read by every engine thread without a lock: @abort
+     * (a reset or unplug stops the running command), @preempt (a queue of
+     * a higher priority than @cur_prio became runnable), @deadline_ns (host
+     * clock, QEMU_CLOCK_REALTIME, at which the innermost command exceeds
+     * its budget; INT64_MAX: none). Written with qatomic_set().
      */
-    uint8_t *gather_buf;
-    uint64_t gather_size;
+    bool abort;
+    bool preempt;
+    int64_t deadline_ns;
+    uint64_t mem_used;      /* bytes of the budget in use (qatomic) */
+
+    /* Command-processor private: its nesting level and their buffers. */
+    uint32_t depth;         /* written by it only; qatomic for the cores */
+    NpuLevel level[NPU_LEVELS];
+    NpuCores cores;
+    VMChangeStateEntry *vmstate_entry;
 };
 
 /* npu_exec.c: validate and run one descriptor; returns an enum npu_status. */
@@ -194,17 +259,24 @@ uint32_t npu_wait_ready(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd,
                         bool *ready);
 /* NPU_ST_OK, or the status for a bad device address range (logged). */
 uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len);
-/* Run @fn over [0, total) in tiles of @grain: on the cores, or inline. */
+/* npu_cores.c: run @fn over [0, total) in tiles of @grain units. */
 uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
                        uint64_t grain);
+/* npu_cores.c: control points (any engine thread, no lock held). */
+uint32_t npu_engine_poll(NpuState *s);
+uint32_t npu_engine_work(NpuCore *core, uint64_t work);
+/* npu_exec.c: host memory under the device's budget (any thread). */
+void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero);
+void npu_budget_free(NpuState *s, void *p, uint64_t bytes);
 
 /* npu_tensor.c: the tensor ops, ELTWISE .. POOL2D (opcodes 4 to 13). */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
-/* npu_tensor.c: free the gather scratch (the device is idle). */
-void npu_scratch_free(NpuState *s);
+/* npu_tensor.c: free a level's gather scratch (it runs no command). */
+void npu_scratch_free(NpuState *s, NpuLevel *lv);
 
 /* npu.c */
+void npu_preempt(NpuState *s);
 void npu_raise_locked(NpuState *s, uint32_t bits);
 void npu_queue_reset_locked(NpuState *s, int qi);
 
@@ -221,14 +293,17 @@ void npu_fw_mbox(NpuState *s);
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);
 void npu_cores_fini(NpuState *s);
-uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
-                       uint64_t total, uint64_t grain);
 
 /* npu_mmu.c */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi);
 uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx);
-bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len);
-bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len);
+void npu_bars_update(NpuState *s);
+bool npu_hits_own_bar(const NpuBars *bars, uint64_t addr, uint64_t len);
+bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len);
+MemTxResult npu_dma_read(NpuState *s, const char *what, uint64_t addr,
+                         void *buf, uint64_t len);
+MemTxResult npu_dma_write(NpuState *s, const char *what, uint64_t addr,
+                          const void *buf, uint64_t len);
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                       uint64_t len);
 uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,

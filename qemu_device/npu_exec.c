@@ -12,6 +12,9 @@
 #include "qemu/units.h"
 #include "qemu/log.h"
 #include "qemu/cutils.h"
+#include "qemu/atomic.h"
+#include "hw/misc/trace.h"
+#include <math.h>
 #include <cblas.h>
 #include "npu_dev.h"
 
@@ -40,16 +43,39 @@ uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
 #define NPU_TILE_BYTES (4 * MiB)
 
 /*
- * Run a tiled job on the cores, or inline on the command processor when
- * it is a single tile (no hand-off cost for small commands).
+ * Host memory for staging and scratch, charged to the device's budget
+ * (the mem-budget property): NULL, as for an allocation failure, when the
+ * bytes in flight would exceed it. The budget bounds what a guest can make
+ * QEMU allocate, whatever its descriptors and page tables say.
  */
-uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
-                       uint64_t grain)
+void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero)
 {
-    if (total <= grain || s->cores.n < 2) {
-        return fn(&s->cp_core, job, 0, total);
+    uint64_t used = qatomic_add_fetch(&s->mem_used, bytes);
+    void *p;
+
+    if (used > s->mem_budget || used < bytes) {
+        qatomic_sub(&s->mem_used, bytes);
+        trace_npu_budget(bytes, used - bytes, s->mem_budget);
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: %" PRIu64 " bytes of host"
+                      " memory exceed the device's budget (%" PRIu64
+                      " of %" PRIu64 " in use)\n", bytes, used - bytes,
+                      s->mem_budget);
+        return NULL;
     }
-    return npu_cores_run(s, fn, job, total, grain);
+    p = zero ? g_try_malloc0(bytes) : g_try_malloc(bytes);
+    if (!p) {
+        qatomic_sub(&s->mem_used, bytes);
+    }
+    return p;
+}
+
+/* Give back a npu_budget_alloc() of @bytes; @p may be NULL (failed). */
+void npu_budget_free(NpuState *s, void *p, uint64_t bytes)
+{
+    g_free(p);
+    if (p) {
+        qatomic_sub(&s->mem_used, bytes);
+    }
 }
 
 typedef struct NpuXferJob {
@@ -125,7 +151,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     NpuXferJob job = {
         .walk = *w,
         .dst = le64_to_cpu(cmd->fill.dst),
-        .pattern = s->chunk,
+        .pattern = s->level[s->depth].core.chunk,
     };
     uint64_t len = le64_to_cpu(cmd->fill.len);
     uint32_t pattern = cmd->fill.pattern;   /* kept in guest byte order */
@@ -147,7 +173,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     }
     /* The pattern chunk is written here, then only read by the tiles. */
     for (i = 0; i < NPU_CHUNK / 4; i++) {
-        memcpy(s->chunk + i * 4, &pattern, 4);
+        memcpy(s->level[s->depth].core.chunk + i * 4, &pattern, 4);
     }
     return npu_run_tiles(s, npu_fill_tile, &job, len, NPU_TILE_BYTES);
 }
@@ -183,28 +209,69 @@ static uint32_t npu_matrix_check(NpuMatrix *mat)
     return npu_check_range(mat->name, mat->addr, mat->bytes);
 }
 
-/* GEMMs below this many multiply-adds run as one tile. */
-#define NPU_GEMM_TILE_MIN_FLOP (1ull << 22)
+/*
+ * Multiply-adds of one GEMM tile: a block of C, whatever the shape, so that
+ * every tile ends within a couple of milliseconds (the BLAS call itself
+ * has no control point).
+ */
+#define NPU_GEMM_TILE_WORK (1ull << 26)
 
 typedef struct NpuGemmJob {
-    const NpuMatrix *a, *b, *c;
-    uint32_t n, k;
+    const NpuMatrix *a, *b, *c;     /* packed: ld == cols */
+    uint32_t m, n, k;
+    uint32_t rb, cb, ncb;           /* block rows, block cols, blocks/row */
     bool ta, tb;
 } NpuGemmJob;
 
-/* Rows [begin, end) of C = op(A) x op(B), all operands already gathered. */
+/* Blocks [begin, end) of C = op(A) x op(B), all operands gathered. */
 static uint32_t npu_gemm_tile(NpuCore *core, void *opaque, uint64_t begin,
                               uint64_t end)
 {
     const NpuGemmJob *job = opaque;
-    /* Row r of op(A) is row r of A, or column r of A when transposed. */
-    const float *a = job->a->data + (job->ta ? begin : begin * job->a->ld);
+    uint64_t u;
 
-    cblas_sgemm(CblasRowMajor, job->ta ? CblasTrans : CblasNoTrans,
-                job->tb ? CblasTrans : CblasNoTrans, end - begin, job->n,
-                job->k, 1.0f, a, job->a->ld, job->b->data, job->b->ld, 0.0f,
-                job->c->data + begin * job->c->ld, job->c->ld);
+    for (u = begin; u < end; u++) {
+        uint64_t r0 = u / job->ncb * job->rb, c0 = u % job->ncb * job->cb;
+        uint32_t rows = MIN(job->rb, job->m - r0);
+        uint32_t cols = MIN(job->cb, job->n - c0);
+        /* Row r of op(A) is row r of A, or column r of A when transposed. */
+        const float *a = job->a->data + (job->ta ? r0 : r0 * job->a->cols);
+        const float *b = job->b->data + (job->tb ? c0 * job->b->cols : c0);
+
+        cblas_sgemm(CblasRowMajor, job->ta ? CblasTrans : CblasNoTrans,
+                    job->tb ? CblasTrans : CblasNoTrans, rows, cols, job->k,
+                    1.0f, a, job->a->cols, b, job->b->cols, 0.0f,
+                    job->c->data + r0 * job->n + c0, job->n);
+    }
     return NPU_ST_OK;
+}
+
+/*
+ * Move a matrix between guest memory (row stride ld) and its packed copy:
+ * one transfer when it has no gaps, else one per row, so the host buffer
+ * is sized by the elements, never by the stride, and the gaps are never
+ * touched.
+ */
+static uint32_t npu_matrix_xfer(NpuState *s, NpuWalk *w, NpuMatrix *mat,
+                                bool write)
+{
+    uint64_t row = (uint64_t)mat->cols * sizeof(float), r;
+    uint32_t st = NPU_ST_OK;
+
+    if (mat->ld == mat->cols) {
+        return write ? npu_mem_write(s, w, mat->addr, mat->data,
+                                     row * mat->rows)
+                     : npu_mem_read(s, w, mat->addr, mat->data,
+                                    row * mat->rows);
+    }
+    for (r = 0; r < mat->rows && st == NPU_ST_OK; r++) {
+        uint64_t va = mat->addr + r * mat->ld * sizeof(float);
+        float *p = mat->data + r * mat->cols;
+
+        st = write ? npu_mem_write(s, w, va, p, row)
+                   : npu_mem_read(s, w, va, p, row);
+    }
+    return st;
 }
 
 static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
@@ -229,6 +296,8 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
         .name = "C", .addr = le64_to_cpu(cmd->gemm.c),
         .rows = m, .cols = n, .ld = le32_to_cpu(cmd->gemm.ldc),
     };
+    uint64_t asz, bsz, csz, side;
+    NpuGemmJob job;
     uint32_t st;
 
     if (le32_to_cpu(cmd->gemm.dtype) != NPU_DTYPE_FP32) {
@@ -258,42 +327,47 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
         return st;
     }
 
-    a.data = g_try_malloc(a.bytes);
-    b.data = g_try_malloc(b.bytes);
+    asz = (uint64_t)a.rows * a.cols * sizeof(float);
+    bsz = (uint64_t)b.rows * b.cols * sizeof(float);
+    csz = (uint64_t)c.rows * c.cols * sizeof(float);
+    a.data = npu_budget_alloc(s, asz, false);
+    b.data = npu_budget_alloc(s, bsz, false);
     /* Zeroed: no stale host memory can ever reach the guest. */
-    c.data = g_try_malloc0(c.bytes);
+    c.data = npu_budget_alloc(s, csz, true);
     if (!a.data || !b.data || !c.data) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm of %" PRIu64 " bytes: out"
-                      " of device memory\n", a.bytes + b.bytes + c.bytes);
+                      " of device memory\n", asz + bsz + csz);
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
-    st = npu_mem_read(s, w, a.addr, a.data, a.bytes);
+    st = npu_matrix_xfer(s, w, &a, false);
     if (st == NPU_ST_OK) {
-        st = npu_mem_read(s, w, b.addr, b.data, b.bytes);
-    }
-    /* Rows of C may have gaps (ldc > n) that must survive the write-back. */
-    if (st == NPU_ST_OK && c.ld != c.cols) {
-        st = npu_mem_read(s, w, c.addr, c.data, c.bytes);
+        st = npu_matrix_xfer(s, w, &b, false);
     }
     if (st != NPU_ST_OK) {
         goto out;
     }
-    {
-        NpuGemmJob job = {
-            .a = &a, .b = &b, .c = &c, .n = n, .k = k, .ta = ta, .tb = tb,
-        };
-        /* Tiles of rows of C: about two per core for load balance. */
-        uint64_t grain = (uint64_t)m * n * k < NPU_GEMM_TILE_MIN_FLOP ? m :
-                         DIV_ROUND_UP(m, s->cores.n * 2);
-
-        npu_run_tiles(s, npu_gemm_tile, &job, m, grain);
+    /* Blocks of C of bounded work: whole rows if they are short enough. */
+    side = MAX(NPU_GEMM_TILE_WORK / k, 1);
+    job = (NpuGemmJob) {
+        .a = &a, .b = &b, .c = &c, .m = m, .n = n, .k = k, .ta = ta, .tb = tb,
+    };
+    if ((uint64_t)n * n <= side) {
+        job.cb = n;
+    } else {
+        job.cb = MIN(n, MAX(16, ROUND_DOWN((uint64_t)sqrt(side), 16)));
     }
-    st = npu_mem_write(s, w, c.addr, c.data, c.bytes);
+    job.rb = MIN(m, MAX(1, side / job.cb));
+    job.ncb = DIV_ROUND_UP(n, job.cb);
+    st = npu_run_tiles(s, npu_gemm_tile, &job,
+                       (uint64_t)DIV_ROUND_UP(m, job.rb) * job.ncb, 1);
+    if (st == NPU_ST_OK) {
+        st = npu_matrix_xfer(s, w, &c, true);
+    }
 out:
-    g_free(a.data);
-    g_free(b.data);
-    g_free(c.data);
+    npu_budget_free(s, a.data, asz);
+    npu_budget_free(s, b.data, bsz);
+    npu_budget_free(s, c.data, csz);
     return st;
 }
 

@@ -57,14 +57,14 @@ void npu_fw_log(NpuState *s, uint32_t level, const char *fmt, ...)
     off = w & (size - 1);
     n = len;
     first = MIN(n, size - off);
-    pci_dma_write(PCI_DEVICE(s), base + sizeof(head) + off, line, first);
+    npu_dma_write(s, "firmware log", base + sizeof(head) + off, line, first);
     if (first < n) {
-        pci_dma_write(PCI_DEVICE(s), base + sizeof(head), line + first,
+        npu_dma_write(s, "firmware log", base + sizeof(head), line + first,
                       n - first);
     }
     head.write = cpu_to_le32(w + len);
     head.size = cpu_to_le32(size);
-    pci_dma_write(PCI_DEVICE(s), base, &head, sizeof(head));
+    npu_dma_write(s, "firmware log", base, &head, sizeof(head));
     qemu_mutex_unlock(&s->log_lock);
 }
 
@@ -78,7 +78,8 @@ bool npu_fw_log_config_ok(NpuState *s)
     }
     return !(s->fw_log_base & 7) && is_power_of_2(n) &&
            n >= NPU_FW_LOG_MIN && n <= NPU_FW_LOG_MAX &&
-           npu_dma_range_ok(s, s->fw_log_base, sizeof(struct npu_fw_log) + n);
+           npu_dma_range_ok_locked(s, s->fw_log_base,
+                                   sizeof(struct npu_fw_log) + n);
 }
 
 static uint32_t npu_fw_parse(NpuState *s, const uint8_t *p, uint32_t len,
@@ -123,10 +124,15 @@ static uint32_t npu_fw_parse(NpuState *s, const uint8_t *p, uint32_t len,
             }
             *level = v;
             break;
-        case NPU_FW_SEC_NOTE:
-            pstrcpy(note, MIN(note_len, (size_t)sec.length + 1),
-                    (const char *)p);
+        case NPU_FW_SEC_NOTE: {
+            /* Up to its first NUL; it need not have one (nor fit). */
+            size_t n = strnlen((const char *)p,
+                               MIN(note_len - 1, (size_t)sec.length));
+
+            memcpy(note, p, n);
+            note[n] = '\0';
             break;
+        }
         default:
             if (!(sec.type & NPU_FW_SEC_OPTIONAL)) {
                 return NPU_FWERR_FORMAT;
@@ -195,20 +201,22 @@ void npu_fw_boot(NpuState *s)
     char note[64] = "";
     uint64_t addr;
     uint8_t *img;
+    bool in_range;
 
     qemu_mutex_lock(&s->lock);
     addr = s->fw_addr;
     size = s->fw_size;
+    in_range = npu_dma_range_ok_locked(s, addr, size);
     qemu_mutex_unlock(&s->lock);
 
     img = NULL;
     if (!size || size > NPU_FW_MAX_SIZE) {
         err = NPU_FWERR_SIZE;
-    } else if (!npu_dma_range_ok(s, addr, size)) {
+    } else if (!in_range) {
         err = NPU_FWERR_DMA;
     } else {
         img = g_malloc(size);
-        err = pci_dma_read(PCI_DEVICE(s), addr, img, size) != MEMTX_OK ?
+        err = npu_dma_read(s, "firmware", addr, img, size) != MEMTX_OK ?
               NPU_FWERR_DMA :
               npu_fw_validate(s, img, size, &version, &opcodes, &hb_us,
                               &level, note, sizeof(note));

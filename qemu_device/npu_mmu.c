@@ -8,42 +8,107 @@
 
 #include "qemu/osdep.h"
 #include "qemu/log.h"
+#include "qemu/units.h"
 #include "hw/pci/pci.h"
 #include "qemu/rcu.h"
+#include "hw/misc/trace.h"
 #include "npu_dev.h"
 
-/* Does [addr, addr + len) overlap a BAR of this device? */
-bool npu_hits_own_bar(NpuState *s, uint64_t addr, uint64_t len)
+/*
+ * Every engine access to guest memory - descriptors, completions, fences,
+ * page tables, the firmware image and log, tensor data - is a PCI DMA
+ * transaction restricted to RAM: a target in MMIO, in PCI configuration
+ * space (the ECAM window) or in any device's BAR other than RAM fails with
+ * MEMTX_ACCESS_ERROR and reaches no register. So no command can reset a
+ * bus, power off a slot, ring a doorbell or unplug this very device.
+ */
+static const MemTxAttrs npu_dma_attrs = { .memory = 1 };
+
+static MemTxResult npu_dma_rw(NpuState *s, const char *what, uint64_t addr,
+                              void *buf, uint64_t len, bool write)
+{
+    MemTxResult r = pci_dma_rw(&s->parent_obj, addr, buf, len,
+                               write ? DMA_DIRECTION_FROM_DEVICE :
+                               DMA_DIRECTION_TO_DEVICE, npu_dma_attrs);
+
+    if (r != MEMTX_OK) {
+        trace_npu_dma_error(what, addr, len, write, r);
+    }
+    return r;
+}
+
+MemTxResult npu_dma_read(NpuState *s, const char *what, uint64_t addr,
+                         void *buf, uint64_t len)
+{
+    return npu_dma_rw(s, what, addr, buf, len, false);
+}
+
+MemTxResult npu_dma_write(NpuState *s, const char *what, uint64_t addr,
+                          const void *buf, uint64_t len)
+{
+    return npu_dma_rw(s, what, addr, (void *)buf, len, true);
+}
+
+/*
+ * Take a new snapshot of the memory BARs (BQL held: a configuration write
+ * or a reset, the only times they move).
+ */
+void npu_bars_update(NpuState *s)
 {
     PCIDevice *pdev = &s->parent_obj;
+    NpuBars b = { };
     int i;
 
     for (i = 0; i < PCI_NUM_REGIONS; i++) {
         pcibus_t base = pci_get_bar_addr(pdev, i);
         pcibus_t size = pdev->io_regions[i].size;
 
-        if (!size || base == PCI_BAR_UNMAPPED ||
-            (pdev->io_regions[i].type & PCI_BASE_ADDRESS_SPACE_IO)) {
-            continue;
+        if (size && base != PCI_BAR_UNMAPPED &&
+            !(pdev->io_regions[i].type & PCI_BASE_ADDRESS_SPACE_IO)) {
+            b.lo[i] = base;
+            b.hi[i] = base + size;
         }
-        if (addr < base + size && base < addr + len) {
+    }
+    qemu_mutex_lock(&s->lock);
+    s->bars = b;
+    qemu_mutex_unlock(&s->lock);
+}
+
+/* Does [addr, addr + len) overlap a BAR of this device? */
+bool npu_hits_own_bar(const NpuBars *bars, uint64_t addr, uint64_t len)
+{
+    int i;
+
+    for (i = 0; i < PCI_NUM_REGIONS; i++) {
+        if (bars->hi[i] && addr < bars->hi[i] && bars->lo[i] < addr + len) {
             return true;
         }
     }
     return false;
 }
 
-/*
- * May the device DMA to [addr, addr + len)? Not if the range wraps or
- * overlaps one of its own BARs. The BAR addresses are read without the BQL:
- * a guest reprogramming BARs while the device works gets what it asks for.
- */
-bool npu_dma_range_ok(NpuState *s, uint64_t addr, uint64_t len)
+/* Is [addr, addr + len) a non-empty range that does not wrap? */
+static bool npu_range_sane(uint64_t addr, uint64_t len)
 {
     uint64_t end;
 
-    return len && !uadd64_overflow(addr, len, &end) &&
-           !npu_hits_own_bar(s, addr, len);
+    return len && !uadd64_overflow(addr, len, &end);
+}
+
+/*
+ * May the device DMA to [addr, addr + len)? Not if the range wraps or
+ * overlaps one of its own BARs (BAR2 is RAM, so the DMA attributes alone
+ * would let it through). Called with the lock.
+ */
+bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len)
+{
+    return npu_range_sane(addr, len) && !npu_hits_own_bar(&s->bars, addr, len);
+}
+
+/* The same check against a command's snapshot, outside the lock. */
+static bool npu_walk_range_ok(const NpuWalk *w, uint64_t addr, uint64_t len)
+{
+    return npu_range_sane(addr, len) && !npu_hits_own_bar(&w->bars, addr, len);
 }
 
 /*
@@ -56,6 +121,7 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
     const NpuQueue *q = &s->q[qi];
 
     w->queue = qi;
+    w->level = s->depth;
     w->ctx = 0;
     w->ctx_base = s->mmu_ctx_base;
     w->ctx_count = s->mmu_ctx_count;
@@ -70,13 +136,15 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
         w->l1_entries = s->mmu_l1_entries;
     }
     w->victim = 0;
+    w->bars = s->bars;
     memset(w->cached_l1, 0xff, sizeof(w->cached_l1));
 }
 
 /*
  * Record a fault. Tiles walk with copies of the command's NpuWalk, so
  * nothing is noted in @w: the command processor sees that the command
- * faulted from MMU_FAULTS, which only the running command moves.
+ * faulted from the fault count of its nesting level, which only the
+ * command running at that level moves.
  */
 static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
                           uint32_t info)
@@ -84,12 +152,14 @@ static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
     qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU fault at VA 0x%" PRIx64
                   " (info 0x%x, queue %d, ctx %u)\n", va, info, w->queue,
                   w->ctx);
+    trace_npu_mmu_fault(w->queue, w->ctx, va, info);
     qemu_mutex_lock(&s->lock);
     s->mmu_fault_addr = va;
     s->mmu_fault_info = info;
     s->mmu_fault_queue = w->queue;
     s->mmu_fault_ctx = w->ctx;
     s->mmu_faults++;
+    s->level_faults[w->level]++;
     qemu_mutex_unlock(&s->lock);
     return NPU_ST_MMU_FAULT;
 }
@@ -113,8 +183,8 @@ uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx)
         return npu_fault(s, w, 0, NPU_FAULT_CTX);
     }
     addr = w->ctx_base + (uint64_t)ctx * sizeof(e);
-    if (!npu_dma_range_ok(s, addr, sizeof(e)) ||
-        pci_dma_read(&s->parent_obj, addr, &e, sizeof(e)) != MEMTX_OK) {
+    if (!npu_walk_range_ok(w, addr, sizeof(e)) ||
+        npu_dma_read(s, "context entry", addr, &e, sizeof(e)) != MEMTX_OK) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: context table read failed\n");
         return NPU_ST_DMA_ERROR;
     }
@@ -157,8 +227,8 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     if (way == NPU_WALK_WAYS) {
         uint64_t l1e;
 
-        if (!npu_dma_range_ok(s, w->l1_base + l1i * 8, 8) ||
-            pci_dma_read(&s->parent_obj, w->l1_base + l1i * 8, &l1e,
+        if (!npu_walk_range_ok(w, w->l1_base + l1i * 8, 8) ||
+            npu_dma_read(s, "MMU L1", w->l1_base + l1i * 8, &l1e,
                          sizeof(l1e)) != MEMTX_OK) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 read failed\n");
             return NPU_ST_DMA_ERROR;
@@ -171,8 +241,8 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         way = w->victim;
         w->victim = (way + 1) % NPU_WALK_WAYS;
         w->cached_l1[way] = UINT64_MAX;
-        if (!npu_dma_range_ok(s, l2, sizeof(w->l2[way])) ||
-            pci_dma_read(&s->parent_obj, l2, w->l2[way], sizeof(w->l2[way])) !=
+        if (!npu_walk_range_ok(w, l2, sizeof(w->l2[way])) ||
+            npu_dma_read(s, "MMU L2", l2, w->l2[way], sizeof(w->l2[way])) !=
             MEMTX_OK) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
             return NPU_ST_DMA_ERROR;
@@ -244,7 +314,7 @@ static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
 
     if (st == NPU_ST_OK && *local) {
         *run = MIN(*run, s->mem_size - *pa);
-    } else if (st == NPU_ST_OK && npu_hits_own_bar(s, *pa, *run)) {
+    } else if (st == NPU_ST_OK && npu_hits_own_bar(&w->bars, *pa, *run)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
                       " targets the device's own BAR\n", *pa);
         st = NPU_ST_BAD_ADDR;
@@ -275,11 +345,18 @@ uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     return NPU_ST_OK;
 }
 
-/* Move @len bytes between device VA @va and @buf, in either direction. */
+/* Bytes a transfer moves between two control points. */
+#define NPU_XFER_QUANTUM (4 * MiB)
+
+/*
+ * Move @len bytes between device VA @va and @buf, in either direction, in
+ * pieces of at most NPU_XFER_QUANTUM with a control point between two.
+ */
 static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                            uint64_t len, bool write)
 {
     uint8_t *p = buf;
+    bool first = true;
 
     while (len) {
         uint64_t pa, run;
@@ -287,7 +364,15 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
         uint32_t st;
         MemTxResult r;
 
-        st = npu_map_run(s, w, va, len, write, &pa, &local, &run);
+        if (!first) {
+            st = npu_engine_poll(s);
+            if (st != NPU_ST_OK) {
+                return st;
+            }
+        }
+        first = false;
+        st = npu_map_run(s, w, va, MIN(len, NPU_XFER_QUANTUM), write, &pa,
+                         &local, &run);
         if (st != NPU_ST_OK) {
             return st;
         }
@@ -302,8 +387,8 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
             len -= run;
             continue;
         }
-        r = write ? pci_dma_write(&s->parent_obj, pa, p, run)
-                  : pci_dma_read(&s->parent_obj, pa, p, run);
+        r = write ? npu_dma_write(s, "tensor", pa, p, run)
+                  : npu_dma_read(s, "tensor", pa, p, run);
         if (r != MEMTX_OK) {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA %s at 0x%" PRIx64
                           " failed\n", write ? "write" : "read", pa);
@@ -362,24 +447,25 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
      * leave such a run to the copy, which refuses it (NPU_ST_BAD_ADDR).
      * Device memory is reachable through local PTEs only.
      */
-    if (npu_hits_own_bar(s, pa, run)) {
+    if (npu_hits_own_bar(&w->bars, pa, run)) {
         *plen = run;
         return NULL;
     }
     l = run;
     WITH_RCU_READ_LOCK_GUARD() {
         MemoryRegion *mr = address_space_translate(as, pa, &xlat, &l, write,
-                                                   MEMTXATTRS_UNSPECIFIED);
+                                                   npu_dma_attrs);
 
-        direct = memory_access_is_direct(mr, write, MEMTXATTRS_UNSPECIFIED);
+        direct = memory_region_is_ram(mr) &&
+                 memory_access_is_direct(mr, write, npu_dma_attrs);
     }
     if (!direct) {
         *plen = MAX(MIN(run, l), 1);
         return NULL;
     }
     mlen = run;
-    p = pci_dma_map(pdev, pa, &mlen, write ? DMA_DIRECTION_FROM_DEVICE :
-                    DMA_DIRECTION_TO_DEVICE);
+    p = dma_memory_map(as, pa, &mlen, write ? DMA_DIRECTION_FROM_DEVICE :
+                       DMA_DIRECTION_TO_DEVICE, npu_dma_attrs);
     *plen = p ? mlen : run;
     return p;
 }

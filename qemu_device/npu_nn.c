@@ -43,6 +43,9 @@
 #define NPU_MM_TILE_MIN_FLOP (1ull << 22)
 /* Bound of a row block's A and C scratch, in fp32 elements (8 MiB). */
 #define NPU_MM_BLOCK_ELEMS ((8 * MiB) / sizeof(float))
+
+/* Multiply-adds of one BLAS call of MATMUL: a couple of milliseconds. */
+#define NPU_MM_CALL_WORK (1ull << 26)
 /* fp32 holds every integer up to this magnitude exactly. */
 #define NPU_F32_EXACT_INT (1u << 24)
 
@@ -221,7 +224,7 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     const float *bp = NULL;
     uint64_t first = npu_mm_unit_start(job, begin);
     uint64_t last = npu_mm_unit_start(job, end);
-    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u;
+    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u, cb;
     uint32_t st = NPU_ST_OK, d;
     int ldb = 0;
     bool tb = false;
@@ -234,6 +237,11 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
         float *c;
         int lda;
         bool ta;
+
+        st = npu_engine_work(core, job->quant ? rows * n * k : 0);
+        if (st != NPU_ST_OK) {
+            break;
+        }
 
         for (d = job->nb; d-- > 0;) {
             uint64_t i = rest % job->bshape[d];
@@ -278,9 +286,18 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             st = NPU_ST_NO_MEMORY;
             break;
         }
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                    tb ? CblasTrans : CblasNoTrans, rows, n, k, 1.0f, ap, lda,
-                    bp, ldb, 0.0f, c, n);
+        /* In column blocks of bounded work, each ending at a control point. */
+        cb = MIN(n, MAX(NPU_MM_CALL_WORK / (rows * k), 1));
+        for (j = 0; j < n && st == NPU_ST_OK; j += cb) {
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, rows, MIN(cb, n - j),
+                        k, 1.0f, ap, lda, bp + (tb ? j * ldb : j), ldb, 0.0f,
+                        c + j, n);
+            st = npu_engine_work(core, rows * MIN(cb, n - j) * k);
+        }
+        if (st != NPU_ST_OK) {
+            break;
+        }
         if (job->bias) {
             for (r = 0; r < rows; r++) {
                 for (j = 0; j < n; j++) {
@@ -566,6 +583,11 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
         float *c;
         uint64_t ldc;
 
+        st = npu_engine_work(core, job->og * n * job->kk);
+        if (st != NPU_ST_OK) {
+            break;
+        }
+
         for (k = 0; k < job->kk; k++) {
             npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
         }
@@ -774,8 +796,14 @@ static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
             for (ow = 0; ow < job->ow; ow++, o++) {
                 double sum = 0.0, div;
                 float m;
+                uint32_t st;
 
                 npu_pool_range(ow, job->sw, job->pw, job->kw, job->w, &w0, &w1);
+                /* A window may be huge: each output is a control point. */
+                st = npu_engine_work(core, (h1 - h0) * (w1 - w0) + 1);
+                if (st != NPU_ST_OK) {
+                    return st;
+                }
                 if (job->kind == NPU_POOL_MAX) {
                     m = npu_ld_f(plane, job->dtype, base + h0 * job->is[2] +
                                  w0 * job->is[3]);
@@ -903,6 +931,11 @@ static uint32_t npu_rq_tile(NpuCore *core, void *opaque, uint64_t begin,
     for (u = begin; u < end; u++) {
         uint64_t rest = u, ao = 0, so = 0;
         uint8_t *dst = job->out + u * len;
+        uint32_t st = npu_engine_work(core, len);
+
+        if (st != NPU_ST_OK) {
+            return st;
+        }
 
         for (d = last; d-- > 0;) {
             uint64_t i = rest % job->shape[d];

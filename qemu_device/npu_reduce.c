@@ -216,10 +216,15 @@ static uint32_t npu_red_tile(NpuCore *core, void *opaque, uint64_t begin,
     const NpuRedJob *job = opaque;
     const NpuDims *kd = &job->keep;
     uint64_t u, base[NPU_RED_T];
-    uint32_t t, d;
+    uint32_t t, d, st;
 
     for (u = begin; u < end; u++) {
         uint64_t rest = u;
+
+        st = npu_engine_work(core, job->count + 1);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
 
         memset(base, 0, sizeof(base));
         for (d = kd->nd; d-- > 0;) {

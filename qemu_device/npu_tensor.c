@@ -31,7 +31,9 @@
 #include "qemu/madvise.h"
 #include "qemu/memalign.h"
 #include "qemu/bswap.h"
+#include "qemu/atomic.h"
 #include <math.h>
+#include "hw/misc/trace.h"
 #include "npu_tensor_int.h"
 
 /*
@@ -765,7 +767,10 @@ static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
     uint64_t u;
 
     for (u = begin; u < end && st == NPU_ST_OK; u++) {
-        st = npu_tensor_unit(core, job, &w, u, blk);
+        st = npu_engine_work(core, job->band * job->seg_len);
+        if (st == NPU_ST_OK) {
+            st = npu_tensor_unit(core, job, &w, u, blk);
+        }
     }
     return st;
 }
@@ -951,38 +956,53 @@ static uint32_t npu_tensor_gather(NpuState *s, NpuWalk *w,
     return st;
 }
 
-void npu_scratch_free(NpuState *s)
+void npu_scratch_free(NpuState *s, NpuLevel *lv)
 {
-    qemu_vfree(s->gather_buf);
-    s->gather_buf = NULL;
-    s->gather_size = 0;
+    if (lv->gather_buf) {
+        qemu_vfree(lv->gather_buf);
+        qatomic_sub(&s->mem_used, lv->gather_size);
+    }
+    lv->gather_buf = NULL;
+    lv->gather_size = 0;
 }
 
 /*
- * @n buffers of @sizes bytes, 64-byte aligned, in the device's gather
- * scratch (grown when needed); false if host memory runs out.
+ * @n buffers of @sizes bytes, 64-byte aligned, in the gather scratch of
+ * the running command's level (grown when needed, charged to the memory
+ * budget); false if the budget or host memory runs out.
  */
 static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
                             uint8_t **bufs)
 {
-    uint64_t total = 0, pos = 0;
+    NpuLevel *lv = &s->level[s->depth];
+    uint64_t total = 0, pos = 0, used;
     uint32_t i;
 
     for (i = 0; i < n; i++) {
         total += ROUND_UP(sizes[i], 64);
     }
-    if (total > s->gather_size) {
-        npu_scratch_free(s);
-        /* Huge pages: a transpose touches a new 4 KiB page per element. */
-        s->gather_buf = qemu_try_memalign(2 * MiB, total);
-        if (!s->gather_buf) {
+    if (total > lv->gather_size) {
+        npu_scratch_free(s, lv);
+        used = qatomic_add_fetch(&s->mem_used, total);
+        if (used > s->mem_budget) {
+            qatomic_sub(&s->mem_used, total);
+            trace_npu_budget(total, used - total, s->mem_budget);
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: %" PRIu64 " bytes of"
+                          " operands exceed the device's host memory"
+                          " budget\n", total);
             return false;
         }
-        qemu_madvise(s->gather_buf, total, QEMU_MADV_HUGEPAGE);
-        s->gather_size = total;
+        /* Huge pages: a transpose touches a new 4 KiB page per element. */
+        lv->gather_buf = qemu_try_memalign(2 * MiB, total);
+        if (!lv->gather_buf) {
+            qatomic_sub(&s->mem_used, total);
+            return false;
+        }
+        qemu_madvise(lv->gather_buf, total, QEMU_MADV_HUGEPAGE);
+        lv->gather_size = total;
     }
     for (i = 0; i < n; i++) {
-        bufs[i] = s->gather_buf + pos;
+        bufs[i] = lv->gather_buf + pos;
         pos += ROUND_UP(sizes[i], 64);
     }
     return true;
@@ -1122,8 +1142,8 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
                                 NPU_TENSOR_SPLIT_MIN) ? units :
                        DIV_ROUND_UP(units, s->cores.n * 4));
 out:
-    if (s->gather_size > NPU_SCRATCH_KEEP) {
-        npu_scratch_free(s);
+    if (s->level[s->depth].gather_size > NPU_SCRATCH_KEEP) {
+        npu_scratch_free(s, &s->level[s->depth]);
     }
     return st;
 }

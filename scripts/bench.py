@@ -5,7 +5,9 @@ Boots the guest (scripts/guest.py), loads the driver, runs
 examples/bench_npu.py, examples/bench_inference.py (the ONNX models),
 examples/bench_devmem.py (device memory) and examples/bench_recovery.py
 (hang detection and reset recovery) in the guest, then measures numpy on
-the host in the same run, and writes everything, with ratios and the
+the host in the same run, the engine-control figures through qtest
+(scripts/bench_engine.py: tile time, reset abort, preemption latency), and
+writes everything, with ratios and the
 targets, to build/bench.json. The JSON is also printed on stdout;
 diagnostics go to stderr through logging. ``make bench`` builds QEMU, the
 guest and the module first; this script builds nothing.
@@ -53,6 +55,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_engine  # noqa: E402
+
 from guest import GUEST_DIR, Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -82,6 +86,9 @@ HOST_RUNS = 5
 
 # The targets of the issue: (result key, comparison, threshold, description).
 TARGETS: list[tuple[str, str, float, str]] = [
+    ("reset_abort_ms", "<=", 10.0, "a reset during a GEMM answers within 10 ms"),
+    # "Preemption within one tile": the NOP's latency beyond an idle NOP's.
+    ("preempt_tiles", "<=", 1.0, "a priority-3 NOP waits at most one tile of a GEMM"),
     ("gemm_npu_vs_guest_numpy", ">=", 50.0, "NPU GEMM >= 50x numpy in the guest"),
     ("gemm_npu_vs_host_numpy", ">=", 0.5, "NPU GEMM >= 0.5x numpy on the host"),
     ("boot_s", "<=", 30.0, "boot to shell <= 30 s"),
@@ -455,6 +462,7 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
         res["user_queue_vs_ioctl_submit"] = res["op_us_user_queue"] / res["op_us_ioctl_submit"]
         res["user_queue_vs_python_call"] = res["op_us_user_queue"] / call
         res["graph_submit_stream_vs_python_call"] = res["graph_submit_us_stream"] / call
+    res["preempt_tiles"] = (res["preempt_latency_us"] - res["nop_latency_us"]) / res["tile_us"]
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])
@@ -516,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         res["host_memcpy_gbps"] = host_memcpy_gbps()
         log.info("host numpy: conv2d %s as im2col + matmul", CONV_SHAPE)
         res["conv2d_fp32_gflops_host_numpy"] = host_numpy_conv2d_gflops()
+        log.info("engine control through qtest (release QEMU)")
+        engine = bench_engine.measure()
+        res["meta"]["engine_tile"] = engine.pop("meta_engine_tile")
+        res.update(engine)
         add_ratios_and_targets(res)
     except (BenchFailed, GuestError, KeyError, ValueError) as e:
         log.error("benchmark failed: %s", e)

@@ -356,10 +356,10 @@ class PciFunction:
         self.write32(0x04, cmd | bits)
 
 
-def find_pci(qt: QTest, vendor: int, device: int) -> PciFunction:
+def find_pci(qt: QTest, vendor: int, device: int, bus: int = 0) -> PciFunction:
     for dev in range(32):
         for fn in range(8):
-            f = PciFunction(qt, 0, dev, fn)
+            f = PciFunction(qt, bus, dev, fn)
             ids = f.read32(0)
             if ids & 0xFFFF == 0xFFFF:
                 if fn == 0:
@@ -369,7 +369,7 @@ def find_pci(qt: QTest, vendor: int, device: int) -> PciFunction:
                 return f
             if fn == 0 and not f.read8(0x0E) & 0x80:
                 break  # single-function device
-    raise QTestError(f"PCI device {vendor:04x}:{device:04x} not found on bus 0")
+    raise QTestError(f"PCI device {vendor:04x}:{device:04x} not found on bus {bus}")
 
 
 # --------------------------------------------------------------------------
@@ -476,21 +476,44 @@ DATA = 0x40_0000  # test buffers
 BAR0_BASE = 0xE000_0000
 BAR4_BASE = 0xE020_0000
 BAR2_BASE = 0x10_0000_0000  # device memory (64 GiB: aligned for any mem-size), see map_mem()
+ROOT_PORT_DEV = 4  # Npu(root_port=True): the root port's slot on bus 0
+ECAM_BASE = 0xB000_0000  # the q35 MMCONFIG window, once enable_ecam() placed it
 
 
 class Npu:
     """The NPU of one QEMU process, with queue 0 driven from this process."""
 
-    def __init__(self, log_path: Path, device: str = "npu") -> None:
+    def __init__(
+        self, log_path: Path, device: str = "npu", *, root_port: bool = False,
+        extra_args: Sequence[str] = (),
+    ) -> None:  # fmt: skip
+        """``root_port``: the NPU sits behind a PCIe root port (00:04.0, bus 1), as a
+        firmware would place it; else on the root bus. ``extra_args`` go to QEMU."""
         # The engine tests run the device with its firmware in ROM (running
         # from reset); the firmware tests pass boot-rom=off and boot an image.
         if "boot-rom=" not in device:
             device += ",boot-rom=on"
-        self.qt = QTest(
-            ["-machine", "q35", "-m", f"{RAM_SIZE >> 20}M", "-device", device], log_path
-        )
+        args = ["-machine", "q35", "-m", f"{RAM_SIZE >> 20}M", *extra_args]
+        if root_port:
+            args += [
+                "-device",
+                f"pcie-root-port,id=rp0,chassis=1,bus=pcie.0,addr={ROOT_PORT_DEV:#x}",
+            ]
+            device += ",bus=rp0"
+        self.qt = QTest([*args, "-device", device], log_path)
+        self.root_port: PciFunction | None = None
         try:
-            self.pci = find_pci(self.qt, hw.PCI_VENDOR_ID, hw.PCI_DEVICE_ID)
+            if root_port:
+                self.root_port = PciFunction(self.qt, 0, ROOT_PORT_DEV, 0)
+                # Bus 1 behind it; BAR0 and the MSI-X BAR in its memory window.
+                self.root_port.write32(0x18, 0x01 << 16 | 0x01 << 8)
+                self.root_port.write32(
+                    0x20, (BAR4_BASE + 0x10_0000) & 0xFFF0_0000 | BAR0_BASE >> 16
+                )
+                self.root_port.enable()
+            self.pci = find_pci(
+                self.qt, hw.PCI_VENDOR_ID, hw.PCI_DEVICE_ID, bus=1 if root_port else 0
+            )
             self.bar0_size = self.pci.map_bar(hw.BAR_REGS, BAR0_BASE)
             self.bar4_size = self.pci.map_bar(hw.BAR_MSIX, BAR4_BASE)
             self.pci.enable()
@@ -508,6 +531,17 @@ class Npu:
 
     def close(self) -> None:
         self.qt.close()
+
+    def enable_ecam(self) -> None:
+        """Open the q35 MMCONFIG (ECAM) window at ECAM_BASE, as firmware does."""
+        mch = PciFunction(self.qt, 0, 0, 0)
+        mch.write32(0x64, 0)
+        mch.write32(0x60, ECAM_BASE | 1)
+
+    @staticmethod
+    def ecam(fn: PciFunction, reg: int = 0) -> int:
+        """The ECAM address of configuration register ``reg`` of ``fn``."""
+        return ECAM_BASE | fn.bus << 20 | fn.dev << 15 | fn.fn << 12 | reg
 
     def map_mem(self, base: int = BAR2_BASE) -> int:
         """Place BAR2 (device memory) at ``base``, memory decoding off meanwhile; return its size.

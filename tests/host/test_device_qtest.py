@@ -919,7 +919,7 @@ def test_soft_reset_clears_a_stopped_queue_which_then_works_again(npu: Npu) -> N
     npu.assert_alive()
 
 
-def test_soft_reset_while_a_large_copy_executes_waits_for_it(npu: Npu) -> None:
+def test_soft_reset_while_a_large_copy_executes_stops_it_between_two_pieces(npu: Npu) -> None:
     size = 64 << 20
     src, dst = 0x0800_0000, 0x1000_0000
     npu.start(size=8)
@@ -932,10 +932,12 @@ def test_soft_reset_while_a_large_copy_executes_waits_for_it(npu: Npu) -> None:
     seen = npu.soft_reset(timeout=30)
     assert seen[0] & hw.STATUS_RESETTING, "RESETTING must read 1 while the copy runs"
     assert seen[-1] == hw.STATUS_READY
-    # The command in progress completed (record + fence); queued ones were dropped.
+    # Copies done before the reset completed (record + fence); the one in
+    # progress stopped at a control point, between two pieces of at most
+    # 4 MiB, and wrote no completion; queued ones were dropped.
     cpls = npu.completions(0, 8)
     done = [c for c in cpls if c.fence != 0xEEEE_EEEE_EEEE_EEEE]
-    assert 1 <= len(done) < 8
+    assert len(done) < 8
     assert [c.fence for c in done] == list(range(1, len(done) + 1))
     assert all(c.status == hw.ST_OK for c in done)
     assert npu.fence_wb()[0] == len(done)
@@ -1018,11 +1020,6 @@ def test_msix_cause_cleared_before_unmasking_is_not_signalled(msix: Npu) -> None
     msix.assert_alive()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="device bug: the self-DMA check covers BAR0/BAR4 only; through the q35 "
-    "MMCONFIG (ECAM) window a FILL rewrites the device's own config space (here BAR0)",
-)
 def test_dma_cannot_reprogram_the_device_through_the_ecam_window(ready: Npu) -> None:
     mch = type(ready.pci)(ready.qt, 0, 0, 0)  # q35 host bridge: enable MMCONFIG at 0xb0000000
     mch.write32(0x64, 0)

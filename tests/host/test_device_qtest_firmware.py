@@ -386,6 +386,17 @@ def test_an_image_the_device_cannot_read_fails_with_fwerr_dma(npu: Npu, addr: in
     npu.assert_alive()
 
 
+def test_a_note_ending_the_image_without_a_nul_is_read_within_the_image(npu: Npu) -> None:
+    # The last section is a NOTE whose text fills it to the image's last
+    # byte: no NUL, no padding. Under ASan an over-read fails the test.
+    note = b"built by hand"[:12]
+    program_log(npu)
+    img = raw_image(u32_section(SEC_OPCODES, 1) + section(SEC_OPTIONAL | 4, note))
+    assert boot(npu, img) == (hw.FW_RUNNING, hw.FWERR_NONE)
+    assert log_text(npu).splitlines()[0].endswith(" - " + note.decode())
+    npu.assert_alive()
+
+
 def test_after_a_failed_boot_commands_still_wait_and_a_good_image_boots(npu: Npu) -> None:
     npu.start()
     assert boot(npu, image(magic=0)) == (hw.FW_FAILED, hw.FWERR_MAGIC)

@@ -1,0 +1,144 @@
+"""Engine-control figures of the device model, measured through qtest on the host.
+
+- ``tile_us``: host time of one GEMM tile (a block of C of at most 2^26
+  multiply-adds, on one core), the unit every control point waits for;
+- ``reset_abort_ms``: a soft reset written while a 4096^3 fp32 GEMM runs,
+  until ``STATUS`` reads READY again (the GEMM alone takes seconds);
+- ``preempt_latency_us``: a priority-3 NOP rung while a priority-0 GEMM runs,
+  until its fence write-back is seen; ``nop_latency_us`` is the same NOP on
+  an idle device, the qtest round trips both include.
+
+They run against the release QEMU (``$NPU_CACHE/bin/qemu-system-x86_64``): the
+qtest protocol drives the device with no guest, so no TCG time is in them.
+Each figure is the median of several runs after a warm-up run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "host"))
+
+log = logging.getLogger("bench")
+
+RUNS = 5
+BIG_N = 4096  # A, B, C of 64 MiB each: seconds of work
+TILE_N = 2048
+A = 0x0400_0000
+B = A + BIG_N * BIG_N * 4
+C = B + BIG_N * BIG_N * 4
+POLL_S = 20.0
+
+
+def _release_qemu() -> Path:
+    cache = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
+    return cache / "bin" / "qemu-system-x86_64"
+
+
+def _median(fn: Callable[[], float], runs: int = RUNS) -> float:
+    fn()  # warm-up: page faults of the guest RAM, BLAS buffers
+    return statistics.median(fn() for _ in range(runs))
+
+
+def _wait(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + POLL_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"engine benchmark: {what} timed out")
+
+
+def measure() -> dict[str, Any]:
+    """The figures above, as a dict for build/bench.json."""
+    os.environ.setdefault("NPU_QTEST_QEMU", str(_release_qemu()))
+    # Imported here: qtest reads NPU_QTEST_QEMU when it is imported.
+    from qtest import Npu, gemm, hw, nop, queue_fence, queue_ring, setup_queue
+
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        npu = Npu(Path(tmp) / "qemu.log", device="npu,cores=1,cmd-budget-ms=0")
+        try:
+            npu.start(size=1024)
+            n = TILE_N
+            side = (1 << 26) // n
+            cb = n if n * n <= side else max(16, int(side**0.5) // 16 * 16)
+            rb = min(n, max(1, side // cb))
+            tiles = -(-n // rb) * -(-n // cb)
+
+            def one_gemm() -> float:
+                t0 = time.perf_counter()
+                npu.run(gemm(A, B, C, n, n, n, n, n, n, fence=1), timeout=POLL_S)
+                return time.perf_counter() - t0
+
+            res["tile_us"] = _median(one_gemm) / tiles * 1e6
+            res["meta_engine_tile"] = f"fp32 GEMM {n}^3 on one core: {tiles} blocks of {rb}x{cb}"
+            log.info("engine: tile %.0f us (%s)", res["tile_us"], res["meta_engine_tile"])
+        finally:
+            npu.close()
+
+        npu = Npu(Path(tmp) / "qemu2.log", device="npu,cmd-budget-ms=0")
+        try:
+            n = BIG_N
+            big = gemm(A, B, C, n, n, n, n, n, n, fence=7)
+
+            def reset_abort() -> float:
+                npu.start(size=64)
+                npu.submit(big)
+                _wait(lambda: bool(npu.qrd(hw.Q_STATUS) & hw.QSTAT_ACTIVE), "GEMM start")
+                time.sleep(0.05)
+                t0 = time.perf_counter()
+                npu.wr(hw.REG_CONTROL, hw.CONTROL_RESET)
+                _wait(lambda: npu.rd(hw.REG_STATUS) == hw.STATUS_READY, "reset")
+                dt = time.perf_counter() - t0
+                npu.tail = 0
+                return dt
+
+            res["reset_abort_ms"] = _median(reset_abort) * 1e3
+
+            def nop_latency(busy: bool) -> float:
+                npu.start(size=64)
+                setup_queue(npu, 3, priority=3)
+                npu.qt.memwrite(queue_fence(3), bytes(16))
+                if busy:
+                    npu.submit(big)
+                    _wait(lambda: bool(npu.qrd(hw.Q_STATUS) & hw.QSTAT_ACTIVE), "GEMM start")
+                    time.sleep(0.05)
+                npu.qt.memwrite(queue_ring(3), nop(0x33))
+                t0 = time.perf_counter()
+                npu.wr(hw.doorbell(3), 1)
+                _wait(
+                    lambda: struct.unpack("<Q", npu.qt.memread(queue_fence(3), 8))[0] == 0x33,
+                    "NOP",
+                )
+                dt = time.perf_counter() - t0
+                if busy and npu.fence_wb()[0] == 7:
+                    raise RuntimeError("engine benchmark: the GEMM ended before the NOP")
+                npu.soft_reset()
+                return dt
+
+            res["preempt_latency_us"] = _median(lambda: nop_latency(True)) * 1e6
+            res["nop_latency_us"] = _median(lambda: nop_latency(False)) * 1e6
+            log.info(
+                "engine: reset during a GEMM %.2f ms; preempting NOP %.0f us (idle %.0f us)",
+                res["reset_abort_ms"],
+                res["preempt_latency_us"],
+                res["nop_latency_us"],
+            )
+            npu.assert_alive()
+        finally:
+            npu.close()
+    return res
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="[bench] %(message)s")
+    print(measure())

@@ -1,0 +1,490 @@
+"""The engine's promises to the host: no command can hang, abort or exhaust QEMU.
+
+Through qtest, against the ASan/UBSan build: engine DMA reaches RAM only
+(never a register, whether in the ECAM window, another device's MMIO or a
+bridge), a running command stops at its next control point on a reset,
+over its time budget or when the VM stops, a higher-priority command
+preempts a lower one at a tile boundary without changing its result, and
+host memory stays within the device's budget (docs/npu-spec.md, "Engine
+control").
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from qtest import (
+    CPL,
+    CPL_SIZE,
+    DATA,
+    FENCE,
+    Completion,
+    Npu,
+    copy,
+    fill,
+    gemm,
+    hw,
+    hw_tensor,
+    nop,
+    queue_cpl,
+    queue_fence,
+    queue_ring,
+    setup_queue,
+    tensor,
+    tensor_params,
+)
+from test_device_qtest_sync import signal
+
+UNTOUCHED = 0xEEEE_EEEE_EEEE_EEEE  # a completion record the device did not write
+PCI_BRIDGE_CONTROL = 0x3C  # dword: interrupt line/pin, bridge control (bit 22: SBR)
+PCI_BRIDGE_CTL_BUS_RESET = 1 << 22
+PCI_CAP_ID_EXP = 0x10
+PCI_EXP_SLTCTL = 0x18  # dword: slot control, slot status
+PCI_EXP_SLTCTL_PCC = 1 << 10  # power controller control: 1 = power off
+HPET = 0xFED0_0000  # q35's HPET: MMIO that must never see an engine write
+HPET_CONFIG = HPET + 0x10
+PARAMS = DATA  # tensor parameter blocks
+POOL_IN = DATA + 0x10_0000
+
+
+@pytest.fixture
+def bridged(tmp_path: Path) -> Iterator[Npu]:
+    """The NPU behind a PCIe root port with the ECAM window open, queue 0 running."""
+    dev = Npu(tmp_path / "qemu.log", root_port=True)
+    try:
+        dev.enable_ecam()
+        dev.start()
+        yield dev
+    finally:
+        dev.close()
+
+
+def open_npu(tmp_path: Path, device: str = "npu") -> Npu:
+    dev = Npu(tmp_path / "qemu.log", device=device)
+    dev.start()
+    return dev
+
+
+@pytest.fixture
+def ready(tmp_path: Path) -> Iterator[Npu]:
+    dev = open_npu(tmp_path)
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def runaway_pool(npu: Npu, fence: int) -> bytes:
+    """A POOL2D that passes validation and would run for hours: a 1024x1024
+    max window over a 2048x2048 plane, stride 1 (10^12 compares)."""
+    h = w = 2048
+    k = 1024
+    o = h - k + 1
+    out = POOL_IN + h * w * 4
+    params = tensor_params(
+        [
+            hw_tensor(POOL_IN, hw.DTYPE_FP32, (1, 1, h, w), (h * w, h * w, w, 1)),
+            hw_tensor(out, hw.DTYPE_FP32, (1, 1, o, o), (o * o, o * o, o, 1)),
+        ],
+        [k, k, 1, 1, 0, 0, 0],
+    )
+    npu.qt.memwrite(PARAMS + fence * 256, params)
+    return tensor(hw.OP_POOL2D, PARAMS + fence * 256, hw.POOL_MAX, fence=fence)
+
+
+def wait_active(npu: Npu, q: int = 0, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not npu.qrd(hw.Q_STATUS, q) & hw.QSTAT_ACTIVE:
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.001)
+
+
+def wait_fence(npu: Npu, fence: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while npu.fence_wb()[0] != fence:
+        assert time.monotonic() < deadline, f"fence {fence} was not written"
+        time.sleep(0.001)
+
+
+# --------------------------------------------------------------------------
+# RAM-only DMA
+# --------------------------------------------------------------------------
+
+
+def test_a_fill_of_the_root_ports_bridge_control_does_not_reset_the_bus(bridged: Npu) -> None:
+    rp = bridged.root_port
+    assert rp is not None
+    before = rp.read32(PCI_BRIDGE_CONTROL)
+    target = Npu.ecam(rp, PCI_BRIDGE_CONTROL)
+    c = bridged.run(fill(target, 4, before | PCI_BRIDGE_CTL_BUS_RESET, fence=1))
+    assert c.status == hw.ST_DMA_ERROR
+    assert rp.read32(PCI_BRIDGE_CONTROL) == before
+    assert bridged.run(nop(2)).status == hw.ST_OK
+    bridged.assert_alive()
+
+
+def test_a_copy_into_the_root_ports_slot_control_does_not_power_off_the_slot(
+    bridged: Npu,
+) -> None:
+    rp = bridged.root_port
+    assert rp is not None
+    cap = rp.find_capability(PCI_CAP_ID_EXP)
+    before = rp.read32(cap + PCI_EXP_SLTCTL)
+    bridged.qt.memwrite(DATA, struct.pack("<I", before | PCI_EXP_SLTCTL_PCC))
+    c = bridged.run(copy(DATA, Npu.ecam(rp, cap + PCI_EXP_SLTCTL), 4, fence=1))
+    assert c.status == hw.ST_DMA_ERROR
+    assert rp.read32(cap + PCI_EXP_SLTCTL) == before
+    assert bridged.run(nop(2)).status == hw.ST_OK
+    bridged.assert_alive()
+
+
+def test_a_signal_into_the_ecam_window_does_not_reach_configuration_space(
+    bridged: Npu,
+) -> None:
+    rp = bridged.root_port
+    assert rp is not None
+    # SIGNAL stores 8 aligned bytes: the expansion ROM BAR, then bridge control.
+    rom, before = rp.read32(PCI_BRIDGE_CONTROL - 4), rp.read32(PCI_BRIDGE_CONTROL)
+    value = rom | (before | PCI_BRIDGE_CTL_BUS_RESET) << 32
+    c = bridged.run(signal(Npu.ecam(rp, PCI_BRIDGE_CONTROL - 4), value, fence=1))
+    assert c.status == hw.ST_DMA_ERROR
+    assert rp.read32(PCI_BRIDGE_CONTROL) == before
+    bridged.assert_alive()
+
+
+def test_a_copy_from_the_ecam_window_fails_at_once(bridged: Npu) -> None:
+    c = bridged.run(copy(Npu.ecam(bridged.pci), DATA, 16 << 20, fence=1), timeout=5.0)
+    assert c.status == hw.ST_DMA_ERROR
+    bridged.assert_alive()
+
+
+def test_a_ring_in_mmio_stops_the_queue_with_a_fetch_error(ready: Npu) -> None:
+    ready.qwr(hw.Q_CONTROL, 0)
+    ready.program_queue(size=64, ring=HPET)
+    ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
+    ready.doorbell(1)
+    deadline = time.monotonic() + 5
+    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
+        assert time.monotonic() < deadline, "the queue did not stop"
+        time.sleep(0.001)
+    assert ready.qrd(hw.Q_ERROR) == hw.ERR_RING_FETCH
+    ready.assert_alive()
+
+
+def test_completions_aimed_at_mmio_are_refused_and_the_registers_keep_their_values(
+    ready: Npu,
+) -> None:
+    config = ready.qt.readl(HPET_CONFIG)
+    ready.qwr(hw.Q_CONTROL, 0)
+    ready.program_queue(size=64, cpl=HPET)
+    ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
+    ready.qt.memwrite(ready.ring, nop(0xFFFF_FFFF))
+    ready.doorbell(1)
+    deadline = time.monotonic() + 5
+    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
+        assert time.monotonic() < deadline, "the queue did not stop"
+        time.sleep(0.001)
+    assert ready.qrd(hw.Q_ERROR) == hw.ERR_CPL_WRITE
+    assert ready.qt.readl(HPET_CONFIG) == config
+    ready.assert_alive()
+
+
+def test_a_fence_write_back_aimed_at_mmio_is_refused(ready: Npu) -> None:
+    config = ready.qt.readl(HPET_CONFIG)
+    ready.qwr(hw.Q_CONTROL, 0)
+    ready.program_queue(size=64, fence=HPET_CONFIG)
+    ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
+    ready.qt.memwrite(ready.ring, nop(0xFFFF_FFFF))
+    ready.doorbell(1)
+    deadline = time.monotonic() + 5
+    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
+        assert time.monotonic() < deadline, "the queue did not stop"
+        time.sleep(0.001)
+    assert ready.qrd(hw.Q_ERROR) == hw.ERR_CPL_WRITE
+    assert ready.qt.readl(HPET_CONFIG) == config
+    ready.assert_alive()
+
+
+# --------------------------------------------------------------------------
+# Stopping a command: budget, reset
+# --------------------------------------------------------------------------
+
+
+def test_a_runaway_command_ends_with_timeout_and_the_device_stays_usable(
+    tmp_path: Path,
+) -> None:
+    npu = open_npu(tmp_path, "npu,cmd-budget-ms=200")
+    try:
+        c = npu.run(runaway_pool(npu, 1), timeout=20.0)
+        assert c.status == hw.ST_TIMEOUT
+        # Timed on the device clock: the budget, plus at most a control
+        # point's work (the qtest clock is virtual; this bounds, not times).
+        assert c.t_end >= c.t_start
+        assert npu.run(fill(DATA, 4096, 0x5A5A_5A5A, fence=2)).status == hw.ST_OK
+        assert npu.qt.memread(DATA, 4096) == b"\x5a" * 4096
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+def test_a_budget_of_zero_lets_a_command_run_until_it_is_reset(tmp_path: Path) -> None:
+    npu = open_npu(tmp_path, "npu,cmd-budget-ms=0")
+    try:
+        npu.submit(runaway_pool(npu, 1))
+        wait_active(npu)
+        time.sleep(2.5)  # past the default budget of 2 s
+        assert npu.qrd(hw.Q_STATUS) & hw.QSTAT_ACTIVE
+        npu.soft_reset(timeout=5.0)
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+def test_a_soft_reset_aborts_the_running_command_and_writes_nothing_of_it(ready: Npu) -> None:
+    ready.submit(runaway_pool(ready, 1), nop(2))
+    wait_active(ready)
+    seen = ready.soft_reset(timeout=5.0)  # hours of work otherwise
+    assert seen[0] & hw.STATUS_RESETTING
+    assert seen[-1] == hw.STATUS_READY
+    assert all(c.fence == UNTOUCHED for c in ready.completions(0, 2))
+    assert ready.fence_wb()[0] == 0
+    ready.start()
+    assert ready.run(nop(3)).status == hw.ST_OK
+    ready.assert_alive()
+
+
+def test_a_system_reset_during_a_runaway_command_leaves_qemu_responsive(ready: Npu) -> None:
+    ready.submit(runaway_pool(ready, 1))
+    wait_active(ready)
+    ready.qt.command("outb 0xcf9 0x6")
+    deadline = time.monotonic() + 5
+    while ready.pci.read32(0x04) & 0x2:  # memory decoding: on until the reset
+        assert time.monotonic() < deadline, "the system reset did not happen"
+        time.sleep(0.01)
+    ready.pci.map_bar(hw.BAR_REGS, ready.bar0)
+    ready.pci.map_bar(hw.BAR_MSIX, ready.bar4)
+    ready.pci.enable()
+    ready.tail = 0
+    assert ready.rd(hw.REG_STATUS) == hw.STATUS_READY
+    ready.start()
+    assert ready.run(nop(2)).status == hw.ST_OK
+    ready.assert_alive()
+
+
+def test_disabling_a_queue_under_a_running_command_keeps_its_old_rings_untouched(
+    tmp_path: Path,
+) -> None:
+    npu = open_npu(tmp_path, "npu,cmd-budget-ms=300")
+    try:
+        npu.submit(runaway_pool(npu, 1))
+        wait_active(npu)
+        npu.qwr(hw.Q_CONTROL, 0)  # the driver takes the queue back ...
+        npu.qt.memset(CPL, CPL_SIZE, 0xEE)  # ... and reuses its memory
+        npu.qt.memset(FENCE, 16, 0)
+        deadline = time.monotonic() + 10
+        while npu.qrd(hw.Q_STATUS) & hw.QSTAT_ACTIVE:  # the command times out
+            assert time.monotonic() < deadline, "the command did not end"
+            time.sleep(0.005)
+        assert npu.completions(0, 1)[0].fence == UNTOUCHED
+        assert npu.fence_wb()[0] == 0
+        npu.start()
+        assert npu.run(nop(2)).status == hw.ST_OK
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+# --------------------------------------------------------------------------
+# Preemption
+# --------------------------------------------------------------------------
+
+GEMM_N = 2048  # 8.6e9 multiply-adds: far longer than a NOP, even on many cores
+GEMM_A = 0x0800_0000
+GEMM_B = GEMM_A + GEMM_N * GEMM_N * 4
+GEMM_C = GEMM_B + GEMM_N * GEMM_N * 4
+
+
+SAMPLE_ROWS = range(0, GEMM_N, 61)  # rows of C read back (qtest moves bytes slowly)
+
+
+def gemm_operands(npu: Npu, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random A and B (each 16 MiB): one random MiB copied into place by the device."""
+    block = rng.standard_normal(1 << 18, dtype=np.float32)
+    npu.qt.memwrite(DATA, block.tobytes())
+    size = GEMM_N * GEMM_N * 4
+    descs = [copy(DATA, base + off, 1 << 20) for base in (GEMM_A, GEMM_B)
+             for off in range(0, size, 1 << 20)]  # fmt: skip
+    for d in descs:
+        assert npu.run(d).status == hw.ST_OK
+    whole = np.tile(block, size // (1 << 20)).reshape(GEMM_N, GEMM_N)
+    return whole, whole
+
+
+def read_c(npu: Npu) -> np.ndarray:
+    rows = [npu.qt.memread(GEMM_C + r * GEMM_N * 4, GEMM_N * 4) for r in SAMPLE_ROWS]
+    return np.frombuffer(b"".join(rows), dtype=np.float32).reshape(len(rows), GEMM_N)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_high_priority_nop_preempts_a_low_priority_gemm_whose_result_stays_exact(
+    tmp_path: Path, cores: int
+) -> None:
+    npu = open_npu(tmp_path, f"npu,cores={cores},cmd-budget-ms=0")
+    try:
+        a, b = gemm_operands(npu, np.random.default_rng(14))
+        n = GEMM_N
+        alone = npu.run(gemm(GEMM_A, GEMM_B, GEMM_C, n, n, n, n, n, n, fence=1), timeout=120.0)
+        assert alone.status == hw.ST_OK
+        reference = read_c(npu)
+        want = a[list(SAMPLE_ROWS)] @ b
+        np.testing.assert_allclose(reference, want, rtol=1e-3, atol=1e-2)
+        for r in SAMPLE_ROWS:
+            npu.qt.memset(GEMM_C + r * GEMM_N * 4, GEMM_N * 4, 0)
+        setup_queue(npu, 3, priority=3)
+        npu.submit(gemm(GEMM_A, GEMM_B, GEMM_C, n, n, n, n, n, n, fence=2))
+        wait_active(npu)
+        npu.qt.memwrite(queue_ring(3), nop(0x33))
+        npu.wr(hw.doorbell(3), 1)
+        deadline = time.monotonic() + 60
+        while struct.unpack("<Q", npu.qt.memread(queue_fence(3), 8))[0] != 0x33:
+            assert time.monotonic() < deadline, "the NOP did not complete"
+        # The NOP did not wait for the GEMM: it ran at a tile boundary.
+        assert npu.fence_wb()[0] == 1, "the NOP waited for the running GEMM"
+        wait_fence(npu, 2, timeout=120.0)
+        hi = Completion.parse(npu.qt.memread(queue_cpl(3), CPL_SIZE))
+        lo = npu.completion(1)
+        assert hi.status == lo.status == hw.ST_OK
+        assert np.array_equal(read_c(npu), reference), "the preempted GEMM changed its result"
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+# --------------------------------------------------------------------------
+# Host memory budget
+# --------------------------------------------------------------------------
+
+
+def test_a_command_needing_more_host_memory_than_the_budget_completes_with_no_memory(
+    tmp_path: Path,
+) -> None:
+    npu = open_npu(tmp_path, "npu,mem-budget=16M")
+    try:
+        n = 2048  # A, B and C of 16 MiB each
+        c = npu.run(gemm(GEMM_A, GEMM_A, GEMM_A + 2 * n * n * 4, n, n, n, n, n, n, fence=1))
+        assert c.status == hw.ST_NO_MEMORY
+        n = 64  # the budget was given back
+        c = npu.run(gemm(GEMM_A, GEMM_A, GEMM_A + 2 * n * n * 4, n, n, n, n, n, n, fence=2))
+        assert c.status == hw.ST_OK
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+def test_a_gemm_sized_by_its_strides_allocates_only_its_elements(tmp_path: Path) -> None:
+    # 8 rows of 4 elements 16 MiB apart: 112 MiB of extent, 128 bytes of data.
+    npu = open_npu(tmp_path, "npu,mem-budget=16M")
+    try:
+        ld = 1 << 22
+        rng = np.random.default_rng(7)
+        a = rng.standard_normal((8, 4), dtype=np.float32)
+        b = np.eye(4, dtype=np.float32)
+        for r in range(8):
+            npu.qt.memwrite(DATA + r * ld * 4, a[r].tobytes())
+        npu.qt.memwrite(0x1F00_0000, b.tobytes())
+        c = npu.run(gemm(DATA, 0x1F00_0000, 0x1F10_0000, 8, 4, 4, ld, 4, 4, fence=1))
+        assert c.status == hw.ST_OK
+        got = np.frombuffer(npu.qt.memread(0x1F10_0000, 8 * 16), dtype=np.float32)
+        assert np.array_equal(got.reshape(8, 4), a)
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+# --------------------------------------------------------------------------
+# VM stop and cont
+# --------------------------------------------------------------------------
+
+
+class Qmp:
+    """A minimal QMP client (qemu-qmp is not a dependency of the tests)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock.connect(str(path))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "no QMP socket"
+                time.sleep(0.05)
+        self.file = self.sock.makefile("rw")
+        json.loads(self.file.readline())  # greeting
+        self.execute("qmp_capabilities")
+
+    def request(self, command: str, arguments: dict[str, object] | None = None) -> dict[str, Any]:
+        """Send a command; return its reply (``return`` or ``error``), skipping events."""
+        msg: dict[str, object] = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.file.write(json.dumps(msg) + "\n")
+        self.file.flush()
+        while True:
+            reply: dict[str, Any] = json.loads(self.file.readline())
+            if "return" in reply or "error" in reply:
+                return reply
+
+    def execute(self, command: str) -> object:
+        reply = self.request(command)
+        assert "error" not in reply, reply
+        return reply["return"]
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def test_a_stopped_vm_gets_no_dma_from_the_device_until_cont(tmp_path: Path) -> None:
+    sock = tmp_path / "qmp.sock"
+    npu = Npu(tmp_path / "qemu.log", extra_args=["-qmp", f"unix:{sock},server=on,wait=off"])
+    try:
+        qmp = Qmp(sock)
+        npu.start(size=256)
+        total = 200
+        npu.submit(*(fill(DATA, 8 << 20, i, fence=i + 1) for i in range(total)))
+        wait_active(npu)
+        qmp.execute("stop")
+        seen = npu.fence_wb()[0]
+        time.sleep(0.3)
+        assert npu.fence_wb()[0] == seen, "the device wrote guest memory while the VM was stopped"
+        assert seen < total
+        qmp.execute("cont")
+        wait_fence(npu, total, timeout=60.0)
+        assert struct.unpack("<I", npu.qt.memread(DATA, 4))[0] == total - 1
+        qmp.close()
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
+def test_migration_is_refused_with_a_message_naming_the_device(tmp_path: Path) -> None:
+    sock = tmp_path / "qmp.sock"
+    npu = Npu(tmp_path / "qemu.log", extra_args=["-qmp", f"unix:{sock},server=on,wait=off"])
+    try:
+        qmp = Qmp(sock)
+        reply = qmp.request("migrate", {"uri": "exec:cat >/dev/null"})
+        assert "error" in reply and "npu" in reply["error"]["desc"], reply
+        qmp.close()
+        npu.assert_alive()
+    finally:
+        npu.close()
