@@ -78,9 +78,17 @@ config NPU_PCI
     default y if PCI_DEVICES
     depends on PCI && MSI_NONBROKEN
 EOF
+	# The single-threaded OpenBLAS, linked by path: the device's cores are
+	# its parallelism, so each BLAS call runs on the calling core, and the
+	# device never changes process-wide BLAS state (the host's alternative
+	# may be the threaded build, which would also be found first at run
+	# time without the rpath).
 	cat >>"$src/hw/misc/meson.build" <<'EOF'
 
-npu_blas = dependency('openblas', required: true)
+npu_blas_dir = '/usr/lib/x86_64-linux-gnu/openblas-serial'
+npu_blas = declare_dependency(
+  compile_args: ['-I/usr/include/x86_64-linux-gnu/openblas-serial'],
+  link_args: ['-L' + npu_blas_dir, '-lopenblas', '-Wl,-rpath,' + npu_blas_dir])
 EOF
 	{
 		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, files(\n"
