@@ -79,9 +79,11 @@ test-host: deps qemu-asan
 test-guest: $(GUEST_DEPS)
 	@$(PY) -m pytest tests --ignore=tests/host
 
-# The reliability suite at the issue's sizes (make test runs it short).
-stress: $(GUEST_DEPS)
+# The reliability suite at the issue's sizes (make test runs it short),
+# then 10 minutes of coverage-guided fuzzing of the device (docs/fuzzing.md).
+stress: $(GUEST_DEPS) fuzz-build
 	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py
+	@$(PY) tests/fuzz/run_fuzz.py --time 600
 
 lint: deps qemu module
 	@bash scripts/lint.sh
@@ -108,3 +110,18 @@ guest-run: $(GUEST_DEPS)
 
 clean:
 	rm -rf build
+
+# Coverage-guided fuzzing of the device model (docs/fuzzing.md; not part of
+# make test): QEMU's libFuzzer binary with ASan and UBSan
+# (scripts/build-qemu-fuzz.sh), the generic-fuzz-npu configuration and the
+# seeds of tests/fuzz/corpus/; findings go to build/fuzz/crashes/ and fail
+# the target. make fuzz-device FUZZ_TIME=1800 FUZZ_ARGS='--jobs 2'
+FUZZ_TIME ?= 600
+FUZZ_ARGS ?=
+.PHONY: fuzz-build fuzz-device
+
+fuzz-build: deps
+	@bash scripts/build-qemu-fuzz.sh
+
+fuzz-device: fuzz-build
+	@$(PY) tests/fuzz/run_fuzz.py --time $(FUZZ_TIME) $(FUZZ_ARGS)

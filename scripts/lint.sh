@@ -22,6 +22,8 @@ step "ruff"
 "$NPU_VENV/bin/ruff" format --check -q runtime_py tests scripts examples || bad "ruff format"
 step "mypy --strict (runtime_py)"
 "$NPU_VENV/bin/mypy" || bad mypy
+step "mypy --strict (the device fuzzer, tests/fuzz)"
+MYPYPATH=tests/host "$NPU_VENV/bin/mypy" --strict tests/fuzz/*.py || bad "mypy (tests/fuzz)"
 
 step "shellcheck"
 shellcheck -x -P "$NPU_ROOT" scripts/*.sh guest/npu-init .ci/run buildroot_config/board/npu/*.sh ||

@@ -1,0 +1,566 @@
+#!/usr/bin/env bash
+# Build QEMU's libFuzzer binary (qemu-fuzz-x86_64) with the NPU device
+# spliced in, for coverage-guided fuzzing of the device (docs/fuzzing.md).
+#
+#   build-qemu-fuzz.sh          build $NPU_CACHE/bin/qemu-fuzz-x86_64
+#   build-qemu-fuzz.sh replay   also qemu-system-x86_64 of the same tree
+#                               ($NPU_CACHE/bin/qemu-system-x86_64-fuzz: ASan,
+#                               UBSan, -accel qtest only), to replay the
+#                               fuzzer's qtest reproducers on the very device
+#                               it fuzzed (run_fuzz.py --replay --qemu ...)
+#   build-qemu-fuzz.sh key      print the cache key of that build
+#
+# Like build-qemu.sh, from Debian 13's QEMU 10.0 source with qemu_device/
+# spliced into hw/misc/npu, but in a tree of its own,
+# $NPU_CACHE/qemu-fuzz/<key>, where <key> hashes the Debian source version,
+# this script and the list of device files. Configured with clang-14,
+# --enable-fuzzing (libFuzzer), AddressSanitizer and UBSan; only what the
+# fuzz target needs is built: no TCG (the fuzzer runs -accel qtest) and no
+# default devices (the q35 machine and the npu only).
+#
+# The tree is patched for a device that does DMA from its own threads: the
+# generic fuzzer's DMA callback takes a lock and writes its fills directly
+# (the qtest protocol is not thread safe), QEMU_FUZZ_SETTLE_US gives the
+# device time after each command, and SIGALRM is unblocked in the main
+# thread so that libFuzzer's -timeout reports a deadlocked main loop. The
+# patch also registers the "npu" generic-fuzz configuration
+# (--fuzz-target=generic-fuzz-npu).
+#
+# The device sources are synced into the tree on every run (ninja rebuilds
+# what changed). NPU_FUZZ_DEVICE_REV=<git rev> takes qemu_device/ and
+# include/ from that commit instead of the working tree (to fuzz the landed
+# device while the working tree is being edited).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/common.sh
+. "$here/common.sh"
+
+print_key=0 targets=(qemu-fuzz-x86_64)
+case "${1:-}" in
+key) print_key=1 ;;
+replay) targets+=(qemu-system-x86_64) ;;
+"") ;;
+*) die "usage: build-qemu-fuzz.sh [replay|key]" ;;
+esac
+rev=${NPU_FUZZ_DEVICE_REV:-}
+
+# The device's file names, from the working tree or from $rev.
+device_files() {
+	if [ -n "$rev" ]; then
+		git -C "$NPU_ROOT" ls-tree --name-only "$rev" qemu_device/ | sed 's,^qemu_device/,,'
+	else
+		find "$NPU_ROOT/qemu_device" -maxdepth 1 -type f -printf '%f\n'
+	fi | LC_ALL=C sort
+}
+# Only the set of C files shapes meson.build; their contents do not.
+dev_files=$(device_files | grep '\.c$' | tr '\n' ' ')
+[ -n "$dev_files" ] || die "no device sources (qemu_device/${rev:+ at $rev})"
+src_suite_version() {
+	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1
+}
+src_version=$(src_suite_version)
+[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; apt-get update -qq; src_version=$(src_suite_version); }
+[ -n "$src_version" ] || die "apt-cache showsrc qemu found no $GUEST_SUITE source package"
+
+key=$( { echo "$src_version"; echo "$dev_files"; cat "$here/build-qemu-fuzz.sh"; } | sha256sum | cut -c1-16)
+[ $print_key = 1 ] && { echo "qemu-fuzz $key"; exit 0; }
+top="$NPU_CACHE/qemu-fuzz/$key"
+src="$top/src"
+bld="$src/build"
+out="$NPU_CACHE/bin/qemu-fuzz-x86_64"
+
+# clang and its libFuzzer runtime (Debian 12: clang-14, libclang-rt-14-dev).
+need=()
+for p in clang-14 libclang-rt-14-dev; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	log "QEMU fuzz: installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
+		--no-install-recommends "${need[@]}" >/dev/null
+fi
+[ -x "$NPU_VENV/bin/python3" ] || die "no venv at $NPU_VENV (make deps)"
+
+# The device sources, the shared contract headers and the trace events,
+# staged in $top/device (from the working tree or from $rev).
+stage_device_sources() {
+	local st="$top/device" f
+	rm -rf "$st"
+	mkdir -p "$st/qemu_device" "$st/include"
+	if [ -n "$rev" ]; then
+		for f in $(device_files); do
+			git -C "$NPU_ROOT" show "$rev:qemu_device/$f" >"$st/qemu_device/$f"
+		done
+		for f in $(git -C "$NPU_ROOT" ls-tree --name-only "$rev" include/ | grep '\.h$'); do
+			git -C "$NPU_ROOT" show "$rev:$f" >"$st/$f"
+		done
+	else
+		cp "$NPU_ROOT"/qemu_device/* "$st/qemu_device/"
+		cp "$NPU_ROOT"/include/*.h "$st/include/"
+	fi
+}
+
+# Copy them into the tree when they changed (ninja then rebuilds just those).
+sync_device_sources() {
+	local st="$top/device" f
+	stage_device_sources
+	for f in "$st"/qemu_device/*.[ch] "$st"/include/*.h; do
+		cmp -s "$f" "$src/hw/misc/npu/$(basename "$f")" || cp "$f" "$src/hw/misc/npu/"
+	done
+	cat "$src/hw/misc/trace-events.orig" "$st/qemu_device/trace-events" >"$top/trace-events.new"
+	if cmp -s "$top/trace-events.new" "$src/hw/misc/trace-events"; then
+		rm "$top/trace-events.new"
+	else
+		mv "$top/trace-events.new" "$src/hw/misc/trace-events"
+	fi
+}
+
+# The generic fuzzer, made safe for DMA from device threads, and the npu
+# configuration (against tests/qtest/fuzz/ of QEMU 10.0).
+generic_fuzz_patch() {
+	cat <<'PATCH'
+--- a/tests/qtest/fuzz/generic_fuzz.c
++++ b/tests/qtest/fuzz/generic_fuzz.c
+@@ -28,6 +28,9 @@
+ #include "hw/boards.h"
+ #include "generic_fuzz_configs.h"
+ #include "hw/mem/sparse-mem.h"
++#include "qemu/atomic.h"
++#include "qemu/main-loop.h"
++#include "qemu/thread.h"
+ 
+ static void pci_enum(gpointer pcidev, gpointer bus);
+ 
+@@ -86,6 +89,27 @@
+ static QTestState *qts_global; /* Need a global for the DMA callback */
+ 
+ /*
++ * Devices with threads of their own (the npu's command processor and AI
++ * cores) do DMA outside the main loop, so the DMA callback may run on any
++ * thread. dma_lock guards the DMA regions and patterns (the bookkeeping
++ * only: it is never held across a memory access, which may take the BQL);
++ * the fills are written directly, not through the qtest protocol, which
++ * is not thread safe, and logged in qtest syntax with QTEST_LOG.
++ * dma_reads counts the DMA reads of RAM, so that settle() sees whether a
++ * device is still busy.
++ */
++static QemuRecMutex dma_lock;
++static unsigned dma_reads;
++/*
++ * QEMU_FUZZ_SETTLE_US: after each write-like command (and before the reset
++ * that ends an input), let the device's threads work: wait this long, and
++ * again while another thread of the process runs or the device keeps
++ * reading guest memory, up to QEMU_FUZZ_SETTLE_MAX_US (default 20 ms) in
++ * all. 0: upstream behaviour.
++ */
++static unsigned settle_us, settle_max_us;
++
++/*
+  * List of memory regions that are children of QOM objects specified by the
+  * user for fuzzing.
+  */
+@@ -175,19 +199,22 @@
+     return l;
+ }
+ 
++/* A fill the DMA callback decided on, written once dma_lock is dropped. */
++typedef struct {
++    size_t addr;
++    size_t len;
++    uint8_t *buf;
++} dma_fill;
++
+ /*
+  * Call-back for functions that perform DMA reads from guest memory. Confirm
+  * that the region has not already been populated since the last loop in
+  * generic_fuzz(), avoiding potential race-conditions, which we don't have
+- * a good way for reproducing right now.
++ * a good way for reproducing right now. Decides the fills (dma_lock held).
+  */
+-void fuzz_dma_read_cb(size_t addr, size_t len, MemoryRegion *mr)
++static void fuzz_dma_plan_locked(size_t addr, size_t len, MemoryRegion *mr,
++                                 GArray *fills)
+ {
+-    /* Are we in the generic-fuzzer or are we using another fuzz-target? */
+-    if (!qts_global) {
+-        return;
+-    }
+-
+     /*
+      * Return immediately if:
+      * - We have no DMA patterns defined
+@@ -207,21 +234,19 @@
+      * populate the non-overlapping parts.
+      */
+     address_range region;
+-    bool double_fetch = false;
+     for (int i = 0;
+          i < dma_regions->len && (avoid_double_fetches || qtest_log_enabled);
+          ++i) {
+         region = g_array_index(dma_regions, address_range, i);
+         if (ranges_overlap(addr, len, region.addr, region.size)) {
+-            double_fetch = true;
+             if (addr < region.addr
+                 && avoid_double_fetches) {
+-                fuzz_dma_read_cb(addr, region.addr - addr, mr);
++                fuzz_dma_plan_locked(addr, region.addr - addr, mr, fills);
+             }
+             if (addr + len > region.addr + region.size
+                 && avoid_double_fetches) {
+-                fuzz_dma_read_cb(region.addr + region.size,
+-                        addr + len - (region.addr + region.size), mr);
++                fuzz_dma_plan_locked(region.addr + region.size,
++                        addr + len - (region.addr + region.size), mr, fills);
+             }
+             return;
+         }
+@@ -233,10 +258,20 @@
+     address_range ar = {addr, len};
+     g_array_append_val(dma_regions, ar);
+     pattern p = g_array_index(dma_patterns, pattern, dma_pattern_index);
+-    void *buf_base = pattern_alloc(p, ar.size);
+-    void *buf = buf_base;
++    dma_fill f = {addr, len, pattern_alloc(p, len)};
++    g_array_append_val(fills, f);
++    dma_bytes_written += len;
++
++    /* Increment the index of the pattern for the next DMA access */
++    dma_pattern_index = (dma_pattern_index + 1) % dma_patterns->len;
++}
++
++/* Write one fill into guest memory (no lock held: MMIO takes the BQL). */
++static void fuzz_dma_fill(size_t addr, size_t len, const uint8_t *buf)
++{
+     hwaddr l, addr1;
+     MemoryRegion *mr1;
++
+     while (len > 0) {
+         l = len;
+         mr1 = address_space_translate(first_cpu->as,
+@@ -258,29 +293,46 @@
+             /* ROM/RAM case */
+             if (qtest_log_enabled) {
+                 /*
+-                * With QTEST_LOG, use a normal, slow QTest memwrite. Prefix the log
+-                * that will be written by qtest.c with a DMA tag, so we can reorder
+-                * the resulting QTest trace so the DMA fills precede the last PIO/MMIO
+-                * command.
+-                */
+-                fprintf(stderr, "[DMA] ");
+-                if (double_fetch) {
+-                    fprintf(stderr, "[DOUBLE-FETCH] ");
++                 * With QTEST_LOG, log the fill as the qtest command that
++                 * reproduces it, tagged DMA, so that the trace can be
++                 * reordered: the DMA fills precede the last PIO/MMIO
++                 * command. One fprintf per line: other threads log too.
++                 */
++                GString *hex = g_string_sized_new(2 * l + 1);
++                for (hwaddr i = 0; i < l; i++) {
++                    g_string_append_printf(hex, "%02x", buf[i]);
+                 }
+-                fflush(stderr);
++                fprintf(stderr, "[DMA] [R +0.000000] write 0x%zx 0x%"
++                        HWADDR_PRIx " 0x%s\n", addr, l, hex->str);
++                g_string_free(hex, true);
+             }
+-            qtest_memwrite(qts_global, addr, buf, l);
+-            dma_bytes_written += l;
++            address_space_write(first_cpu->as, addr, MEMTXATTRS_UNSPECIFIED,
++                                buf, l);
+         }
+         len -= l;
+         buf += l;
+         addr += l;
++    }
++}
+ 
++void fuzz_dma_read_cb(size_t addr, size_t len, MemoryRegion *mr)
++{
++    /* Are we in the generic-fuzzer or are we using another fuzz-target? */
++    if (!qatomic_read(&qts_global)) {
++        return;
+     }
+-    g_free(buf_base);
++    qatomic_inc(&dma_reads);
+ 
+-    /* Increment the index of the pattern for the next DMA access */
+-    dma_pattern_index = (dma_pattern_index + 1) % dma_patterns->len;
++    GArray *fills = g_array_new(false, false, sizeof(dma_fill));
++    qemu_rec_mutex_lock(&dma_lock);
++    fuzz_dma_plan_locked(addr, len, mr, fills);
++    qemu_rec_mutex_unlock(&dma_lock);
++    for (int i = 0; i < fills->len; i++) {
++        dma_fill *f = &g_array_index(fills, dma_fill, i);
++        fuzz_dma_fill(f->addr, f->len, f->buf);
++        g_free(f->buf);
++    }
++    g_array_free(fills, true);
+ }
+ 
+ /*
+@@ -571,15 +623,84 @@
+     memcpy(&a, data, sizeof(a));
+     pattern p = {a.index, a.stride, len - sizeof(a), data + sizeof(a)};
+     p.index = a.index % p.len;
++    qemu_rec_mutex_lock(&dma_lock);
+     g_array_append_val(dma_patterns, p);
++    qemu_rec_mutex_unlock(&dma_lock);
+     return;
+ }
+ 
+ static void op_clear_dma_patterns(QTestState *s,
+                                   const unsigned char *data, size_t len)
+ {
++    qemu_rec_mutex_lock(&dma_lock);
+     g_array_set_size(dma_patterns, 0);
+     dma_pattern_index = 0;
++    qemu_rec_mutex_unlock(&dma_lock);
++}
++
++/* Does a thread other than this one run or wait for a CPU (state R)? */
++static bool other_threads_running(void)
++{
++    GDir *dir = g_dir_open("/proc/self/task", 0, NULL);
++    int self = qemu_get_thread_id();
++    const char *name;
++    bool running = false;
++
++    while (dir && !running && (name = g_dir_read_name(dir))) {
++        char path[64], buf[512], *p;
++        ssize_t n;
++        int fd;
++
++        if (atoi(name) == self) {
++            continue;
++        }
++        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", name);
++        fd = open(path, O_RDONLY);
++        if (fd < 0) {
++            continue;
++        }
++        n = read(fd, buf, sizeof(buf) - 1);
++        close(fd);
++        if (n <= 0) {
++            continue;
++        }
++        buf[n] = 0;
++        p = strrchr(buf, ')');
++        running = p && p[1] == ' ' && p[2] == 'R';
++    }
++    if (dir) {
++        g_dir_close(dir);
++    }
++    return running;
++}
++
++/*
++ * Let the device's threads act on what was just done: release the BQL
++ * (they may need it; bottom halves and timers run) for settle_us, and
++ * again while they run or read guest memory, up to settle_max_us.
++ */
++static void settle(QTestState *s)
++{
++    unsigned waited = 0, seen;
++    bool locked, busy;
++
++    if (!settle_us) {
++        return;
++    }
++    do {
++        seen = qatomic_read(&dma_reads);
++        locked = bql_locked();
++        if (locked) {
++            bql_unlock();
++        }
++        g_usleep(settle_us);
++        if (locked) {
++            bql_lock();
++        }
++        flush_events(s);
++        waited += settle_us;
++        busy = qatomic_read(&dma_reads) != seen || other_threads_running();
++    } while (busy && waited < settle_max_us);
+ }
+ 
+ static void op_clock_step(QTestState *s, const unsigned char *data, size_t len)
+@@ -650,7 +771,9 @@
+ 
+     op_clear_dma_patterns(s, NULL, 0);
+     pci_disabled = false;
++    qemu_rec_mutex_lock(&dma_lock);
+     dma_bytes_written = 0;
++    qemu_rec_mutex_unlock(&dma_lock);
+ 
+     QPCIBus *pcibus = qpci_new_pc(s, NULL);
+     g_ptr_array_foreach(fuzzable_pci_devices, pci_enum, pcibus);
+@@ -668,12 +791,24 @@
+ 
+             /* Run the main loop */
+             flush_events(s);
++            if (op == OP_OUT || op == OP_WRITE || op == OP_PCI_WRITE ||
++                op == OP_CLOCK_STEP) {
++                settle(s);
++            }
+         }
+         /* Advance to the next command */
+         cmd = nextcmd ? nextcmd + sizeof(SEPARATOR) - 1 : nextcmd;
+         Size = Size - (cmd_len + sizeof(SEPARATOR) - 1);
++        qemu_rec_mutex_lock(&dma_lock);
+         g_array_set_size(dma_regions, 0);
++        qemu_rec_mutex_unlock(&dma_lock);
+     }
++    /*
++     * The patterns point into this input, which is gone after we return:
++     * DMA that a device thread does from now on sees none.
++     */
++    settle(s);
++    op_clear_dma_patterns(s, NULL, 0);
+     fuzz_reset(s);
+ }
+ 
+@@ -783,7 +918,24 @@
+     if (getenv("QEMU_AVOID_DOUBLE_FETCH")) {
+         avoid_double_fetches = 1;
+     }
+-    qts_global = s;
++    if (getenv("QEMU_FUZZ_SETTLE_US")) {
++        settle_us = atoi(getenv("QEMU_FUZZ_SETTLE_US"));
++    }
++    settle_max_us = 20000;
++    if (getenv("QEMU_FUZZ_SETTLE_MAX_US")) {
++        settle_max_us = atoi(getenv("QEMU_FUZZ_SETTLE_MAX_US"));
++    }
++    qemu_rec_mutex_init(&dma_lock);
++
++    /*
++     * QEMU's main loop blocks SIGALRM (it takes signals from a signalfd),
++     * and SIGALRM is how libFuzzer's -timeout fires: unblock it, so that
++     * an input that hangs the main thread (a deadlock) is reported.
++     */
++    sigset_t alrm;
++    sigemptyset(&alrm);
++    sigaddset(&alrm, SIGALRM);
++    pthread_sigmask(SIG_UNBLOCK, &alrm, NULL);
+ 
+     /*
+      * Create a special device that we can use to back DMA buffers at very
+@@ -825,6 +977,8 @@
+         printf("No fuzzable memory regions found...\n");
+         exit(1);
+     }
++    /* Last: from now on the DMA callback may run, on any thread. */
++    qatomic_set(&qts_global, s);
+ }
+ 
+ /*
+--- a/tests/qtest/fuzz/generic_fuzz_configs.h
++++ b/tests/qtest/fuzz/generic_fuzz_configs.h
+@@ -29,8 +29,27 @@
+     "writeout=immediate,fmode=0600,dmode=0700", tmpdir);
+ }
+ 
++/*
++ * The NPU (hw/misc/npu, spliced in by the NPU stack's build-qemu-fuzz.sh),
++ * its firmware in ROM so that descriptors run from reset. 64 MiB of device
++ * memory: libqos maps the BARs below 4 GiB, where a 512 MiB BAR2 does not
++ * fit. Its command processor runs on a thread of its own: give it time
++ * after each command.
++ */
++static inline gchar *generic_fuzzer_npu_args(void)
++{
++    g_setenv("QEMU_FUZZ_SETTLE_US", "50", false);
++    return g_strdup("-machine q35 -nodefaults -L /usr/share/qemu "
++                    "-L /usr/share/seabios -device npu,boot-rom=on,mem-size=64M");
++}
++
+ const generic_fuzz_config predefined_configs[] = {
+     {
++        .name = "npu",
++        .argfunc = generic_fuzzer_npu_args,
++        .objects = "npu",
++    },
++    {
+         .name = "virtio-net-pci-slirp",
+         .args = "-M q35 -nodefaults "
+         "-device virtio-net,netdev=net0 -netdev user,id=net0",
+PATCH
+}
+
+exec 8>"$NPU_CACHE/qemu-fuzz.lock"
+flock 8
+if [ ! -f "$top/.spliced" ]; then
+	log "QEMU fuzz: Debian source qemu=$src_version into $top"
+	rm -rf "$top"
+	mkdir -p "$top"
+	# The shared source tree: under the lock build-qemu.sh takes for it.
+	exec 7>"$NPU_CACHE/qemu-src.lock"
+	flock 7
+	cp -a "$(fetch_source qemu "$src_version")" "$src"
+	flock -u 7
+
+	log "QEMU fuzz: splicing the npu device into hw/misc, patching the generic fuzzer"
+	mkdir -p "$src/hw/misc/npu"
+	cat >>"$src/hw/misc/Kconfig" <<'EOF'
+
+config NPU_PCI
+    bool
+    default y if PCI_DEVICES
+    depends on PCI && MSI_NONBROKEN
+EOF
+	cat >>"$src/hw/misc/meson.build" <<'EOF'
+
+npu_blas_dir = '/usr/lib/x86_64-linux-gnu/openblas-serial'
+npu_blas = declare_dependency(
+  compile_args: ['-I/usr/include/x86_64-linux-gnu/openblas-serial'],
+  link_args: ['-L' + npu_blas_dir, '-lopenblas', '-Wl,-rpath,' + npu_blas_dir])
+EOF
+	{
+		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, files(\n"
+		for f in $dev_files; do printf "  'npu/%s',\n" "$f"; done
+		printf ")])\n"
+	} >>"$src/hw/misc/meson.build"
+	cp "$src/hw/misc/trace-events" "$src/hw/misc/trace-events.orig"
+	# Without default devices nothing selects PCI_DEVICES: name the board
+	# and the npu in a device configuration of their own.
+	printf 'CONFIG_Q35=y\nCONFIG_NPU_PCI=y\n' >"$src/configs/devices/x86_64-softmmu/npu-fuzz.mak"
+	generic_fuzz_patch | patch -s -p1 -d "$src" || die "patching the generic fuzzer failed"
+	touch "$top/.spliced"
+fi
+sync_device_sources
+
+if [ ! -f "$bld/.configured" ]; then
+	log "QEMU fuzz: configuring (clang-14, libFuzzer, ASan + UBSan, q35 + npu)"
+	rm -rf "$bld"
+	mkdir -p "$bld"
+	(cd "$bld" && ../configure \
+		--target-list=x86_64-softmmu \
+		--without-default-features \
+		--without-default-devices --with-devices-x86_64=npu-fuzz \
+		--python="$NPU_VENV/bin/python3" \
+		--enable-fuzzing --enable-asan --enable-ubsan \
+		--enable-kvm --disable-tcg --enable-trace-backends=log \
+		--disable-docs --disable-werror --disable-install-blobs \
+		--cc="ccache clang-14" --cxx="ccache clang++-14" --host-cc=clang-14 \
+		--extra-cflags="-g -O1 -fno-omit-frame-pointer") >"$bld.configure.log" 2>&1 ||
+		{ tail -n 40 "$bld.configure.log"; die "QEMU fuzz configure failed (see $bld.configure.log)"; }
+	touch "$bld/.configured"
+fi
+
+log "QEMU fuzz: building qemu-fuzz-x86_64 (first build ~7 min on 2 cores, a rebuild with a warm ccache ~1 min)"
+# Paths relative to the tree, so that a tree of another key (an edit of
+# this script) hits the cache.
+export CCACHE_DIR="$NPU_CACHE/ccache" CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
+if ! nice -n 10 ninja -C "$bld" -j "${NPU_FUZZ_JOBS:-2}" "${targets[@]}" >"$bld.build.log" 2>&1; then
+	grep -E 'error|warning' "$bld.build.log" | head -n 40 >&2 || true
+	tail -n 20 "$bld.build.log" >&2
+	die "QEMU fuzz build failed (see $bld.build.log)"
+fi
+grep -E 'hw/misc/npu/.*warning' "$bld.build.log" >&2 || true
+mkdir -p "$(dirname "$out")"
+ln -sf "$bld/qemu-fuzz-x86_64" "$out"
+if [ ${#targets[@]} -gt 1 ]; then
+	ln -sf "$bld/qemu-system-x86_64" "$NPU_CACHE/bin/qemu-system-x86_64-fuzz"
+fi
+ln -sfn "$key" "$NPU_CACHE/qemu-fuzz/current"
+log "QEMU fuzz ready: $out"
