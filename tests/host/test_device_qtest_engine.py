@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from qtest import (
     CPL_SIZE,
     DATA,
     FENCE,
+    QEMU,
     Completion,
     Npu,
     copy,
@@ -488,3 +490,29 @@ def test_migration_is_refused_with_a_message_naming_the_device(tmp_path: Path) -
         npu.assert_alive()
     finally:
         npu.close()
+
+
+# --------------------------------------------------------------------------
+# Observability and the host's BLAS
+# --------------------------------------------------------------------------
+
+
+def test_a_refused_dma_is_traced_with_its_target(tmp_path: Path) -> None:
+    log = tmp_path / "qemu.log"
+    npu = Npu(log, extra_args=["-trace", "npu_dma_error"])
+    try:
+        npu.start()
+        assert npu.run(fill(HPET, 4, 0, fence=1)).status == hw.ST_DMA_ERROR
+        npu.assert_alive()
+    finally:
+        npu.close()
+    lines = [line for line in log.read_text().splitlines() if "npu_dma_error" in line]
+    assert any(f"0x{HPET:x}" in line and "write 1" in line for line in lines), lines
+
+
+def test_the_device_model_links_the_single_threaded_openblas() -> None:
+    # The device's cores are its parallelism; it must not change the BLAS
+    # threading of the whole QEMU process (docs/decisions.md, issue 14).
+    out = subprocess.run(["ldd", str(QEMU)], capture_output=True, text=True, check=True).stdout
+    blas = [line for line in out.splitlines() if "libopenblas" in line]
+    assert blas and all("openblas-serial" in line for line in blas), out
