@@ -44,6 +44,7 @@ from qtest import (
     tensor,
     tensor_params,
 )
+from test_device_qtest_firmware import system_reset
 from test_device_qtest_sync import signal
 
 UNTOUCHED = 0xEEEE_EEEE_EEEE_EEEE  # a completion record the device did not write
@@ -107,6 +108,13 @@ def wait_active(npu: Npu, q: int = 0, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not npu.qrd(hw.Q_STATUS, q) & hw.QSTAT_ACTIVE:
         assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.001)
+
+
+def wait_stopped(npu: Npu, q: int = 0, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not npu.qrd(hw.Q_STATUS, q) & hw.QSTAT_STOPPED:
+        assert time.monotonic() < deadline, "the queue did not stop"
         time.sleep(0.001)
 
 
@@ -174,10 +182,7 @@ def test_a_ring_in_mmio_stops_the_queue_with_a_fetch_error(ready: Npu) -> None:
     ready.program_queue(size=64, ring=HPET)
     ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
     ready.doorbell(1)
-    deadline = time.monotonic() + 5
-    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
-        assert time.monotonic() < deadline, "the queue did not stop"
-        time.sleep(0.001)
+    wait_stopped(ready)
     assert ready.qrd(hw.Q_ERROR) == hw.ERR_RING_FETCH
     ready.assert_alive()
 
@@ -191,10 +196,7 @@ def test_completions_aimed_at_mmio_are_refused_and_the_registers_keep_their_valu
     ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
     ready.qt.memwrite(ready.ring, nop(0xFFFF_FFFF))
     ready.doorbell(1)
-    deadline = time.monotonic() + 5
-    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
-        assert time.monotonic() < deadline, "the queue did not stop"
-        time.sleep(0.001)
+    wait_stopped(ready)
     assert ready.qrd(hw.Q_ERROR) == hw.ERR_CPL_WRITE
     assert ready.qt.readl(HPET_CONFIG) == config
     ready.assert_alive()
@@ -207,10 +209,7 @@ def test_a_fence_write_back_aimed_at_mmio_is_refused(ready: Npu) -> None:
     ready.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE)
     ready.qt.memwrite(ready.ring, nop(0xFFFF_FFFF))
     ready.doorbell(1)
-    deadline = time.monotonic() + 5
-    while not ready.qrd(hw.Q_STATUS) & hw.QSTAT_STOPPED:
-        assert time.monotonic() < deadline, "the queue did not stop"
-        time.sleep(0.001)
+    wait_stopped(ready)
     assert ready.qrd(hw.Q_ERROR) == hw.ERR_CPL_WRITE
     assert ready.qt.readl(HPET_CONFIG) == config
     ready.assert_alive()
@@ -267,15 +266,7 @@ def test_a_soft_reset_aborts_the_running_command_and_writes_nothing_of_it(ready:
 def test_a_system_reset_during_a_runaway_command_leaves_qemu_responsive(ready: Npu) -> None:
     ready.submit(runaway_pool(ready, 1))
     wait_active(ready)
-    ready.qt.command("outb 0xcf9 0x6")
-    deadline = time.monotonic() + 5
-    while ready.pci.read32(0x04) & 0x2:  # memory decoding: on until the reset
-        assert time.monotonic() < deadline, "the system reset did not happen"
-        time.sleep(0.01)
-    ready.pci.map_bar(hw.BAR_REGS, ready.bar0)
-    ready.pci.map_bar(hw.BAR_MSIX, ready.bar4)
-    ready.pci.enable()
-    ready.tail = 0
+    system_reset(ready)
     assert ready.rd(hw.REG_STATUS) == hw.STATUS_READY
     ready.start()
     assert ready.run(nop(2)).status == hw.ST_OK
