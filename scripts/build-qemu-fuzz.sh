@@ -56,10 +56,11 @@ device_files() {
 dev_files=$(device_files | grep '\.c$' | tr '\n' ' ')
 [ -n "$dev_files" ] || die "no device sources (qemu_device/${rev:+ at $rev})"
 src_suite_version() {
-	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1
+	# No match is no error: on a fresh machine the suite has no deb-src yet.
+	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1 || true
 }
 src_version=$(src_suite_version)
-[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; apt-get update -qq; src_version=$(src_suite_version); }
+[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; src_version=$(src_suite_version); }
 [ -n "$src_version" ] || die "apt-cache showsrc qemu found no $GUEST_SUITE source package"
 
 key=$( { echo "$src_version"; echo "$dev_files"; cat "$here/build-qemu-fuzz.sh"; } | sha256sum | cut -c1-16)
@@ -76,7 +77,7 @@ for p in clang-14 libclang-rt-14-dev; do
 done
 if [ ${#need[@]} -gt 0 ]; then
 	log "QEMU fuzz: installing ${need[*]}"
-	apt-get update -qq
+	apt-get update -qq -o DPkg::Lock::Timeout=600
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
 		--no-install-recommends "${need[@]}" >/dev/null
 fi

@@ -33,10 +33,11 @@ inc_dir="$NPU_ROOT/include"
 # Only the set of C files shapes meson.build; their contents do not.
 dev_files=$(find "$dev_dir" -maxdepth 1 -name '*.c' -printf '%f\n' | LC_ALL=C sort | tr '\n' ' ')
 src_suite_version() {
-	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1
+	# No match is no error: on a fresh machine the suite has no deb-src yet.
+	apt-cache showsrc qemu 2>/dev/null | awk '/^Version:/ {print $2}' | grep -E '\+deb13|^1:10\.0\.' | sort -V | tail -n1 || true
 }
 src_version=$(src_suite_version)
-[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; apt-get update -qq; src_version=$(src_suite_version); }
+[ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; src_version=$(src_suite_version); }
 [ -n "$src_version" ] || die "apt-cache showsrc qemu found no $GUEST_SUITE source package"
 
 key=$( { echo "$src_version"; echo "$dev_files"; cat "$here/build-qemu.sh"; } | sha256sum | cut -c1-16)

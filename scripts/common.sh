@@ -37,12 +37,20 @@ GUEST_SUITE=trixie
 
 # add_suite_src SUITE: a deb-src entry for SUITE from the host's own mirror,
 # so that `apt-get source` can fetch that release's packages.
+# Builds run in parallel (make -j2) and apt allows one `apt-get update` at a
+# time: the check, the entry and its update happen under one lock, so a
+# second caller waits for the first one's update instead of failing on
+# apt's own lock or reading half-updated lists.
 add_suite_src() {
-	local suite=$1 f="/etc/apt/sources.list.d/npu-stack-$1-src.sources"
-	[ -f "$f" ] && return 0
-	printf 'Types: deb-src\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: %s\n' \
-		"$(debian_mirror)" "$suite" /usr/share/keyrings/debian-archive-keyring.gpg >"$f"
-	apt-get update -qq
+	local suite=$1 f="${NPU_APT_SOURCES:-/etc/apt/sources.list.d}/npu-stack-$1-src.sources"
+	(
+		flock 9
+		[ -f "$f" ] && exit 0
+		printf 'Types: deb-src\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: %s\n' \
+			"$(debian_mirror)" "$suite" /usr/share/keyrings/debian-archive-keyring.gpg >"$f.tmp"
+		mv "$f.tmp" "$f"
+		apt-get update -qq -o DPkg::Lock::Timeout=600 || { rm -f "$f"; exit 1; }
+	) 9>"$NPU_CACHE/apt-sources.lock"
 }
 
 # fetch_source PKG VERSION: the unpacked Debian source package PKG=VERSION
