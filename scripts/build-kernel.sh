@@ -94,8 +94,7 @@ if [ ! -f "$top/.done" ]; then
 	# Start from the newest earlier build of the same source, if any: kbuild
 	# tracks which objects each config symbol reaches, so a changed
 	# fragment rebuilds those only (minutes instead of ~20).
-	prev=$(grep -lx "$ver" "$NPU_CACHE"/kernel-debug/*/source-version 2>/dev/null |
-		xargs -r ls -t | head -n1)
+	prev=$(newest_build_of "$NPU_CACHE/kernel-debug" "$ver")
 	if [ -n "$prev" ] && [ -d "$(dirname "$prev")/build" ]; then
 		log "debug kernel: starting from the build in $(dirname "$prev")"
 		cp -a "$(dirname "$prev")/build" "$top/build"

@@ -53,6 +53,13 @@ add_suite_src() {
 	) 9>"$NPU_CACHE/apt-sources.lock"
 }
 
+# newest_build_of DIR VERSION: the newest DIR/*/source-version file that
+# reads VERSION, or nothing (and success) when there is none, as on a fresh
+# machine, where grep matches nothing and pipefail must not end the caller.
+newest_build_of() {
+	{ grep -lx "$2" "$1"/*/source-version 2>/dev/null || true; } | xargs -r ls -t | head -n1
+}
+
 # fetch_source PKG VERSION: the unpacked Debian source package PKG=VERSION
 # (patches applied) under $NPU_CACHE/src/PKG-VERSION (no epoch: colons
 # upset build tools); prints that path.

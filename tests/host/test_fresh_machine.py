@@ -1,4 +1,4 @@
-"""The build scripts find Debian source packages on a fresh machine.
+"""The build scripts work on a fresh machine.
 
 A fresh host has no deb-src entry for the guest's suite: build-qemu.sh must
 add one, update apt's lists and then find QEMU's source version, and two
@@ -77,3 +77,32 @@ def test_two_builds_started_together_update_apt_once_and_both_succeed(tmp_path: 
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in results]
     assert results[0][0] == results[1][0]
     assert (tmp_path / "apt.log").read_text() == "update\n"
+
+
+def newest_build_of(cache: Path, version: str) -> subprocess.CompletedProcess[str]:
+    common = ROOT / "scripts" / "common.sh"
+    script = f'set -euo pipefail; . "{common}"; newest_build_of "$1" "$2"; echo done'
+    return subprocess.run(
+        ["bash", "-c", script, "bash", str(cache), version],
+        env={**os.environ, "NPU_CACHE": str(cache.parent)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_first_debug_kernel_build_finds_no_earlier_build_and_goes_on(tmp_path: Path) -> None:
+    result = newest_build_of(tmp_path / "kernel-debug", "6.12.1-1")
+    assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr
+
+
+def test_a_later_debug_kernel_build_starts_from_the_newest_one_of_its_source(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "kernel-debug"
+    for name, version in (("a", "6.12.1-1"), ("b", "6.12.2-1"), ("c", "6.12.1-1")):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "source-version").write_text(version + "\n")
+        os.utime(cache / name / "source-version", (1, {"a": 1, "b": 3, "c": 2}[name]))
+    result = newest_build_of(cache, "6.12.1-1")
+    assert result.stdout == f"{cache}/c/source-version\ndone\n", result.stderr
