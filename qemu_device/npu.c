@@ -513,6 +513,10 @@ static void *npu_worker(void *opaque)
             qatomic_set(&s->abort, false);
             qemu_bh_schedule(s->irq_bh);    /* lowers INTx */
             qemu_cond_broadcast(&s->reset_done);
+            /* The device answers again; now the aborted command's memory. */
+            qemu_mutex_unlock(&s->lock);
+            npu_budget_reap(s);
+            qemu_mutex_lock(&s->lock);
             continue;
         }
         if (s->paused || s->hung) {
@@ -1302,6 +1306,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_mutex_unlock(&s->lock);
     qemu_thread_join(&s->thread);
     npu_cores_fini(s);
+    npu_budget_reap(s);
     qemu_del_vm_change_state_handler(s->vmstate_entry);
 
     qemu_bh_delete(s->irq_bh);

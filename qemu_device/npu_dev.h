@@ -244,6 +244,12 @@ struct NpuState {
     bool preempt;
     int64_t deadline_ns;
     uint64_t mem_used;      /* bytes of the budget in use (qatomic) */
+    /*
+     * Large staging blocks of aborted commands, freed by the command
+     * processor once the device answers again (munmap costs ~5 ms per
+     * 64 MiB); still charged to the budget. Lock-free (QSLIST atomics).
+     */
+    QSLIST_HEAD(, NpuDeferred) deferred;
 
     /* Command-processor private: its nesting level and their buffers. */
     uint32_t depth;         /* written by it only; qatomic for the cores */
@@ -268,6 +274,7 @@ uint32_t npu_engine_work(NpuCore *core, uint64_t work);
 /* npu_exec.c: host memory under the device's budget (any thread). */
 void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero);
 void npu_budget_free(NpuState *s, void *p, uint64_t bytes);
+void npu_budget_reap(NpuState *s);
 
 /* npu_tensor.c: the tensor ops, ELTWISE .. POOL2D (opcodes 4 to 13). */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);

@@ -69,11 +69,48 @@ void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero)
     return p;
 }
 
-/* Give back a npu_budget_alloc() of @bytes; @p may be NULL (failed). */
+/* Freed blocks of an aborted command at least this large wait for a reap. */
+#define NPU_DEFER_FREE_MIN (1 * MiB)
+
+/* The head of a block whose free is deferred: the block holds its node. */
+typedef struct NpuDeferred {
+    QSLIST_ENTRY(NpuDeferred) next;
+    uint64_t bytes;
+} NpuDeferred;
+
+/*
+ * Give back a npu_budget_alloc() of @bytes; @p may be NULL (failed). While
+ * a reset or unplug aborts the command, large blocks are only queued: the
+ * device answers first, npu_budget_reap() returns their memory after.
+ */
 void npu_budget_free(NpuState *s, void *p, uint64_t bytes)
 {
+    NpuDeferred *d = p;
+
+    if (!p) {
+        return;
+    }
+    if (bytes >= NPU_DEFER_FREE_MIN && qatomic_read(&s->abort)) {
+        d->bytes = bytes;
+        QSLIST_INSERT_HEAD_ATOMIC(&s->deferred, d, next);
+        return;
+    }
     g_free(p);
-    if (p) {
+    qatomic_sub(&s->mem_used, bytes);
+}
+
+/* Free the blocks npu_budget_free() deferred (any thread, no lock held). */
+void npu_budget_reap(NpuState *s)
+{
+    QSLIST_HEAD(, NpuDeferred) list;
+    NpuDeferred *d;
+
+    QSLIST_MOVE_ATOMIC(&list, &s->deferred);
+    while ((d = QSLIST_FIRST(&list))) {
+        uint64_t bytes = d->bytes;
+
+        QSLIST_REMOVE_HEAD(&list, next);
+        g_free(d);
         qatomic_sub(&s->mem_used, bytes);
     }
 }
@@ -211,10 +248,12 @@ static uint32_t npu_matrix_check(NpuMatrix *mat)
 
 /*
  * Multiply-adds of one GEMM tile: a block of C, whatever the shape, so that
- * every tile ends within a couple of milliseconds (the BLAS call itself
- * has no control point).
+ * every tile ends within a few milliseconds (the BLAS call itself has no
+ * control point). Smaller GEMMs get at least two tiles per core, down to
+ * NPU_GEMM_TILE_MIN_WORK.
  */
-#define NPU_GEMM_TILE_WORK (1ull << 26)
+#define NPU_GEMM_TILE_WORK (1ull << 27)
+#define NPU_GEMM_TILE_MIN_WORK (1ull << 22)
 
 typedef struct NpuGemmJob {
     const NpuMatrix *a, *b, *c;     /* packed: ld == cols */
@@ -348,14 +387,21 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
         goto out;
     }
     /* Blocks of C of bounded work: whole rows if they are short enough. */
-    side = MAX(NPU_GEMM_TILE_WORK / k, 1);
+    side = MIN(NPU_GEMM_TILE_WORK,
+               MAX((uint64_t)m * n * k / (2 * s->cores.n),
+                   NPU_GEMM_TILE_MIN_WORK));
+    side = MAX(side / k, 1);
     job = (NpuGemmJob) {
         .a = &a, .b = &b, .c = &c, .m = m, .n = n, .k = k, .ta = ta, .tb = tb,
     };
+    /*
+     * Power-of-two blocks, twice as wide as tall: BLAS kernels and caches
+     * like aligned panels (odd sizes cost about 8% at 2048^3).
+     */
     if ((uint64_t)n * n <= side) {
         job.cb = n;
     } else {
-        job.cb = MIN(n, MAX(16, ROUND_DOWN((uint64_t)sqrt(side), 16)));
+        job.cb = MIN(n, MAX(64, pow2floor((uint64_t)sqrt(2.0 * side))));
     }
     job.rb = MIN(m, MAX(1, side / job.cb));
     job.ncb = DIV_ROUND_UP(n, job.cb);

@@ -44,8 +44,8 @@
 /* Bound of a row block's A and C scratch, in fp32 elements (8 MiB). */
 #define NPU_MM_BLOCK_ELEMS ((8 * MiB) / sizeof(float))
 
-/* Multiply-adds of one BLAS call of MATMUL: a couple of milliseconds. */
-#define NPU_MM_CALL_WORK (1ull << 26)
+/* Multiply-adds of one BLAS call of MATMUL: a few milliseconds. */
+#define NPU_MM_CALL_WORK (1ull << 27)
 /* fp32 holds every integer up to this magnitude exactly. */
 #define NPU_F32_EXACT_INT (1u << 24)
 
@@ -288,6 +288,9 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
         }
         /* In column blocks of bounded work, each ending at a control point. */
         cb = MIN(n, MAX(NPU_MM_CALL_WORK / (rows * k), 1));
+        if (cb < n && cb >= 64) {
+            cb = ROUND_DOWN(cb, 64);    /* aligned panels, as GEMM's */
+        }
         for (j = 0; j < n && st == NPU_ST_OK; j += cb) {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                         tb ? CblasTrans : CblasNoTrans, rows, MIN(cb, n - j),

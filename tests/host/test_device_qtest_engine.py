@@ -383,6 +383,25 @@ def test_a_command_needing_more_host_memory_than_the_budget_completes_with_no_me
         npu.close()
 
 
+def test_the_staging_of_a_gemm_aborted_by_a_reset_returns_to_the_budget(tmp_path: Path) -> None:
+    # The aborted GEMM's blocks are freed after the device answers again.
+    npu = open_npu(tmp_path, "npu,mem-budget=48M,cmd-budget-ms=0")
+    try:
+        n = 2048  # A, B and C of 16 MiB each: the whole budget
+        big = gemm(GEMM_A, GEMM_A, GEMM_A + 2 * n * n * 4, n, n, n, n, n, n, fence=1)
+        for _ in range(3):
+            npu.start()
+            npu.submit(big)
+            wait_active(npu)
+            time.sleep(0.02)
+            npu.soft_reset(timeout=5.0)
+        npu.start()
+        assert npu.run(big, timeout=60).status == hw.ST_OK
+        npu.assert_alive()
+    finally:
+        npu.close()
+
+
 def test_a_gemm_sized_by_its_strides_allocates_only_its_elements(tmp_path: Path) -> None:
     # 8 rows of 4 elements 16 MiB apart: 112 MiB of extent, 128 bytes of data.
     npu = open_npu(tmp_path, "npu,mem-budget=16M")
