@@ -69,12 +69,8 @@ class Buffer(Closing):
         self._va = va
         self._view: memoryview | None = None
         try:
-            self._mmap: mmap.mmap | memoryview | None = mmap.mmap(
-                device.fileno(),
-                alloc_size,
-                flags=mmap.MAP_SHARED,
-                prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                offset=mmap_offset,
+            self._mmap: mmap.mmap | memoryview | None = device.backend.map(
+                mmap_offset, alloc_size, mmap.PROT_READ | mmap.PROT_WRITE
             )
         except OSError as exc:
             raise NpuError.from_oserror(

@@ -1,20 +1,21 @@
-"""Device discovery and :class:`Device`, one open ``/dev/npuN``.
+"""Device discovery and :class:`Device`, one open NPU.
 
-:class:`Device` is a thin layer over the ioctls of ``include/npu_uapi.h``
-(GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT, WAIT, ...): it packs the ctypes
-structures of :mod:`npu._abi`, calls ``fcntl.ioctl`` on them and turns every
-``OSError`` into an :class:`npu.NpuError` that keeps the errno and says which
-call failed.
+:class:`Device` sits on a backend of :mod:`npu.hal`: the driver backend
+(``/dev/npuN``, ioctl and mmap) or the CPU backend (the same descriptors run
+with numpy, no device needed). It checks arguments, remembers what it
+submitted and turns every backend ``OSError`` into an :class:`npu.NpuError`
+that keeps the errno and names the call that failed, in the driver's terms
+(``BO_CREATE(size=...)``, ``SUBMIT(...)``, ``WAIT(...)``).
 
-Device nodes are named ``/dev/npuN``; an integer device index ``N`` always
-means ``/dev/npuN``.
+A device is named by an index ``N`` or ``"npu:N"`` (``/dev/npuN``), a node
+path, or ``"cpu"`` (the CPU backend); ``$NPU_BACKEND=cpu`` makes the CPU
+backend the default device.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import glob
 import logging
 import mmap
@@ -27,12 +28,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, SupportsIndex
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex, TypeVar
 
 from . import _abi
 from ._closing import Closing
 from .buffer import Buffer, UserBuffer
 from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .hal import Backend, CpuBackend, DriverBackend, WaitFailed
 from .ops import AnyOp, Op, TensorOp
 
 if TYPE_CHECKING:
@@ -70,6 +72,10 @@ _FOREVER_SLICE_NS = 60 * 10**9
 _INFLIGHT_HISTORY = 1024
 _PAGE = mmap.PAGESIZE
 _TIMEOUT_ERRNOS = frozenset({errno.ETIMEDOUT, errno.ETIME})
+_T = TypeVar("_T")
+_INDEX_RE = re.compile(r"npu:(\d+)$")
+#: The name of the CPU backend wherever a device is named.
+CPU: Final = "cpu"
 
 
 # ---------------------------------------------------------------------------
@@ -118,14 +124,41 @@ def devices() -> list[str]:
 
 
 def node_path(device: int | str | os.PathLike[str]) -> str:
-    """Return the device node path for an index ``N`` (``/dev/npuN``) or a path."""
+    """The device node path of an index ``N`` or ``"npu:N"`` (``/dev/npuN``), or a path."""
     if isinstance(device, bool):
         raise TypeError("device must be an index or a path, not bool")
+    if isinstance(device, str) and (match := _INDEX_RE.fullmatch(device)):
+        device = int(match.group(1))
     if isinstance(device, int):
         if device < 0:
             raise ValueError(f"device index {device} is negative")
         return os.path.join(_DEV_DIR, f"npu{device}")
     return os.fspath(device)
+
+
+#: What names a device: an index, ``"npu:N"``, a node path, ``"cpu"`` or a backend.
+DeviceSpec = int | str | os.PathLike[str] | Backend
+
+
+def open_backend(device: DeviceSpec) -> Backend:
+    """The backend a device name stands for (see :class:`Device`).
+
+    Raises:
+        DeviceNotFoundError: no such device node (``ENOENT``, ``ENODEV``, ``ENXIO``).
+        NpuError: the node could not be opened (e.g. ``EACCES``).
+    """
+    if isinstance(device, Backend):
+        return device
+    if device == CPU:
+        return CpuBackend()
+    path = node_path(device)
+    context = f"open({path})"
+    try:
+        return DriverBackend(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+            raise DeviceNotFoundError(context, exc.errno, exc.strerror) from exc
+        raise NpuError.from_oserror(exc, context) from exc
 
 
 # ---------------------------------------------------------------------------
@@ -218,18 +251,11 @@ class Device(Closing):
     :meth:`close` raise :class:`NpuError` with ``errno.EBADF``.
     """
 
-    def __init__(self, device: int | str | os.PathLike[str] = 0) -> None:
-        path = node_path(device)
-        context = f"open({path})"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
-                raise DeviceNotFoundError(context, exc.errno, exc.strerror) from exc
-            raise NpuError.from_oserror(exc, context) from exc
-        self.path = path
-        self._fd = fd
-        self._closer = weakref.finalize(self, os.close, fd)
+    def __init__(self, device: DeviceSpec = 0) -> None:
+        backend = open_backend(device)
+        self.path = backend.path
+        self._backend = backend
+        self._closer = weakref.finalize(self, backend.close)
         self._info: DeviceInfo | None = None
         self._buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._queues: weakref.WeakSet[UserQueue] = weakref.WeakSet()
@@ -252,7 +278,7 @@ class Device(Closing):
         self._allocator: CachingAllocator | None = None
         # The npu.default_stream() of this device (the kernel path), on first use.
         self._default_stream: Stream | None = None
-        log.debug("opened %s (fd %d)", path, fd)
+        log.debug("opened %s (%s backend)", self.path, backend.kind)
 
     # -- lifetime -----------------------------------------------------------
 
@@ -261,11 +287,21 @@ class Device(Closing):
         """True once :meth:`close` has run."""
         return not self._closer.alive
 
-    def fileno(self) -> int:
-        """The file descriptor (raises :class:`NpuError` ``EBADF`` once closed)."""
+    @property
+    def backend(self) -> Backend:
+        """The :mod:`npu.hal` backend (raises :class:`NpuError` ``EBADF`` once closed)."""
         if self.closed:
             raise NpuError(errno.EBADF, "device is closed", f"Device({self.path})")
-        return self._fd
+        return self._backend
+
+    @property
+    def kind(self) -> str:
+        """``"driver"`` or ``"cpu"``: which backend runs the ops."""
+        return self._backend.kind
+
+    def fileno(self) -> int:
+        """A pollable file descriptor (raises :class:`NpuError` ``EBADF`` once closed)."""
+        return self.backend.fileno()
 
     def close(self) -> None:
         """Close its user queues, free its buffers and close the file. Idempotent."""
@@ -287,28 +323,27 @@ class Device(Closing):
         log.debug("closed %s", self.path)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"fd={self._fd}"
+        state = "closed" if self.closed else self._backend.kind
         return f"<npu.Device {self.path} {state}>"
 
-    # -- ioctls ---------------------------------------------------------------
+    # -- backend calls -----------------------------------------------------------
 
-    def _ioctl(
+    def _call(
         self,
-        request: int,
-        arg: ctypes.Structure,
         context: str | Callable[[], str],
+        fn: Callable[..., _T],
+        *args: int | ctypes.Array[Any],
         retry_eintr: bool = False,
-    ) -> None:
-        """Issue one ioctl on ``arg`` (updated in place); OSError -> NpuError.
+    ) -> _T:
+        """``fn(*args)`` on the backend; its OSError -> NpuError naming ``context``.
 
-        With ``retry_eintr`` an ioctl interrupted by a signal (``EINTR``, which
+        With ``retry_eintr`` a call interrupted by a signal (``EINTR``, which
         the driver only returns before doing anything) is issued again once
         the signal handlers have run.
         """
-        fd = self.fileno()
         while True:
             try:
-                fcntl.ioctl(fd, request, arg, True)
+                return fn(*args)
             except InterruptedError as exc:
                 if retry_eintr:
                     continue
@@ -317,14 +352,12 @@ class Device(Closing):
             except OSError as exc:
                 text = context if isinstance(context, str) else context()
                 raise NpuError.from_oserror(exc, text) from exc
-            return
 
     @property
     def info(self) -> DeviceInfo:
         """Device properties from GET_INFO (queried once, then cached)."""
         if self._info is None:
-            raw = _abi.NpuInfo()
-            self._ioctl(_abi.NPU_IOCTL_GET_INFO, raw, "GET_INFO")
+            raw = self._call("GET_INFO", self.backend.query)
             self._info = DeviceInfo(
                 path=self.path,
                 hw_version=raw.hw_version,
@@ -365,10 +398,9 @@ class Device(Closing):
         """
         size = _check_u(f"BO_CREATE size={size}", size, _abi.U64_MAX)
         flags = _abi.NPU_BO_DEVICE if device_memory else 0
-        arg = _abi.NpuBoCreate(size=size, flags=flags)
         what = f"BO_CREATE(size={size}{', device memory' if device_memory else ''})"
-        self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg, what)
-        self._bo_vas[int(arg.handle)] = int(arg.va)
+        arg = self._call(what, self.backend.bo_create, size, flags)
+        self._bo_vas[arg.handle] = arg.va
         log.debug(
             "BO_CREATE size=%d -> handle=%d offset=%#x alloc=%d va=%#x",
             size,
@@ -377,7 +409,7 @@ class Device(Closing):
             arg.alloc_size,
             arg.va,
         )
-        return int(arg.handle), int(arg.mmap_offset), int(arg.alloc_size)
+        return arg.handle, arg.mmap_offset, arg.alloc_size
 
     def bo_destroy(self, handle: int) -> None:
         """Destroy a buffer object (BO_DESTROY).
@@ -386,8 +418,7 @@ class Device(Closing):
             NpuError: e.g. ``ENOENT``/``EINVAL`` for an unknown handle.
         """
         handle = _check_u(f"BO_DESTROY handle={handle}", handle, _abi.U32_MAX)
-        arg = _abi.NpuBoDestroy(handle=handle, rsvd=0)
-        self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, arg, f"BO_DESTROY(handle={handle})")
+        self._call(f"BO_DESTROY(handle={handle})", self.backend.bo_destroy, handle)
         self._bo_vas.pop(handle, None)
         log.debug("BO_DESTROY handle=%d", handle)
 
@@ -517,21 +548,20 @@ class Device(Closing):
             raw_ops = (struct * len(batch))()
             for i, op in enumerate(batch):
                 raw_ops[i] = op.pack()
-        arg = _abi.NpuSubmit(
-            ops_ptr=ctypes.addressof(raw_ops),
-            num_ops=len(batch),
-            queue=queue,
-            flags=0,
-            op_size=ctypes.sizeof(struct),
-        )
 
         def context() -> str:
             shown = ", ".join(str(op) for op in batch[:4])
             more = ", ..." if len(batch) > 4 else ""
             return f"SUBMIT(queue={queue}, num_ops={len(batch)}, ops=[{shown}{more}])"
 
-        self._ioctl(_abi.NPU_IOCTL_SUBMIT, arg, context, retry_eintr=True)
-        fence = int(arg.fence)
+        fence = self._call(
+            context,
+            self.backend.submit,
+            raw_ops,
+            ctypes.sizeof(struct),
+            queue,
+            retry_eintr=True,
+        )
         with self._lock:
             history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
             history.append(_Submitted(fence - len(batch) + 1, fence, batch))
@@ -565,7 +595,7 @@ class Device(Closing):
         queue = _check_u(f"WAIT queue={queue}", queue, _abi.U32_MAX)
         if timeout_s is not None and not timeout_s >= 0:
             raise ValueError(f"WAIT timeout_s={timeout_s} must be >= 0 or None")
-        fd = self.fileno()
+        backend = self.backend
         context = f"WAIT(fence={fence}, queue={queue}, timeout_s={timeout_s})"
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -574,9 +604,8 @@ class Device(Closing):
             else:
                 remaining = max(0.0, deadline - time.monotonic())
                 timeout_ns = min(int(remaining * 1e9), _abi.U64_MAX)
-            arg = _abi.NpuWait(fence=fence, timeout_ns=timeout_ns, queue=queue)
             try:
-                fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, arg, True)
+                backend.wait(fence, timeout_ns, queue)
             except InterruptedError:
                 continue  # signal handlers have run; wait for the remaining time
             except OSError as exc:
@@ -586,10 +615,10 @@ class Device(Closing):
                     raise NpuTimeoutError(
                         fence, timeout_s or 0.0, context, exc.errno, exc.strerror
                     ) from exc
-                if exc.errno == errno.EIO:
-                    error_fence = int(arg.error_fence)
+                if isinstance(exc, WaitFailed) and exc.errno == errno.EIO:
+                    error_fence = exc.error_fence
                     raise NpuDeviceError(
-                        int(arg.status),
+                        exc.status,
                         error_fence,
                         self._find_op(queue, error_fence),
                         context,
@@ -616,9 +645,10 @@ class Device(Closing):
         """
         fence = _check_u(f"FENCE_INFO fence={fence}", fence, _abi.U64_MAX)
         queue = _check_u(f"FENCE_INFO queue={queue}", queue, _abi.U32_MAX)
-        arg = _abi.NpuFenceInfo(fence=fence, queue=queue)
-        self._ioctl(_abi.NPU_IOCTL_FENCE_INFO, arg, f"FENCE_INFO(fence={fence}, queue={queue})")
-        return FenceInfo(fence, int(arg.status), int(arg.t_start), int(arg.t_end))
+        times = self._call(
+            f"FENCE_INFO(fence={fence}, queue={queue})", self.backend.fence_info, fence, queue
+        )
+        return FenceInfo(fence, times.status, times.t_start, times.t_end)
 
     def submitted_fences(self) -> dict[int, int]:
         """The last fence submitted on each queue used so far (a copy)."""
@@ -677,15 +707,16 @@ class Device(Closing):
         addr = _check_u(f"BO_USERPTR addr={addr}", addr, _abi.U64_MAX)
         size = _check_u(f"BO_USERPTR size={size}", size, _abi.U64_MAX)
         flags = _abi.NPU_BO_USERPTR_READONLY if readonly else 0
-        arg = _abi.NpuBoUserptr(addr=addr, size=size, flags=flags, handle=0)
-        self._ioctl(
-            _abi.NPU_IOCTL_BO_USERPTR,
-            arg,
+        arg = self._call(
             f"BO_USERPTR(addr={addr:#x}, size={size}, readonly={readonly})",
+            self.backend.bo_userptr,
+            addr,
+            size,
+            flags,
         )
-        self._bo_vas[int(arg.handle)] = int(arg.va)
+        self._bo_vas[arg.handle] = arg.va
         log.debug("BO_USERPTR addr=%#x size=%d -> handle=%d va=%#x", addr, size, arg.handle, arg.va)
-        return int(arg.handle)
+        return arg.handle
 
     def userptr(self, array: npt.NDArray[Any]) -> tuple[UserBuffer, int]:
         """Pin ``array``'s memory as a buffer object, without a copy.
@@ -786,14 +817,17 @@ def _check_u(what: str, value: SupportsIndex, hi: int) -> int:
 # ---------------------------------------------------------------------------
 
 
-def open_device(device: int | str | os.PathLike[str] = 0) -> Device:
-    """Open an NPU: an index ``N`` (``/dev/npuN``, default 0) or a node path.
+def open_device(device: DeviceSpec = 0) -> Device:
+    """Open an NPU: an index ``N`` or ``"npu:N"`` (``/dev/npuN``, default 0), a node
+    path, ``"cpu"`` (the CPU backend) or a :mod:`npu.hal` backend.
 
     Raises:
         DeviceNotFoundError: ``ENODEV`` when the machine has no NPU at all,
             ``ENOENT`` when this one does not exist.
         NpuError: the device could not be opened (e.g. ``EACCES``).
     """
+    if isinstance(device, Backend) or device == CPU:
+        return Device(device)
     path = node_path(device)
     if not os.path.exists(path) and not devices():
         raise DeviceNotFoundError(
@@ -807,20 +841,29 @@ def open_device(device: int | str | os.PathLike[str] = 0) -> Device:
 _default_device: Device | None = None
 _default_lock = threading.Lock()
 
-#: Environment variable naming the default device (index or path).
+#: Environment variable naming the default device (index, ``npu:N``, path or ``cpu``).
 DEVICE_ENV: Final = "NPU_DEVICE"
+#: Environment variable choosing the default device's backend: ``driver`` or ``cpu``.
+BACKEND_ENV: Final = "NPU_BACKEND"
 
 
 def default_device() -> Device:
     """Return the device used by the high-level functions, opening it on first use.
 
-    It is ``$NPU_DEVICE`` (an index or a path) if set, else ``/dev/npu0``; it
-    is reopened if it was closed.
+    It is the CPU backend if ``$NPU_BACKEND`` is ``cpu``, else ``$NPU_DEVICE``
+    (an index, ``npu:N``, a path or ``cpu``) if set, else ``/dev/npu0``; it is
+    reopened if it was closed.
+
+    Raises:
+        ValueError: ``$NPU_BACKEND`` is neither ``driver`` nor ``cpu``.
     """
     global _default_device
     with _default_lock:
         if _default_device is None or _default_device.closed:
-            spec = os.environ.get(DEVICE_ENV, "").strip()
+            backend = os.environ.get(BACKEND_ENV, "").strip() or "driver"
+            if backend not in ("driver", CPU):
+                raise ValueError(f"{BACKEND_ENV}={backend!r}: expected 'driver' or 'cpu'")
+            spec = CPU if backend == CPU else os.environ.get(DEVICE_ENV, "").strip()
             target: int | str = int(spec) if spec.isdigit() else (spec or 0)
             _default_device = open_device(target)
             log.debug("default device is %s", _default_device.path)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import logging
 import mmap
 import operator
@@ -44,6 +43,7 @@ from ._closing import Closing
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S
 from .errors import NpuDeviceError, NpuError, NpuTimeoutError
+from .hal import Backend, WaitFailed
 from .ops import _check_range
 
 if TYPE_CHECKING:
@@ -162,16 +162,17 @@ class UserQueue(Closing):
         self.entries = entries
         self.priority = priority
         self.spin_s = spin_s
-        arg = _abi.NpuQueueCreate(entries=entries, priority=priority)
-        device._ioctl(
-            _abi.NPU_IOCTL_QUEUE_CREATE,
-            arg,
-            f"QUEUE_CREATE(entries={entries}, priority={priority})",
-        )
-        self.index = int(arg.queue)
-        self._mem_size = int(arg.mem_size)
-        self._cpl_offset = int(arg.cpl_offset)
-        self._fence_offset = int(arg.fence_offset)
+        backend = device.backend
+        try:
+            arg = backend.queue_create(entries, priority)
+        except OSError as exc:
+            raise NpuError.from_oserror(
+                exc, f"QUEUE_CREATE(entries={entries}, priority={priority})"
+            ) from exc
+        self.index = arg.index
+        self._mem_size = arg.mem_size
+        self._cpl_offset = arg.cpl_offset
+        self._fence_offset = arg.fence_offset
         self._closed = True
         self._maps: list[mmap.mmap] = []
         # Destroys the queue if this object is collected without close().
@@ -180,9 +181,9 @@ class UserQueue(Closing):
         )
         self._finalizer.atexit = False
         try:
-            mem = _map(device, self._mem_size, arg.mem_offset, writable_only=False)
+            mem = _map(backend, self._mem_size, arg.mem_offset, writable_only=False)
             self._maps.append(mem)
-            bell_map = _map(device, mmap.PAGESIZE, arg.doorbell_offset, writable_only=True)
+            bell_map = _map(backend, mmap.PAGESIZE, arg.doorbell_offset, writable_only=True)
             self._maps.append(bell_map)
         except BaseException:
             self._unmap()
@@ -218,7 +219,6 @@ class UserQueue(Closing):
         self._failures: deque[_Failure] = deque()
         # Buffers of the commands in flight, kept alive until they complete.
         self._keep: deque[tuple[int, Buffer, Buffer | None]] = deque()
-        self._wait_arg = _abi.NpuWait()
         self._context = f"UserQueue(queue={self.index})"
         # The op of a failed fence, asked when its record is first scanned
         # (before the slot is reused): npu.Stream names its ops this way.
@@ -438,13 +438,10 @@ class UserQueue(Closing):
         self._finalizer.detach()
         error: NpuError | None = None
         if not self.device.closed:
-            arg = _abi.NpuQueueDestroy(queue=self.index, rsvd=0)
             try:
-                self.device._ioctl(
-                    _abi.NPU_IOCTL_QUEUE_DESTROY, arg, f"QUEUE_DESTROY(queue={self.index})"
-                )
-            except NpuError as exc:
-                error = exc
+                self.device.backend.queue_destroy(self.index)
+            except OSError as exc:
+                error = NpuError.from_oserror(exc, f"QUEUE_DESTROY(queue={self.index})")
         self._fence_view.release()
         self._cpl_words.release()
         del self._status_np
@@ -673,8 +670,7 @@ class UserQueue(Closing):
             # Nothing from `fence` on interrupts: add a NOP that does.
             self._emit(_OP_NOP, True, 0, 0, 0, None, None, 0)
             self.kick()
-        fd = self.device.fileno()
-        arg = self._wait_arg
+        backend = self.device.backend
         view = self._fence_view
         while True:
             if deadline is None:
@@ -683,12 +679,8 @@ class UserQueue(Closing):
                 slice_ns = max(0, int((deadline - time.monotonic()) * 1e9))
             if self._irq_fence < fence:
                 slice_ns = min(slice_ns, _POLL_SLICE_NS)
-            arg.fence = fence
-            arg.timeout_ns = slice_ns
-            arg.queue = self.index
-            arg.flags = arg.status = arg.rsvd = arg.error_fence = 0
             try:
-                fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, arg, True)
+                backend.wait(fence, slice_ns, self.index)
             except InterruptedError:
                 continue
             except OSError as exc:
@@ -704,8 +696,8 @@ class UserQueue(Closing):
                         exc.errno,
                         exc.strerror,
                     ) from exc
-                if exc.errno in (errno.EBADFD, errno.EIO):
-                    self._stopped(fence, exc, int(arg.status), int(arg.error_fence))
+                if isinstance(exc, WaitFailed):
+                    self._stopped(fence, exc, exc.status, exc.error_fence)
                 raise NpuError.from_oserror(exc, f"{self._context}.wait(fence={fence})") from exc
             return
 
@@ -738,11 +730,11 @@ class UserQueue(Closing):
                 )
 
 
-def _map(device: Device, length: int, offset: int, *, writable_only: bool) -> mmap.mmap:
-    """mmap ``length`` bytes of the device file at ``offset`` (shared)."""
+def _map(backend: Backend, length: int, offset: int, *, writable_only: bool) -> mmap.mmap:
+    """Map ``length`` bytes of the device at ``offset`` (shared)."""
     prot = mmap.PROT_WRITE if writable_only else mmap.PROT_READ | mmap.PROT_WRITE
     try:
-        return mmap.mmap(device.fileno(), length, flags=mmap.MAP_SHARED, prot=prot, offset=offset)
+        return backend.map(offset, length, prot)
     except OSError as exc:
         raise NpuError.from_oserror(exc, f"mmap(offset={offset:#x}, size={length})") from exc
 
@@ -754,10 +746,6 @@ def _destroy_unreferenced(device_ref: weakref.ref[Device], index: int) -> None:
         return
     log.debug("user queue %d collected without close(); destroying it", index)
     try:
-        device._ioctl(
-            _abi.NPU_IOCTL_QUEUE_DESTROY,
-            _abi.NpuQueueDestroy(queue=index, rsvd=0),
-            f"QUEUE_DESTROY(queue={index})",
-        )
-    except NpuError as exc:
-        log.warning("destroying unreferenced user queue %d failed: %s", index, exc)
+        device.backend.queue_destroy(index)
+    except OSError as exc:
+        log.warning("destroying unreferenced user queue %d (QUEUE_DESTROY) failed: %s", index, exc)

@@ -1,31 +1,27 @@
-"""Fixtures of the host tests (no NPU needed)."""
+"""Fixtures of the host tests (no NPU needed): the runtime on its CPU backend."""
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import npu
-from fake_driver import FakeDriver
+from npu.hal import CpuBackend
 
 
 @pytest.fixture
-def driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    """A fake driver answering the ioctls of a regular file standing in for /dev/npu0."""
-    node = tmp_path / "npu0"
-    node.write_bytes(b"")
-    fake = FakeDriver(str(node))
-    monkeypatch.setattr(fcntl, "ioctl", fake.ioctl)
-    return fake
+def driver() -> Iterator[CpuBackend]:
+    """The CPU backend, recording the calls made to it (``driver.calls``)."""
+    backend = CpuBackend(record=True)
+    yield backend
+    backend.close()
 
 
 @pytest.fixture
-def device(driver: FakeDriver) -> Iterator[npu.Device]:
-    """A Device opened on the fake driver's node."""
-    with npu.Device(driver.path) as dev:
+def device(driver: CpuBackend) -> Iterator[npu.Device]:
+    """A Device on the ``driver`` backend."""
+    with npu.Device(driver) as dev:
         yield dev
 
 

@@ -1,4 +1,4 @@
-"""The caching allocator (npu.allocator) on the fake driver: reuse, splitting,
+"""The caching allocator (npu.allocator) on the CPU backend: reuse, splitting,
 merging, uploads that never race queued ops, statistics and out-of-memory."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
-from npu import _abi
 from npu.allocator import (
     ALIGN,
     LARGE_ROUND,
@@ -19,19 +17,20 @@ from npu.allocator import (
     CachingAllocator,
     allocator,
 )
+from npu.hal import CpuBackend
 
 MiB = 1 << 20
 
 
-def bo_creates(driver: FakeDriver) -> int:
-    return sum(1 for request, _ in driver.calls if request == _abi.NPU_IOCTL_BO_CREATE)
+def bo_creates(driver: CpuBackend) -> int:
+    return sum(1 for call in driver.calls if call.name == "bo_create")
 
 
-def bo_destroys(driver: FakeDriver) -> int:
-    return sum(1 for request, _ in driver.calls if request == _abi.NPU_IOCTL_BO_DESTROY)
+def bo_destroys(driver: CpuBackend) -> int:
+    return sum(1 for call in driver.calls if call.name == "bo_destroy")
 
 
-def test_small_allocations_share_one_segment(device: npu.Device, driver: FakeDriver) -> None:
+def test_small_allocations_share_one_segment(device: npu.Device, driver: CpuBackend) -> None:
     alloc = allocator(device)
     blocks = [alloc.allocate(1000) for _ in range(8)]
     assert bo_creates(driver) == 1
@@ -40,7 +39,7 @@ def test_small_allocations_share_one_segment(device: npu.Device, driver: FakeDri
     assert offsets == [i * 1024 for i in range(8)]  # 1000 rounded up to ALIGN multiples
 
 
-def test_a_freed_block_is_reused_without_an_ioctl(device: npu.Device, driver: FakeDriver) -> None:
+def test_a_freed_block_is_reused_without_an_ioctl(device: npu.Device, driver: CpuBackend) -> None:
     alloc = allocator(device)
     first = alloc.allocate(4096)
     where = (first.buffer.handle, first.offset)
@@ -52,7 +51,7 @@ def test_a_freed_block_is_reused_without_an_ioctl(device: npu.Device, driver: Fa
 
 
 def test_ten_thousand_alloc_free_cycles_end_at_the_baseline(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     alloc = allocator(device)
     for i in range(10_000):
@@ -65,11 +64,11 @@ def test_ten_thousand_alloc_free_cycles_end_at_the_baseline(
     assert bo_creates(driver) <= 4
     alloc.empty_cache()
     assert alloc.memory_stats()["reserved_bytes.all.current"] == 0
-    assert driver.bos == {}
+    assert driver.handles == set()
 
 
 def test_freed_neighbours_merge_and_empty_cache_returns_the_segment(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     alloc = allocator(device)
     a, b, c = (alloc.allocate(64 * 1024) for _ in range(3))
@@ -91,7 +90,7 @@ def test_a_merged_block_serves_a_request_larger_than_its_parts(device: npu.Devic
 
 
 def test_large_requests_get_a_segment_rounded_to_2_mib(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     alloc = allocator(device)
     big = alloc.allocate(3 * MiB + 1)
@@ -149,7 +148,7 @@ def test_module_functions_use_the_default_device(default_device: npu.Device) -> 
 
 
 def test_an_upload_never_takes_a_block_a_queued_op_may_still_use(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     x = npu.tensor(np.ones(256, np.float32))
     y = npu.relu(x)  # queued; no WAIT yet, so x's block is busy once freed
@@ -284,7 +283,7 @@ def test_out_of_memory_after_the_retry_raises_enomem(
 
 
 def test_no_caching_mode_gives_each_allocation_its_own_buffer_object(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     alloc = CachingAllocator(device, caching=False)
     a = alloc.allocate(100)
@@ -305,15 +304,15 @@ def test_no_caching_env_variable_turns_caching_off(
     assert CachingAllocator(device).caching is True
 
 
-def test_closing_the_device_drops_its_allocator(driver: FakeDriver) -> None:
-    dev = npu.Device(driver.path)
+def test_closing_the_device_drops_its_allocator(driver: CpuBackend) -> None:
+    dev = npu.Device(driver)
     alloc = allocator(dev)
     block = alloc.allocate(ALIGN)
     dev.close()
     assert dev._allocator is None
     assert block.buffer.freed
     del block  # a free after close is harmless
-    assert driver.bos == {}
+    assert driver.handles == set()
 
 
 def test_allocate_rejects_a_non_positive_size(device: npu.Device) -> None:

@@ -1,4 +1,4 @@
-"""High-level numpy functions, run against the fake driver."""
+"""High-level numpy functions, run against the CPU backend."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi
+from npu.hal import CpuBackend
 
 
 def test_matmul_matches_numpy(device: npu.Device) -> None:
@@ -26,9 +26,9 @@ def test_matmul_accepts_non_contiguous_inputs(device: npu.Device) -> None:
     np.testing.assert_array_equal(npu.matmul(a, b, device=device), (a @ b).astype(np.float32))
 
 
-def test_matmul_frees_its_buffers(device: npu.Device, driver: FakeDriver) -> None:
+def test_matmul_frees_its_buffers(device: npu.Device, driver: CpuBackend) -> None:
     npu.matmul(np.ones((2, 2)), np.ones((2, 2)), device=device)
-    assert driver.bos == {}
+    assert driver.handles == set()
 
 
 def test_matmul_rejects_misaligned_shapes(device: npu.Device) -> None:
@@ -48,12 +48,12 @@ def test_matmul_with_an_empty_inner_dimension_returns_zeros(device: npu.Device) 
 
 
 def test_matmul_frees_its_buffers_when_the_device_fails(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     driver.fail_opcode[_abi.NPU_OP_GEMM] = _abi.NPU_ST_DMA_ERROR
     with pytest.raises(npu.NpuDeviceError, match="NPU_ST_DMA_ERROR"):
         npu.matmul(np.ones((2, 2)), np.ones((2, 2)), device=device)
-    assert driver.bos == {}
+    assert driver.handles == set()
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_fill_float32_fills_with_the_value(device: npu.Device) -> None:
 
 
 def test_fill_uint8_replicates_the_byte_into_the_pattern(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     out = npu.fill(5, 0xAB, np.uint8, device=device)
     np.testing.assert_array_equal(out, np.full(5, 0xAB, dtype=np.uint8))
@@ -111,8 +111,8 @@ def test_fill_rejects_8_byte_elements(device: npu.Device) -> None:
         npu.fill(2, 1.0, np.float64, device=device)
 
 
-def test_high_level_functions_use_the_default_device(driver: FakeDriver) -> None:
-    npu.set_default_device(npu.Device(driver.path))
+def test_high_level_functions_use_the_default_device(driver: CpuBackend) -> None:
+    npu.set_default_device(npu.Device(driver))
     try:
         np.testing.assert_array_equal(npu.copy_array(np.arange(3)), np.arange(3))
     finally:

@@ -1,15 +1,18 @@
-"""Buffer: mapping, numpy views and release (fake driver)."""
+"""Buffer: mapping, numpy views and release (CPU backend)."""
 
 from __future__ import annotations
 
 import errno
 import gc
+import mmap
 
 import numpy as np
 import pytest
 
 import npu
-from fake_driver import PAGE, FakeDriver
+from npu.hal import CpuBackend
+
+PAGE = mmap.PAGESIZE
 
 
 def test_alloc_keeps_the_requested_size_and_the_rounded_allocation(device: npu.Device) -> None:
@@ -57,11 +60,11 @@ def test_write_rejects_data_past_the_end(device: npu.Device) -> None:
         buf.write(b"12345")
 
 
-def test_free_destroys_the_buffer_object(device: npu.Device, driver: FakeDriver) -> None:
+def test_free_destroys_the_buffer_object(device: npu.Device, driver: CpuBackend) -> None:
     buf = device.alloc(64)
     handle = buf.handle
     buf.free()
-    assert handle not in driver.bos
+    assert handle not in driver.handles
 
 
 def test_free_is_idempotent(device: npu.Device) -> None:
@@ -89,13 +92,13 @@ def test_numpy_arrays_outlive_free_without_dangling(device: npu.Device) -> None:
 
 
 def test_a_buffer_collected_without_free_is_destroyed(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     buf = device.alloc(64)
     handle = buf.handle
     del buf
     gc.collect()
-    assert handle not in driver.bos
+    assert handle not in driver.handles
 
 
 def test_repr_says_when_a_buffer_is_freed(device: npu.Device) -> None:

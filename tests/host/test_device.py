@@ -1,28 +1,32 @@
-"""Device: the ioctls it issues and how it reports their failures (fake driver)."""
+"""Device: the backend calls it makes and how it reports their failures (CPU backend)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
+from typing import Any
 
 import pytest
 
 import npu
-from fake_driver import PAGE, FakeDriver
 from npu import _abi, ops
+from npu.hal import CpuBackend, HalCall
+
+PAGE = mmap.PAGESIZE
 
 
 def test_info_reports_get_info_fields(device: npu.Device) -> None:
     info = device.info
-    assert (info.hw_version_str, info.driver_version_str) == ("1.0", "1.2")
+    assert (info.hw_version_str, info.driver_version_str) == ("1.0", "1.0")
     assert (info.pci_vendor, info.pci_device) == (0x1234, 0x4E50)
     assert info.has(npu.Cap.GEMM_FP32 | npu.Cap.COPY)
     assert info.max_submit == _abi.NPU_SUBMIT_MAX_OPS
 
 
-def test_info_is_queried_once(device: npu.Device, driver: FakeDriver) -> None:
+def test_info_is_queried_once(device: npu.Device, driver: CpuBackend) -> None:
     assert device.info is device.info
-    assert [req for req, _ in driver.calls].count(_abi.NPU_IOCTL_GET_INFO) == 1
+    assert [call.name for call in driver.calls].count("query") == 1
 
 
 def test_device_info_is_frozen(device: npu.Device) -> None:
@@ -45,11 +49,11 @@ def test_bo_create_failure_keeps_errno_and_names_the_call(device: npu.Device) ->
 
 
 def test_bo_create_rejects_a_negative_size_before_the_driver(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     with pytest.raises(ValueError):
         device.bo_create(-1)
-    assert not any(req == _abi.NPU_IOCTL_BO_CREATE for req, _ in driver.calls)
+    assert not any(call.name == "bo_create" for call in driver.calls)
 
 
 def test_alloc_accepts_a_numpy_integer_size(device: npu.Device) -> None:
@@ -67,15 +71,12 @@ def test_bo_destroy_of_an_unknown_handle_names_the_handle(device: npu.Device) ->
 
 
 def test_submit_passes_an_array_of_npu_op_with_its_size(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     with device.alloc(64) as buf:
         fence = device.submit([ops.nop(), ops.fill(buf, 0xAB, 64)])
-    submit = _abi.NpuSubmit.from_buffer_copy(
-        next(raw for req, raw in driver.calls if req == _abi.NPU_IOCTL_SUBMIT)
-    )
-    assert (submit.num_ops, submit.queue, submit.flags) == (2, 0, 0)
-    assert submit.op_size == ctypes.sizeof(_abi.NpuOp)
+    submit = next(call for call in driver.calls if call.name == "submit")
+    assert submit.args == (ctypes.sizeof(_abi.NpuOp), 2, 0)  # op_size, num_ops, queue
     assert [op.opcode for op in driver.submitted] == [_abi.NPU_OP_NOP, _abi.NPU_OP_FILL]
     assert fence == 2
 
@@ -99,9 +100,9 @@ def test_submit_rejects_a_freed_buffer_with_ebadf(device: npu.Device) -> None:
     assert info.value.errno == errno.EBADF
 
 
-def test_submit_rejects_a_buffer_of_another_device(device: npu.Device, driver: FakeDriver) -> None:
+def test_submit_rejects_a_buffer_of_another_device(device: npu.Device, driver: CpuBackend) -> None:
     with (
-        npu.Device(driver.path) as other,
+        npu.Device(driver) as other,
         other.alloc(64) as foreign,
         pytest.raises(ValueError, match="uses"),
     ):
@@ -120,7 +121,7 @@ def test_wait_returns_once_the_fence_completed(device: npu.Device) -> None:
 
 
 def test_wait_raises_device_error_with_status_fence_and_op(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     driver.fail_opcode[_abi.NPU_OP_FILL] = _abi.NPU_ST_BAD_ARGS
     with device.alloc(64) as buf:
@@ -136,7 +137,7 @@ def test_wait_raises_device_error_with_status_fence_and_op(
 
 
 def test_wait_raises_timeout_error_when_the_fence_does_not_complete(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     fence = device.submit([ops.nop()])
     driver.hang = True
@@ -149,50 +150,49 @@ def test_wait_raises_timeout_error_when_the_fence_does_not_complete(
     )
 
 
-def test_wait_converts_the_timeout_to_nanoseconds(device: npu.Device, driver: FakeDriver) -> None:
+def test_wait_converts_the_timeout_to_nanoseconds(device: npu.Device, driver: CpuBackend) -> None:
     device.wait(device.submit([ops.nop()]), timeout_s=2.0)
-    wait = _abi.NpuWait.from_buffer_copy(driver.calls[-1][1])
-    assert 1_900_000_000 < wait.timeout_ns <= 2_000_000_000
+    _, timeout_ns, _ = driver.calls[-1].args
+    assert driver.calls[-1].name == "wait"
+    assert 1_900_000_000 < timeout_ns <= 2_000_000_000
 
 
-def test_wait_with_zero_timeout_polls(device: npu.Device, driver: FakeDriver) -> None:
+def test_wait_with_zero_timeout_polls(device: npu.Device, driver: CpuBackend) -> None:
     device.wait(device.submit([ops.nop()]), timeout_s=0)
-    assert _abi.NpuWait.from_buffer_copy(driver.calls[-1][1]).timeout_ns == 0
+    assert driver.calls[-1] == HalCall("wait", (1, 0, 0))  # fence, timeout_ns, queue
 
 
 def test_wait_retries_after_a_signal_interrupted_it(
-    device: npu.Device, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+    device: npu.Device, driver: CpuBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fcntl
-
     fence = device.submit([ops.nop()])
     interrupted: list[bool] = []
+    wait = driver.wait
 
-    def ioctl(fd: int, request: int, arg: object, mutate: bool = True) -> int:
+    def interrupted_once(fence: int, timeout_ns: int, queue: int) -> None:
         if not interrupted:
             interrupted.append(True)
             raise InterruptedError(errno.EINTR, "Interrupted system call")
-        return driver.ioctl(fd, request, arg, mutate)
+        wait(fence, timeout_ns, queue)
 
-    monkeypatch.setattr(fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(driver, "wait", interrupted_once)
     device.wait(fence)
     assert interrupted == [True]
 
 
 def test_submit_retries_after_a_signal_interrupted_it(
-    device: npu.Device, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+    device: npu.Device, driver: CpuBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fcntl
-
     interrupted: list[bool] = []
+    submit = driver.submit
 
-    def ioctl(fd: int, request: int, arg: object, mutate: bool = True) -> int:
+    def interrupted_once(ops: ctypes.Array[Any], op_size: int, queue: int) -> int:
         if not interrupted:
             interrupted.append(True)
             raise InterruptedError(errno.EINTR, "Interrupted system call")
-        return driver.ioctl(fd, request, arg, mutate)
+        return submit(ops, op_size, queue)
 
-    monkeypatch.setattr(fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(driver, "submit", interrupted_once)
     assert device.submit([ops.nop()]) == 1
     assert len(driver.submitted) == 1
 
@@ -209,24 +209,24 @@ def test_wait_rejects_a_negative_timeout(device: npu.Device) -> None:
         device.wait(1, timeout_s=-1)
 
 
-def test_closed_device_raises_ebadf(driver: FakeDriver) -> None:
-    dev = npu.Device(driver.path)
+def test_closed_device_raises_ebadf(driver: CpuBackend) -> None:
+    dev = npu.Device(driver)
     dev.close()
     with pytest.raises(npu.NpuError) as info:
         dev.alloc(64)
     assert info.value.errno == errno.EBADF
 
 
-def test_close_is_idempotent(driver: FakeDriver) -> None:
-    dev = npu.Device(driver.path)
+def test_close_is_idempotent(driver: CpuBackend) -> None:
+    dev = npu.Device(driver)
     dev.close()
     dev.close()
     assert dev.closed
 
 
-def test_close_frees_the_buffers_still_allocated(driver: FakeDriver) -> None:
-    dev = npu.Device(driver.path)
+def test_close_frees_the_buffers_still_allocated(driver: CpuBackend) -> None:
+    dev = npu.Device(driver)
     buf = dev.alloc(64)
     dev.close()
     assert buf.freed
-    assert driver.bos == {}
+    assert driver.handles == set()

@@ -1,4 +1,4 @@
-"""npu.Event on the fake driver: markers, query, synchronize, and device-clock
+"""npu.Event on the CPU backend: markers, query, synchronize, and device-clock
 elapsed times from FENCE_INFO."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi
+from npu.hal import CpuBackend
 
 
 def test_a_timing_event_records_a_nop_marker(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     e = npu.Event(enable_timing=True)
     e.record()
@@ -21,7 +21,7 @@ def test_a_timing_event_records_a_nop_marker(
 
 
 def test_a_plain_event_records_the_last_fence_without_submitting(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     npu.relu(npu.tensor([1.0, -2.0]))
     calls = len(driver.calls)

@@ -1,4 +1,4 @@
-"""npu.Graph on the fake driver: capture records without submitting, a replay
+"""npu.Graph on the CPU backend: capture records without submitting, a replay
 is one SUBMIT of the packed ops, inputs change between replays with copy_,
 and the graph's memory is never handed to anyone else."""
 
@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
-from npu import _abi
+from npu.hal import CpuBackend
 
 
-def submits(driver: FakeDriver) -> int:
-    return sum(1 for request, _ in driver.calls if request == _abi.NPU_IOCTL_SUBMIT)
+def submits(driver: CpuBackend) -> int:
+    return sum(1 for call in driver.calls if call.name == "submit")
 
 
 @pytest.fixture
@@ -24,7 +23,7 @@ def inputs(default_device: npu.Device) -> tuple[npu.Tensor, npu.Tensor]:
 
 
 def test_capture_records_the_ops_without_submitting(
-    driver: FakeDriver, inputs: tuple[npu.Tensor, npu.Tensor]
+    driver: CpuBackend, inputs: tuple[npu.Tensor, npu.Tensor]
 ) -> None:
     x, w = inputs
     before = submits(driver)
@@ -36,7 +35,7 @@ def test_capture_records_the_ops_without_submitting(
 
 
 def test_a_replay_is_one_submit_and_gives_the_result(
-    driver: FakeDriver, inputs: tuple[npu.Tensor, npu.Tensor]
+    driver: CpuBackend, inputs: tuple[npu.Tensor, npu.Tensor]
 ) -> None:
     x, w = inputs
     g = npu.Graph()

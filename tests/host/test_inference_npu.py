@@ -1,4 +1,4 @@
-"""The NPU provider through the fake driver: plans, weights, errors, lifetime, and every op."""
+"""The NPU provider through the CPU backend: plans, weights, errors, lifetime, and every op."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
+from npu.hal import CpuBackend
 from onnx_models import digits_cnn, op_cases, reference, resnet_like, rnd
 from test_inference_cpu import expected
 
@@ -26,7 +26,7 @@ def test_npu_provider_matches_reference(case: str, device: npu.Device) -> None:
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_digits_cnn_runs_entirely_on_the_npu(device: npu.Device, driver: FakeDriver) -> None:
+def test_digits_cnn_runs_entirely_on_the_npu(device: npu.Device, driver: CpuBackend) -> None:
     x = rnd(np.random.default_rng(0), 8, 1, 28, 28)
     model = digits_cnn()
     with npu.InferenceSession(model, device=device) as sess:
@@ -47,7 +47,7 @@ def test_fallback_model_runs_npu_cpu_npu_and_matches_reference(device: npu.Devic
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
-def test_resnet_runs_with_one_submit_per_run(device: npu.Device, driver: FakeDriver) -> None:
+def test_resnet_runs_with_one_submit_per_run(device: npu.Device, driver: CpuBackend) -> None:
     model = resnet_like()
     x = rnd(np.random.default_rng(2), 2, 3, 32, 32)
     with npu.InferenceSession(model, device=device) as sess:
@@ -92,7 +92,7 @@ def test_weights_are_uploaded_once_at_session_creation(device: npu.Device) -> No
         assert sess.weight_uploads == 1
 
 
-def test_device_error_names_the_node(device: npu.Device, driver: FakeDriver) -> None:
+def test_device_error_names_the_node(device: npu.Device, driver: CpuBackend) -> None:
     driver.fail_opcode[int(npu.Opcode.POOL2D)] = int(npu.Status.BAD_ARGS)
     x = rnd(np.random.default_rng(5), 1, 1, 28, 28)
     with npu.InferenceSession(digits_cnn(), device=device) as sess:

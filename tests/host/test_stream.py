@@ -1,6 +1,6 @@
 """npu.Stream on the host: the parameter blocks a stream writes for tensor ops,
 the current/default stream bookkeeping, and the default stream (the kernel
-SUBMIT path) on the fake driver. User streams need user queues: guest tests
+SUBMIT path) on the CPU backend. User streams need user queues: guest tests
 (tests/guest/test_streams.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import DType, EltwiseKind, _abi, ops
+from npu.hal import CpuBackend
 from npu.stream import pack_tensor_params
 
 
@@ -87,14 +87,14 @@ def test_the_current_stream_is_per_thread(default_device: npu.Device) -> None:
 
 
 def test_work_on_the_default_stream_goes_through_submit(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     s = npu.default_stream()
     with default_device.alloc(4096) as src, default_device.alloc(4096) as dst:
         s.fill(src, 0x01020304, 4096)
         s.copy(dst, src, 4096)  # destination first
         fence = s.launch(ops.nop())
-        assert fence == s.last_fence == driver.fence
+        assert fence == s.last_fence == driver.last_fence
         s.synchronize()
         assert s.query()
         assert (dst.numpy(np.uint32) == 0x01020304).all()
@@ -113,7 +113,7 @@ def test_closing_the_default_stream_does_nothing(default_device: npu.Device) -> 
 
 
 def test_an_event_recorded_on_the_default_stream_keeps_the_kernel_path(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     e = npu.Event(enable_timing=True)
     e.record(npu.default_stream())
@@ -124,7 +124,7 @@ def test_an_event_recorded_on_the_default_stream_keeps_the_kernel_path(
 
 
 def test_the_default_stream_waiting_on_a_default_stream_event_needs_nothing(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     e = npu.Event()
     e.record()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi
+from npu.hal import CpuBackend
 
 
 def test_synchronize_waits_for_every_submitted_op(default_device: npu.Device) -> None:
@@ -23,7 +23,7 @@ def test_synchronize_waits_for_every_submitted_op(default_device: npu.Device) ->
 
 
 def test_synchronize_raises_the_failure_and_the_tensor_keeps_it(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     driver.fail_opcode[_abi.NPU_OP_UNARY] = _abi.NPU_ST_BAD_ARGS
     t = npu.relu(npu.tensor([1.0, -1.0]))
@@ -35,7 +35,7 @@ def test_synchronize_raises_the_failure_and_the_tensor_keeps_it(
 
 
 def test_launch_blocking_raises_at_the_failing_call(
-    default_device: npu.Device, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+    default_device: npu.Device, driver: CpuBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The variable is read at import (as CUDA_LAUNCH_BLOCKING); set what it sets.
     monkeypatch.setattr(sys.modules["npu.tensor"], "_launch_blocking", True)

@@ -1,9 +1,9 @@
-"""npu.Tensor and the tensor ops, end to end against the fake driver.
+"""npu.Tensor and the tensor ops, end to end against the CPU backend.
 
 Covers the pieces that need no device: dtype promotion, bfloat16 conversion,
 broadcast/stride computation, packing of struct npu_tensor_op, the Python
 mirror of npu_tensor_op_check (cross-checked against the C header), the
-splitting of mixed SUBMITs, and every op through FakeDriver, which executes
+splitting of mixed SUBMITs, and every op through CpuBackend, which executes
 tensor ops with numpy.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi, ops
 from npu.dtypes import _promote
+from npu.hal import CpuBackend
 
 REPO = Path(__file__).resolve().parents[2]
 D = npu.DType
@@ -45,8 +45,8 @@ def rand(shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
     return np.random.default_rng(seed).uniform(-2, 2, shape).astype(np.float32)
 
 
-def waits(driver: FakeDriver) -> int:
-    return [req for req, _ in driver.calls].count(_abi.NPU_IOCTL_WAIT)
+def waits(driver: CpuBackend) -> int:
+    return [call.name for call in driver.calls].count("wait")
 
 
 # -- dtypes and promotion ------------------------------------------------------
@@ -262,7 +262,7 @@ def test_python_check_agrees_with_npu_tensor_op_check_of_the_header() -> None:
 
 
 def test_submit_splits_mixed_op_kinds_into_consecutive_submits(
-    device: npu.Device, driver: FakeDriver
+    device: npu.Device, driver: CpuBackend
 ) -> None:
     buf = device.alloc(256)
     ref = ops.tensor_ref(buf, D.FP32, (8,))
@@ -275,7 +275,7 @@ def test_submit_splits_mixed_op_kinds_into_consecutive_submits(
     device.wait(fence)
 
 
-def test_device_error_of_a_tensor_op_names_the_op(device: npu.Device, driver: FakeDriver) -> None:
+def test_device_error_of_a_tensor_op_names_the_op(device: npu.Device, driver: CpuBackend) -> None:
     driver.fail_opcode[_abi.NPU_OP_UNARY] = _abi.NPU_ST_BAD_ARGS
     t = npu.relu(npu.tensor([1.0, -1.0]))
     with pytest.raises(npu.NpuDeviceError) as info:
@@ -466,7 +466,7 @@ def test_broadcasting_matches_numpy(sa: tuple[int, ...], sb: tuple[int, ...]) ->
     np.testing.assert_allclose((npu.tensor(b) - npu.tensor(a)).numpy(), b - a, rtol=1e-6)
 
 
-def test_broadcast_operand_gets_leading_ones_and_zero_strides(driver: FakeDriver) -> None:
+def test_broadcast_operand_gets_leading_ones_and_zero_strides(driver: CpuBackend) -> None:
     a = npu.tensor(np.ones((4,), np.float32))
     b = npu.tensor(np.ones((2, 3, 1), np.float32))
     (a + b).numpy()
@@ -482,7 +482,7 @@ def test_incompatible_shapes_raise_value_error() -> None:
         npu.tensor(np.ones((2, 3))) + npu.tensor(np.ones((4,)))
 
 
-def test_promotion_inserts_convert_ops_in_the_same_submit(driver: FakeDriver) -> None:
+def test_promotion_inserts_convert_ops_in_the_same_submit(driver: CpuBackend) -> None:
     a = npu.tensor(np.array([1, 2, 3], np.int8))
     b = npu.tensor(np.array([0.5, 0.25, 2], np.float16))
     r = a * b
@@ -497,7 +497,7 @@ def test_promotion_inserts_convert_ops_in_the_same_submit(driver: FakeDriver) ->
 # -- views, conversions, chains -----------------------------------------------------
 
 
-def test_transpose_is_a_free_view_and_contiguous_materialises(driver: FakeDriver) -> None:
+def test_transpose_is_a_free_view_and_contiguous_materialises(driver: CpuBackend) -> None:
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     t = npu.tensor(x)
     before = len(driver.submitted_tensor)
@@ -541,7 +541,7 @@ def test_float_to_int_saturates_and_truncates_toward_zero() -> None:
     assert t.to(np.int32).numpy().tolist() == [-(10**9), -2, 2, 10**9, 300]
 
 
-def test_a_chain_of_ops_waits_only_once(driver: FakeDriver) -> None:
+def test_a_chain_of_ops_waits_only_once(driver: CpuBackend) -> None:
     x = np.linspace(0.5, 2, 16, dtype=np.float32).reshape(4, 4)
     t = npu.tensor(x)
     before = waits(driver)
@@ -553,7 +553,7 @@ def test_a_chain_of_ops_waits_only_once(driver: FakeDriver) -> None:
     assert waits(driver) == before + 1 and r.fence is None
 
 
-def test_empty_tensors_never_reach_the_device(driver: FakeDriver) -> None:
+def test_empty_tensors_never_reach_the_device(driver: CpuBackend) -> None:
     before = len(driver.calls)
     e = npu.tensor(np.zeros((0, 3), np.float32))
     assert e.buffer is None and e.shape == (0, 3)
@@ -561,20 +561,13 @@ def test_empty_tensors_never_reach_the_device(driver: FakeDriver) -> None:
     assert r.shape == (0, 3) and r.dtype == np.int8
     assert r.numpy().shape == (0, 3)
     assert (e * npu.tensor(np.ones(3, np.float32))).shape == (0, 3)
-    bo_creates = [req for req, _ in driver.calls[before:]].count(_abi.NPU_IOCTL_BO_CREATE)
+    bo_creates = [call.name for call in driver.calls[before:]].count("bo_create")
     assert bo_creates == 1  # only the ones(3) operand
 
 
-def test_matmul_on_tensors_without_cap_matmul_uses_gemm_transpose_flags(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import fcntl
-
-    node = tmp_path / "npu1"
-    node.write_bytes(b"")
-    driver = FakeDriver(str(node), caps=0x1F | _abi.NPU_INFO_CAP_TENSOR)
-    monkeypatch.setattr(fcntl, "ioctl", driver.ioctl)
-    dev = npu.Device(driver.path)
+def test_matmul_on_tensors_without_cap_matmul_uses_gemm_transpose_flags() -> None:
+    driver = CpuBackend(caps=0x1F | _abi.NPU_INFO_CAP_TENSOR, record=True)
+    dev = npu.Device(driver)
     npu.set_default_device(dev)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((5, 3)).astype(np.float32)
@@ -611,8 +604,8 @@ def test_driver_refusal_is_an_npu_error_with_errno(device: npu.Device) -> None:
     assert info.value.errno == errno.EBADF
 
 
-def test_tensors_of_different_devices_do_not_mix(driver: FakeDriver) -> None:
-    with npu.Device(driver.path) as other:
+def test_tensors_of_different_devices_do_not_mix(driver: CpuBackend) -> None:
+    with npu.Device(driver) as other:
         a = npu.tensor([1.0], device=other)
         with pytest.raises(ValueError, match="different devices"):
             a + npu.tensor([1.0])

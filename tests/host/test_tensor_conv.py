@@ -1,9 +1,9 @@
 """CONV2D and POOL2D: builders, the Python twin of the C checks, and the Tensor API
 (npu.conv2d, npu.max_pool2d, npu.avg_pool2d, npu.global_avg_pool2d) end to end
-through FakeDriver, which executes the ops with numpy.
+through CpuBackend, which executes the ops with numpy.
 
 The reference here is an independent im2col + matmul in float64 (the fake
-driver sums one tensordot per kernel tap). Tolerances: the fake driver
+driver sums one tensordot per kernel tap). Tolerances: the CPU backend
 computes in float64 and rounds once to the output dtype, and the reference
 rounds the inputs the same way, so they only cover the output rounding:
 float32 rtol 1e-5, float16 2e-3, bfloat16 1e-2 (atol the same, scaled by
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi, ops
+from npu.hal import CpuBackend
 from test_tensor import PUBLIC, REPO, FakeBuf, _as_params, _c_check, host, rand, waits
 
 D = npu.DType
@@ -316,7 +316,7 @@ def test_conv2d_reads_strided_input_and_unbatched() -> None:
     close(y, conv_ref(x[:1].transpose(0, 3, 1, 2), w)[0], D.FP32, 27)
 
 
-def test_conv2d_zero_bias_is_cached_per_device_channels_and_dtype(driver: FakeDriver) -> None:
+def test_conv2d_zero_bias_is_cached_per_device_channels_and_dtype(driver: CpuBackend) -> None:
     def bias_at() -> tuple[int, int]:
         ref = driver.submitted_tensor[-1].t[2]
         return (ref.handle, ref.offset)  # tensors share segments: the place is both
@@ -349,7 +349,7 @@ def test_conv2d_promotes_to_a_common_float_dtype() -> None:
     close(y, conv_ref(xi, np.ones((1, 2, 3, 3))), D.FP32, 18)
 
 
-def test_conv2d_submits_without_waiting_and_chains(driver: FakeDriver) -> None:
+def test_conv2d_submits_without_waiting_and_chains(driver: CpuBackend) -> None:
     x, w = rand((2, 3, 8, 8), 1), rand((4, 3, 3, 3), 2)
     tx, tw = npu.tensor(x), npu.tensor(w)
     before = waits(driver)
@@ -459,10 +459,10 @@ def test_pool_errors() -> None:
         npu.global_avg_pool2d(x[0, 0])
 
 
-# -- the fake driver's checks and caps ------------------------------------------------------------
+# -- the CPU backend's checks and caps ------------------------------------------------------------
 
 
-def test_fake_driver_rejects_bad_conv_with_einval(device: npu.Device) -> None:
+def test_cpu_backend_rejects_bad_conv_with_einval(device: npu.Device) -> None:
     x = npu.tensor(rand((1, 2, 5, 5), 1))
     w = npu.tensor(rand((2, 2, 3, 3), 2))
     y = npu.conv2d(x, w)
@@ -475,32 +475,25 @@ def test_fake_driver_rejects_bad_conv_with_einval(device: npu.Device) -> None:
     assert info.value.errno == 22
 
 
-def test_device_without_cap_conv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    node = tmp_path / "npu_nocap"
-    node.write_bytes(b"")
+def test_device_without_cap_conv() -> None:
     caps = 0x1F | _abi.NPU_INFO_CAP_TENSOR | _abi.NPU_INFO_CAP_REDUCE | _abi.NPU_INFO_CAP_MATMUL
-    drv = FakeDriver(str(node), caps=caps)
-    import fcntl
-
-    with monkeypatch.context() as m:
-        m.setattr(fcntl, "ioctl", drv.ioctl)
-        with npu.Device(drv.path) as dev:
-            x = npu.tensor(rand((1, 1, 4, 4), 1), device=dev)
-            with pytest.raises(ValueError, match=r"Cap\.CONV"):
-                npu.conv2d(x, npu.tensor(rand((1, 1, 3, 3), 2), device=dev))
-            with pytest.raises(ValueError, match=r"Cap\.CONV"):
-                npu.max_pool2d(x, 2)
-            assert x.buffer is not None
-            op = ops.TensorOp(
-                npu.Opcode.POOL2D,
-                0,
-                (x._ref(), ops.tensor_ref(x.buffer, D.FP32, (1, 1, 2, 2))),
-                (x.buffer,),
-                (2, 2, 2, 2, 0, 0, 0),
-            )
-            with pytest.raises(npu.NpuError) as info:
-                dev.submit([op])
-            assert info.value.errno == 95  # EOPNOTSUPP
+    with npu.Device(CpuBackend(caps=caps)) as dev:
+        x = npu.tensor(rand((1, 1, 4, 4), 1), device=dev)
+        with pytest.raises(ValueError, match=r"Cap\.CONV"):
+            npu.conv2d(x, npu.tensor(rand((1, 1, 3, 3), 2), device=dev))
+        with pytest.raises(ValueError, match=r"Cap\.CONV"):
+            npu.max_pool2d(x, 2)
+        assert x.buffer is not None
+        op = ops.TensorOp(
+            npu.Opcode.POOL2D,
+            0,
+            (x._ref(), ops.tensor_ref(x.buffer, D.FP32, (1, 1, 2, 2))),
+            (x.buffer,),
+            (2, 2, 2, 2, 0, 0, 0),
+        )
+        with pytest.raises(npu.NpuError) as info:
+            dev.submit([op])
+        assert info.value.errno == 95  # EOPNOTSUPP
 
 
 # -- a LeNet-like chain -----------------------------------------------------------------------

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi
+from npu.hal import CpuBackend
 
 
 def test_clone_is_a_copy_in_new_memory_by_the_dma_engine(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     t = npu.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     c = t.clone()
@@ -23,7 +23,7 @@ def test_clone_is_a_copy_in_new_memory_by_the_dma_engine(
 
 
 def test_copy_from_a_tensor_of_another_dtype_converts(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     dst = npu.tensor(np.zeros((2, 2), np.float16))
     dst.copy_(npu.tensor(np.array([[1.5, -2.0], [3.25, 4.0]], np.float32)))
@@ -53,7 +53,7 @@ def test_copy_from_a_shape_that_does_not_broadcast_raises(default_device: npu.De
 
 
 def test_copy_of_a_tensor_into_itself_submits_nothing(
-    default_device: npu.Device, driver: FakeDriver
+    default_device: npu.Device, driver: CpuBackend
 ) -> None:
     t = npu.tensor(np.ones(8, np.float32))
     calls = len(driver.calls)

@@ -1,8 +1,8 @@
 """MATMUL and LINEAR: builders, the Python twin of the C checks, and the Tensor API
-(npu.matmul / ``@`` on tensors, npu.linear) end to end through FakeDriver, which
+(npu.matmul / ``@`` on tensors, npu.linear) end to end through CpuBackend, which
 executes the ops with numpy.
 
-Tolerances (the fake driver computes in float64 and rounds once to the output
+Tolerances (the CPU backend computes in float64 and rounds once to the output
 dtype; the references below round the inputs the same way, so these only
 cover the output rounding): float32 rtol 1e-5, float16 2e-3, bfloat16 1e-2,
 with an absolute floor scaled by sqrt(K).
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi, ops
+from npu.hal import CpuBackend
 from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, host, rand, waits
 
 D = npu.DType
@@ -142,7 +142,7 @@ MATMUL_SHAPES = [
 @pytest.mark.parametrize(("sa", "sb"), MATMUL_SHAPES)
 @pytest.mark.parametrize("dt", FLOATS)
 def test_matmul_follows_numpy_for_ranks_1_to_4(
-    sa: tuple[int, ...], sb: tuple[int, ...], dt: D, driver: FakeDriver
+    sa: tuple[int, ...], sb: tuple[int, ...], dt: D, driver: CpuBackend
 ) -> None:
     a, b = rand(sa, 1), rand(sb, 2)
     before = waits(driver)
@@ -153,7 +153,7 @@ def test_matmul_follows_numpy_for_ranks_1_to_4(
     close(got, want, dt, sa[-1])
 
 
-def test_matmul_reads_transposed_views_in_place(driver: FakeDriver) -> None:
+def test_matmul_reads_transposed_views_in_place(driver: CpuBackend) -> None:
     a, b = rand((6, 4), 3), rand((5, 4), 4)
     ta, tb = npu.tensor(a), npu.tensor(b)
     n = len(driver.submitted_tensor)
@@ -206,7 +206,7 @@ def test_matmul_of_empty_and_k0_operands() -> None:
     assert v.shape == () and v.item() == 0.0
 
 
-def test_matmul_chains_with_other_ops_without_waiting(driver: FakeDriver) -> None:
+def test_matmul_chains_with_other_ops_without_waiting(driver: CpuBackend) -> None:
     x, w = rand((4, 8), 1), rand((8, 3), 2)
     tx, tw = npu.tensor(x), npu.tensor(w)
     before = waits(driver)
@@ -227,7 +227,7 @@ def test_matmul_chains_with_other_ops_without_waiting(driver: FakeDriver) -> Non
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("dt", FLOATS)
 def test_linear_is_torch_linear_plus_activation(
-    dt: D, with_bias: bool, act: str | None, driver: FakeDriver
+    dt: D, with_bias: bool, act: str | None, driver: CpuBackend
 ) -> None:
     x, w, b = rand((2, 3, 6), 1), rand((5, 6), 2), rand((5,), 3)
     tx, tw = npu.tensor(x, dtype=PUBLIC[dt]), npu.tensor(w, dtype=PUBLIC[dt])
@@ -268,7 +268,7 @@ def test_linear_shapes_and_promotion() -> None:
         npu.linear(x4, b)
 
 
-def test_fake_driver_rejects_bad_matmul_with_einval(device: npu.Device) -> None:
+def test_cpu_backend_rejects_bad_matmul_with_einval(device: npu.Device) -> None:
     a = npu.tensor(rand((2, 3), 1))
     assert a.buffer is not None
     good = ops.matmul_op(a._ref(), a.T._ref(), ops.tensor_ref(a.buffer, D.FP32, (2, 2)))

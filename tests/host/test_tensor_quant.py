@@ -1,7 +1,7 @@
 """Integer MATMUL/LINEAR/CONV2D and REQUANT: the Python validator twin against the
 C header over generated cases, the op builders, and the quantised runtime API
 (npu.quantized_matmul / quantized_linear / quantized_conv2d, npu.matmul of
-int8 tensors) end to end through FakeDriver. Every result must be exact.
+int8 tensors) end to end through CpuBackend. Every result must be exact.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi, ops
+from npu.hal import CpuBackend
 from test_tensor import FakeBuf, _as_params, _c_check
 
 D = npu.DType
@@ -166,7 +166,7 @@ def test_builders_encode_zero_points_and_check_them() -> None:
     assert conv.params[_abi.NPU_CONV_P_IN_ZP] == 5
 
 
-# -- the runtime API through FakeDriver ----------------------------------------------
+# -- the runtime API through CpuBackend ----------------------------------------------
 
 
 @pytest.mark.parametrize("relu", [False, True])
@@ -194,7 +194,7 @@ def test_quantized_matmul_without_scale_returns_the_int32_accumulators() -> None
     np.testing.assert_array_equal(relu.numpy(), np.maximum(a.astype(np.int64) @ b, 0))
 
 
-def test_quantized_linear_and_a_requant_in_one_submit(driver: FakeDriver) -> None:
+def test_quantized_linear_and_a_requant_in_one_submit(driver: CpuBackend) -> None:
     rng = np.random.default_rng(3)
     x, w = i8(rng, 3, 16), i8(rng, 10, 16)
     bias = rng.integers(-500, 500, 10).astype(np.int32)
@@ -273,9 +273,9 @@ def test_quantized_api_rejects_bad_arguments() -> None:
                              groups=2)  # fmt: skip
 
 
-def test_quantized_api_needs_cap_quant(driver: FakeDriver) -> None:
+def test_quantized_api_needs_cap_quant(driver: CpuBackend) -> None:
     driver.caps &= ~_abi.NPU_INFO_CAP_QUANT
-    with npu.Device(driver.path) as dev:
+    with npu.Device(driver) as dev:
         a = npu.tensor(np.zeros((2, 3), np.int8), device=dev)
         with pytest.raises(ValueError, match=r"Cap\.QUANT"):
             npu.quantized_matmul(a, np.zeros((3, 2), np.int8), 1.0)

@@ -1,8 +1,8 @@
 """REDUCE, SOFTMAX and LAYERNORM: builders, the Python twin of the C checks, and the
 Tensor API (npu.sum/mean/max/min, softmax, log_softmax, layer_norm) end to end
-through FakeDriver, which executes the ops with numpy.
+through CpuBackend, which executes the ops with numpy.
 
-Tolerances (the fake driver computes in float64 and rounds once to the output
+Tolerances (the CPU backend computes in float64 and rounds once to the output
 dtype, so these only cover the output rounding): float32 rtol 1e-5, float16
 1e-2, bfloat16 2e-2; integers exact.
 """
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import npu
-from fake_driver import FakeDriver
 from npu import _abi, ops
+from npu.hal import CpuBackend
 from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, waits
 
 D = npu.DType
@@ -232,7 +232,7 @@ def test_reduction_errors_follow_numpy() -> None:
     assert np.isnan(npu.mean(empty, axis=0).numpy()).all()
 
 
-def test_ops_submit_without_waiting(driver: FakeDriver) -> None:
+def test_ops_submit_without_waiting(driver: CpuBackend) -> None:
     x = rand(D.FP32, (8, 8))
     before = waits(driver)
     y = npu.softmax(npu.layer_norm(x, 8).sum(axis=0, keepdims=True), axis=1)
@@ -310,7 +310,7 @@ def test_layer_norm_over_trailing_axes_with_and_without_affine(dt: D, n: int) ->
     close(npu.layer_norm(x, list(norm), tw, None, 0.1), _layer_norm(h, n, wq, None, 0.1), out_dt)
 
 
-def test_layer_norm_accepts_an_int_shape_and_tensors_of_other_dtypes(driver: FakeDriver) -> None:
+def test_layer_norm_accepts_an_int_shape_and_tensors_of_other_dtypes(driver: CpuBackend) -> None:
     x = rand(D.FP16, (4, 6), seed=1)
     w = npu.tensor(np.linspace(0.5, 1.5, 6, dtype=np.float32))  # fp32: converted to fp16
     y = npu.layer_norm(x, 6, w)
@@ -339,7 +339,7 @@ def test_layer_norm_rejects_bad_arguments() -> None:
     assert npu.layer_norm(npu.tensor(np.zeros((0, 3), np.float32)), 3).shape == (0, 3)
 
 
-def test_fake_driver_rejects_bad_params_with_einval(device: npu.Device) -> None:
+def test_cpu_backend_rejects_bad_params_with_einval(device: npu.Device) -> None:
     x = rand(D.FP32, (2, 3))
     assert x.buffer is not None
     out = device.alloc(64)

@@ -1,27 +1,20 @@
-"""An in-process stand-in for the /dev/npuN driver, for host tests.
+"""The reference kernels of the CPU backend: every descriptor, checked and run with numpy.
 
-The "device node" is a regular file: buffer objects are page-aligned regions
-of it, so mmap() of the real fd works. ``ioctl`` replaces ``fcntl.ioctl`` and
-implements GET_INFO, BO_CREATE, BO_DESTROY, SUBMIT (executing the ops with
-numpy at submit time) and WAIT, including the -EIO path that fills in
-``status`` and ``error_fence`` before failing, as the uapi header specifies.
-
-SUBMIT takes both op arrays: ``struct npu_op`` and ``struct npu_tensor_op``
-(ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM, MATMUL, LINEAR, CONV2D,
-POOL2D, REQUANT). Tensor ops are validated like the driver does (an op the caps lack ->
-EOPNOTSUPP, ``npu_tensor_op_check`` -> EINVAL, unknown handle -> ENOENT,
-extent past the BO -> ERANGE) and executed with numpy: float math in float32 rounded to the
-output dtype, integer math wrapping, float -> int truncating toward zero and
-saturating (NaN -> 0), float32 -> bfloat16 rounding to nearest even.
-REDUCE, SOFTMAX and LAYERNORM compute in float64 (integer sums in int64,
-wrapping at the output dtype) and round once to the output dtype.
-MATMUL and LINEAR compute ``act(a @ b [+ bias])`` in float64 with numpy's
-batched matmul and round once to the output dtype. CONV2D (``conv2d_ref``:
-one tensordot per kernel tap over the zero-padded input, per group) and
-POOL2D compute in float64 too and round once. Their int8 forms sum
-``(a - in_zp) * b`` exactly (int64), add the int32 bias, wrap to int32, apply
-RELU and wrap to the output dtype; REQUANT rounds ``acc * scale`` exactly
-(``Fraction``, ties to even), adds the zero point and clamps.
+:class:`Executor` checks a ``struct npu_tensor_op`` as the driver does (an
+op the caps lack -> ``EOPNOTSUPP``, a malformed one -> ``EINVAL``, an unknown
+handle -> ``ENOENT``, an extent past its buffer -> ``ERANGE``) and runs
+``struct npu_op`` and ``struct npu_tensor_op`` descriptors on buffer bytes:
+float math in float32 rounded to the output dtype, integer math wrapping,
+float -> int truncating toward zero and saturating (NaN -> 0), float32 ->
+bfloat16 rounding to nearest even. REDUCE, SOFTMAX and LAYERNORM compute in
+float64 (integer sums in int64, wrapping at the output dtype) and round once
+to the output dtype. MATMUL and LINEAR compute ``act(a @ b [+ bias])`` in
+float64 and round once. CONV2D (:func:`conv2d_ref`: one tensordot per kernel
+tap over the zero-padded input, per group) and POOL2D compute in float64
+too. Their int8 forms sum ``(a - in_zp) * b`` exactly (int64), add the int32
+bias, wrap to int32, apply RELU and wrap to the output dtype; REQUANT rounds
+``acc * scale`` exactly (``Fraction``, ties to even), adds the zero point and
+clamps. These are the semantics ``docs/npu-spec.md`` gives the device.
 """
 
 from __future__ import annotations
@@ -29,61 +22,43 @@ from __future__ import annotations
 import ctypes
 import errno
 import math
-import mmap
 import os
 import struct
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from npu import _abi
+from .. import _abi
 
-PAGE = mmap.PAGESIZE
+__all__ = ["Executor", "conv2d_ref", "pool2d_ref"]
+
+Bytes = np.ndarray[Any, np.dtype[np.uint8]]
 
 
 def _err(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
-@dataclass
-class FakeDriver:
-    path: str
-    fd: int = -1
-    next_handle: int = 1
-    next_offset: int = 0
-    bos: dict[int, tuple[int, int]] = field(default_factory=dict)  # handle -> offset, size
-    fence: int = 0
-    completed: int = 0
-    failed: tuple[int, int] | None = None  # (fence, status)
-    fail_opcode: dict[int, int] = field(default_factory=dict)  # opcode -> status
-    hang: bool = False
-    caps: int = (
-        0x1F
-        | _abi.NPU_INFO_CAP_TENSOR
-        | _abi.NPU_INFO_CAP_REDUCE
-        | _abi.NPU_INFO_CAP_MATMUL
-        | _abi.NPU_INFO_CAP_CONV
-        | _abi.NPU_INFO_CAP_QUANT
-    )
-    calls: list[tuple[int, bytes]] = field(default_factory=list)
-    submitted: list[_abi.NpuOp] = field(default_factory=list)
-    submitted_tensor: list[_abi.NpuTensorOp] = field(default_factory=list)
-    stamps: dict[int, int] = field(default_factory=dict)  # fence -> completion time, ns
-    submits: list[tuple[int, int]] = field(default_factory=list)  # (op_size, num_ops)
+class Executor:
+    """Runs descriptors on the buffers ``buffer(handle)`` returns (None: no such handle)."""
 
-    # -- helpers ---------------------------------------------------------------
+    def __init__(self, buffer: Callable[[int], Bytes | None], caps: int) -> None:
+        self._buffer = buffer
+        self.caps = caps
 
-    def _region(self, ref: _abi.NpuBufRef) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        if ref.handle not in self.bos:
+    def _bo(self, handle: int) -> Bytes:
+        data = self._buffer(handle)
+        if data is None:
             raise _err(errno.ENOENT)
-        base, size = self.bos[ref.handle]
-        if ref.rsvd or ref.offset + ref.size > size:
+        return data
+
+    def _region(self, ref: _abi.NpuBufRef) -> Bytes:
+        data = self._bo(ref.handle)
+        if ref.rsvd or ref.offset + ref.size > data.size:
             raise _err(errno.EINVAL)
-        mm = mmap.mmap(self.fd, size, offset=base)
-        return np.frombuffer(mm, dtype=np.uint8)[ref.offset : ref.offset + ref.size]
+        return data[ref.offset : ref.offset + ref.size]
 
     def _matrix(
         self, ref: _abi.NpuBufRef, rows: int, cols: int, ld: int
@@ -91,9 +66,8 @@ class FakeDriver:
         flat = self._region(ref).view(np.float32)
         return np.lib.stride_tricks.as_strided(flat, shape=(rows, cols), strides=(ld * 4, 4))
 
-    def _execute(self, op: _abi.NpuOp) -> int:
-        if op.opcode in self.fail_opcode:
-            return self.fail_opcode[op.opcode]
+    def run(self, op: _abi.NpuOp) -> int:
+        """Run a ``struct npu_op``; its device status."""
         if op.opcode == _abi.NPU_OP_NOP:
             return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_COPY:
@@ -118,107 +92,8 @@ class FakeDriver:
             return _abi.NPU_ST_OK
         return _abi.NPU_ST_BAD_OPCODE
 
-    # -- the ioctl entry point ------------------------------------------------------
-
-    def ioctl(self, fd: int, request: int, arg: Any, mutate: bool = True) -> int:
-        self.fd = fd
-        self.calls.append((request, bytes(arg)))
-        if request == _abi.NPU_IOCTL_GET_INFO:
-            arg.hw_version = _abi.NPU_HW_VERSION
-            arg.abi_version = _abi.NPU_ABI_VERSION
-            arg.driver_version = 0x00010002
-            arg.caps = self.caps
-            arg.num_queues = 1
-            arg.num_cores = 4
-            arg.max_submit = _abi.NPU_SUBMIT_MAX_OPS
-            arg.ring_entries = 256
-            arg.max_bo_size = _abi.NPU_BO_MAX_SIZE
-            arg.pci_vendor = _abi.NPU_PCI_VENDOR_ID
-            arg.pci_device = _abi.NPU_PCI_DEVICE_ID
-            return 0
-        if request == _abi.NPU_IOCTL_BO_CREATE:
-            if arg.size == 0 or arg.size > _abi.NPU_BO_MAX_SIZE or arg.flags:
-                raise _err(errno.EINVAL)
-            alloc = -(-arg.size // PAGE) * PAGE
-            offset = self.next_offset
-            self.next_offset += alloc
-            os.ftruncate(fd, self.next_offset)
-            arg.handle = self.next_handle
-            self.next_handle += 1
-            arg.mmap_offset = offset
-            arg.alloc_size = alloc
-            self.bos[arg.handle] = (offset, alloc)
-            return 0
-        if request == _abi.NPU_IOCTL_BO_DESTROY:
-            if arg.rsvd or arg.handle not in self.bos:
-                raise _err(errno.ENOENT if not arg.rsvd else errno.EINVAL)
-            del self.bos[arg.handle]
-            return 0
-        if request == _abi.NPU_IOCTL_SUBMIT:
-            if arg.op_size == ctypes.sizeof(_abi.NpuTensorOp) and not arg.flags and not arg.queue:
-                if not 1 <= arg.num_ops <= _abi.NPU_SUBMIT_MAX_OPS:
-                    raise _err(errno.EINVAL)
-                return self._submit_tensor(arg)
-            if arg.op_size != ctypes.sizeof(_abi.NpuOp) or arg.flags or arg.queue:
-                raise _err(errno.EINVAL)
-            if not 1 <= arg.num_ops <= _abi.NPU_SUBMIT_MAX_OPS:
-                raise _err(errno.EINVAL)
-            self.submits.append((arg.op_size, arg.num_ops))
-            ops = (_abi.NpuOp * arg.num_ops).from_address(arg.ops_ptr)
-            for op in ops:
-                self.submitted.append(_abi.NpuOp.from_buffer_copy(op))
-            for op in ops:
-                self.fence += 1
-                if self.failed is None:
-                    status = self._execute(op)
-                    if status != _abi.NPU_ST_OK:
-                        self.failed = (self.fence, status)
-                    else:
-                        self.completed = self.fence
-                        self.stamps[self.fence] = time.monotonic_ns()
-            arg.fence = self.fence
-            return 0
-        if request == _abi.NPU_IOCTL_FENCE_INFO:
-            if arg.queue or not 0 < arg.fence <= self.fence:
-                raise _err(errno.EINVAL)
-            if arg.fence not in self.stamps:
-                raise _err(errno.EBUSY)
-            arg.status = 0
-            arg.t_start = arg.t_end = self.stamps[arg.fence]
-            return 0
-        if request == _abi.NPU_IOCTL_WAIT:
-            if arg.flags or arg.rsvd or arg.fence > self.fence:
-                raise _err(errno.EINVAL)
-            if self.failed is not None and arg.fence >= self.failed[0]:
-                arg.error_fence, arg.status = self.failed
-                raise _err(errno.EIO)
-            if self.hang or arg.fence > self.completed:
-                raise _err(errno.ETIMEDOUT)
-            return 0
-        raise _err(errno.ENOTTY)
-
-    # -- tensor ops ------------------------------------------------------------------
-
-    def _submit_tensor(self, arg: Any) -> int:
-        ops = (_abi.NpuTensorOp * arg.num_ops).from_address(arg.ops_ptr)
-        copies = [_abi.NpuTensorOp.from_buffer_copy(op) for op in ops]
-        for op in copies:  # validate everything first: a bad op queues nothing
-            self._check_tensor_op(op)
-        self.submits.append((arg.op_size, arg.num_ops))
-        for op in copies:
-            self.submitted_tensor.append(op)
-            self.fence += 1
-            if self.failed is None:
-                if op.opcode in self.fail_opcode:
-                    self.failed = (self.fence, self.fail_opcode[op.opcode])
-                    continue
-                self._execute_tensor(op)
-                self.completed = self.fence
-                self.stamps[self.fence] = time.monotonic_ns()
-        arg.fence = self.fence
-        return 0
-
-    def _check_tensor_op(self, op: _abi.NpuTensorOp) -> None:
+    def check_tensor(self, op: _abi.NpuTensorOp) -> None:
+        """Refuse a malformed tensor op as the driver does (OSError with its errno)."""
         n = _N_OPERANDS.get(op.opcode)
         if n is None or op.flags or op.rsvd or any(op.params[_N_PARAMS.get(op.opcode, 0) :]):
             raise _err(errno.EINVAL)
@@ -232,7 +107,7 @@ class FakeDriver:
                 continue
             if t.rsvd or t.rsvd2:
                 raise _err(errno.EINVAL)
-            if t.handle not in self.bos:
+            if self._buffer(t.handle) is None:
                 raise _err(errno.ENOENT)
         extents = []
         for i in range(n):
@@ -259,7 +134,10 @@ class FakeDriver:
             if out.shape[d] > 1 and out.strides[d] != want:
                 raise _err(errno.EINVAL)
             want *= out.shape[d]
-        shape = lambda t: tuple(t.shape[: t.ndim])  # noqa: E731
+
+        def shape(t: _abi.NpuTensorRef) -> tuple[int, ...]:
+            return tuple(t.shape[: t.ndim])
+
         is_float = out.dtype in _FLOATS
         if op.opcode == _abi.NPU_OP_ELTWISE:
             ok = op.kind < _abi.NPU_ELTWISE_COUNT and all(
@@ -297,7 +175,7 @@ class FakeDriver:
             )
         elif op.opcode == _abi.NPU_OP_LAYERNORM:
             k = op.params[0]
-            want = tuple(d if i + k >= out.ndim else 1 for i, d in enumerate(shape(out)))
+            norm = tuple(d if i + k >= out.ndim else 1 for i, d in enumerate(shape(out)))
             eps = _f32(op.params[1])
             ok = (
                 op.kind == 0
@@ -305,8 +183,8 @@ class FakeDriver:
                 and is_float
                 and shape(ins[0]) == shape(out)
                 and 1 <= k <= out.ndim
-                and shape(ins[1]) == want
-                and shape(ins[2]) == want
+                and shape(ins[1]) == norm
+                and shape(ins[2]) == norm
                 and math.isfinite(eps)
                 and eps > 0
             )
@@ -350,15 +228,13 @@ class FakeDriver:
         if not ok:
             raise _err(errno.EINVAL)
         for handle, end in extents:
-            if end > self.bos[handle][1]:
+            if end > self._bo(handle).size:
                 raise _err(errno.ERANGE)
 
     def _tensor(self, t: _abi.NpuTensorRef) -> np.ndarray[Any, Any]:
         """A writable strided view of the operand in its storage dtype."""
-        base, size = self.bos[t.handle]
-        mm = mmap.mmap(self.fd, size, offset=base)
         storage = _STORAGE[t.dtype]
-        flat = np.frombuffer(mm, dtype=np.uint8)[t.offset :]
+        flat = self._bo(t.handle)[t.offset :]
         item = storage.itemsize
         return np.lib.stride_tricks.as_strided(
             flat.view(storage)
@@ -414,23 +290,24 @@ class FakeDriver:
             y = np.maximum(y, 0)
         self._store(out, y)
 
-    def _execute_tensor(self, op: _abi.NpuTensorOp) -> None:
+    def run_tensor(self, op: _abi.NpuTensorOp) -> int:
+        """Run a checked ``struct npu_tensor_op``; its device status."""
         if op.opcode == _abi.NPU_OP_CONVERT:
             self._store(op.t[1], self._load(op.t[0]))
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_ELTWISE:
             a, b = self._load(op.t[0]), self._load(op.t[1])
             fn = _ELTWISE[op.kind]
             with np.errstate(all="ignore"):
                 self._store(op.t[2], fn(a, b))
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_REDUCE:
             x = self._load(op.t[0])
             axes = tuple(d for d in range(op.t[0].ndim) if op.params[0] >> d & 1)
             if x.dtype.kind == "f":
                 x = x.astype(np.float64)
             self._store(op.t[1], _REDUCE[op.kind](x, axis=axes, keepdims=True))
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_SOFTMAX:
             x = self._load(op.t[0]).astype(np.float64)
             ax = op.params[0]
@@ -439,7 +316,7 @@ class FakeDriver:
                 lse = np.log(np.sum(np.exp(shifted), axis=ax, keepdims=True))
                 y = shifted - lse if op.kind == _abi.NPU_SOFTMAX_LOG else np.exp(shifted - lse)
             self._store(op.t[1], y)
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_LAYERNORM:
             x = self._load(op.t[0]).astype(np.float64)
             g = self._load(op.t[1]).astype(np.float64)
@@ -448,25 +325,24 @@ class FakeDriver:
             mu = x.mean(axis=axes, keepdims=True)
             var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
             self._store(op.t[3], (x - mu) / np.sqrt(var + _f32(op.params[1])) * g + b)
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_REQUANT:
             acc, scale = np.broadcast_arrays(self._load(op.t[0]), self._load(op.t[1]))
             zp = _signed(op.params[0])
             lo = zp if op.kind == _abi.NPU_ACT_RELU else -128
             if not np.all(np.isfinite(scale) & (scale > 0)):
-                self.failed = (self.fence, _abi.NPU_ST_BAD_QUANT)
-                return
+                return _abi.NPU_ST_BAD_QUANT
             q = [
                 min(max(round(Fraction(int(x)) * Fraction(float(s))) + zp, lo), 127)
                 for x, s in zip(acc.ravel(), scale.ravel(), strict=True)
             ]
             self._store(op.t[2], np.array(q, np.int64).reshape(acc.shape))
-            return
+            return _abi.NPU_ST_OK
         if op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR, _abi.NPU_OP_CONV2D) and (
             op.t[0].dtype == _abi.NPU_DTYPE_INT8
         ):
             self._execute_int(op)
-            return
+            return _abi.NPU_ST_OK
         if op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR):
             a = self._load(op.t[0]).astype(np.float64)
             b = self._load(op.t[1]).astype(np.float64)
@@ -478,7 +354,7 @@ class FakeDriver:
             elif op.kind == _abi.NPU_ACT_GELU:
                 y = _UNARY[_abi.NPU_UNARY_GELU](y)
             self._store(op.t[3 if op.opcode == _abi.NPU_OP_LINEAR else 2], y)
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_CONV2D:
             x = self._load(op.t[0]).astype(np.float64)
             w = self._load(op.t[1]).astype(np.float64)
@@ -488,14 +364,15 @@ class FakeDriver:
             elif op.kind == _abi.NPU_ACT_GELU:
                 y = _UNARY[_abi.NPU_UNARY_GELU](y)
             self._store(op.t[3], y)
-            return
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_POOL2D:
             x = self._load(op.t[0]).astype(np.float64)
             self._store(op.t[1], pool2d_ref(x, op.kind, list(op.params[:7])))
-            return
+            return _abi.NPU_ST_OK
         x = self._load(op.t[0])
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
+        return _abi.NPU_ST_OK
 
 
 def _window_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -669,7 +546,7 @@ _ELTWISE = {
     _abi.NPU_ELTWISE_MIN: np.minimum,
 }
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-_UNARY = {
+_UNARY: dict[int, Callable[[Any], Any]] = {
     _abi.NPU_UNARY_RELU: lambda x: np.maximum(x, 0),
     _abi.NPU_UNARY_GELU: lambda x: x * (1 + _erf(x / math.sqrt(2))) / 2,
     _abi.NPU_UNARY_SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
