@@ -16,6 +16,15 @@ of its device, in the manner of PyTorch's CUDA caching allocator:
   to the driver only by :meth:`CachingAllocator.empty_cache`, or when
   BO_CREATE fails with ``ENOMEM`` (the cache is emptied and the request
   retried once).
+- **A segment is never destroyed while a stream may still use it.** The
+  driver keeps a buffer object alive for the jobs of its own queues, but a
+  user stream's commands reach memory by device address, unknown to the
+  driver: destroying the buffer under them makes the device fault. So a
+  segment whose blocks were last used by stream work not yet completed is
+  destroyed only after that work: ``empty_cache`` and the ``ENOMEM`` retry
+  wait for it (as PyTorch's ``empty_cache`` synchronises the events of
+  cached blocks), and with caching off a freed block's buffer object waits
+  in a list until its streams pass their fences.
 
 **Reuse is ordered by the timelines.** Each free block remembers the last
 fence launched on each timeline when it was freed: the driver's queues (the
@@ -237,6 +246,9 @@ class CachingAllocator:
         )
         self._free: dict[str, list[tuple[int, int, _Block]]] = {p: [] for p in _POOLS}
         self._segments: list[_Segment] = []
+        # Caching off: segments freed while a stream may still use them,
+        # destroyed once their streams pass those fences.
+        self._doomed: list[tuple[_Segment, dict[int | StreamKey, int]]] = []
         self._seq = itertools.count()
         self._stats = {(s, p): _Counter() for s in _STATS for p in _ALL_POOLS}
         # The counters every allocation and free updates, per pool: the
@@ -431,6 +443,36 @@ class CachingAllocator:
         while self._pending:
             block, fences = self._pending.popleft()
             self._free_block(block, fences)
+        if self._doomed:
+            self._destroy_doomed(wait=False)
+
+    def _stream_fences_done(self, fences: dict[int | StreamKey, int]) -> bool:
+        """Has every user stream passed its fence? (The driver's queues keep
+        their buffer objects alive themselves.)"""
+        return all(isinstance(q, int) or q.completed(f) for q, f in fences.items())
+
+    def _wait_streams(self, fences: dict[int | StreamKey, int]) -> None:
+        """Wait until every user stream passed its fence (lock held)."""
+        for queue, fence in fences.items():
+            if not isinstance(queue, int) and not queue.completed(fence):
+                self.num_host_waits += 1
+                queue.wait(fence)
+
+    def _destroy_doomed(self, wait: bool) -> int:
+        """Destroy the doomed segments whose streams are done (all, after
+        waiting, with ``wait``); return the bytes released (lock held)."""
+        released = 0
+        keep = []
+        for segment, fences in self._doomed:
+            if wait:
+                self._wait_streams(fences)
+            elif not self._stream_fences_done(fences):
+                keep.append((segment, fences))
+                continue
+            released += segment.size
+            self._drop_segment(segment)
+        self._doomed = keep
+        return released
 
     def _free_block(self, block: _Block, fences: dict[int | StreamKey, int]) -> None:
         pool = block.segment.pool
@@ -444,8 +486,14 @@ class CachingAllocator:
             c.freed += amount
         block.requested = 0
         block.fences = fences
-        if not self.caching or block.segment.buffer.freed:
+        if block.segment.buffer.freed:
             self._drop_segment(block.segment)
+            return
+        if not self.caching:
+            if self._stream_fences_done(fences):
+                self._drop_segment(block.segment)
+            else:
+                self._doomed.append((block.segment, fences))
             return
         # Merging with free neighbours waits until a request finds no fit
         # (_coalesce): a block freed and asked for again, the common case,
@@ -497,14 +545,16 @@ class CachingAllocator:
             log.warning("freeing segment %r failed: %s", segment.buffer, exc)
 
     def _release_free_segments(self) -> int:
-        """Destroy every segment that is one free block; return the bytes released."""
-        released = 0
+        """Destroy every segment that is one free block, once no stream may
+        still use it (waiting for those that may); return the bytes released."""
+        released = self._destroy_doomed(wait=True)
         for pool in _POOLS:
             self._coalesce(pool)
             keep = []
             for entry in self._free[pool]:
                 block = entry[2]
                 if block.prev is None and block.next is None:
+                    self._wait_streams(block.fences)
                     released += block.segment.size
                     self._drop_segment(block.segment)
                 else:
@@ -515,8 +565,10 @@ class CachingAllocator:
     def empty_cache(self) -> int:
         """Return every wholly free segment to the driver; return the bytes released.
 
-        Segments still holding an allocation stay. Buffer objects still used by
-        queued ops stay alive in the driver until those ops retire.
+        Segments still holding an allocation stay. A segment that queued
+        stream work may still use is returned after that work completed
+        (this waits for it); the driver's own queues keep their buffer
+        objects alive until their ops retire.
         """
         with self._lock:
             self._drain()

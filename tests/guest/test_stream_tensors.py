@@ -287,6 +287,39 @@ def test_a_host_write_into_a_tensor_waits_for_the_streams_that_read_it(
     np.testing.assert_array_equal(y.numpy(), X)
 
 
+def big_result_behind_gate(dev: npu.Device, stream: npu.Stream, gate: Gate) -> npu.Tensor:
+    """``a``, whose 4 MiB product ``a @ a.T`` (its own segment) was launched on
+    ``stream`` behind the closed gate and freed at once."""
+    a = upload(dev, np.ones((1024, 64), np.float32))
+    gate.close_on(stream)
+    with stream:
+        y = a @ a.T
+    del y
+    return a
+
+
+def test_empty_cache_never_destroys_memory_a_queued_stream_op_still_writes(
+    dev: npu.Device, s1: npu.Stream, gate: Gate
+) -> None:
+    a = big_result_behind_gate(dev, s1, gate)
+    timer = gate.open_later()
+    assert npu.empty_cache(dev) > 0  # waits for the matmul, then destroys its segment
+    timer.join()
+    s1.synchronize()  # no MMU fault: the file is not marked faulted
+    np.testing.assert_array_equal((a + 1).numpy(), np.full((1024, 64), 2, np.float32))
+
+
+def test_without_caching_a_freed_result_outlives_its_queued_stream_op(
+    dev: npu.Device, s1: npu.Stream, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(npu.allocator.allocator(dev), "caching", False)
+    a = big_result_behind_gate(dev, s1, gate)
+    npu.memory_stats(dev)  # processes the free: the segment must stay
+    gate.open()
+    s1.synchronize()
+    np.testing.assert_array_equal((a * 3).numpy(), np.full((1024, 64), 3, np.float32))
+
+
 # --------------------------------------------------------------------------
 # Synchronisation and errors
 # --------------------------------------------------------------------------

@@ -229,6 +229,55 @@ def test_a_block_of_a_stream_is_free_for_all_once_the_stream_passed_its_fence(
     assert key.waits == []
 
 
+def test_empty_cache_waits_for_the_stream_still_using_a_segment_before_destroying_it(
+    device: npu.Device, driver: CpuBackend
+) -> None:
+    alloc = allocator(device)
+    key = FakeStreamKey()
+    freed_while_stream_busy(device, key)
+    destroyed = bo_destroys(driver)
+    assert alloc.empty_cache() == SMALL_SEGMENT
+    assert key.waits == [1]  # the stream passed fence 1 before BO_DESTROY
+    assert bo_destroys(driver) == destroyed + 1
+
+
+def test_the_out_of_memory_retry_waits_for_the_stream_before_destroying_its_segment(
+    device: npu.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alloc = allocator(device)
+    key = FakeStreamKey()
+    freed_while_stream_busy(device, key)
+    real = device.bo_create
+    refused: list[int] = []
+
+    def bo_create_once_enomem(size: int) -> tuple[int, int, int]:
+        if not refused:
+            refused.append(size)
+            raise npu.NpuError(errno.ENOMEM, "no memory", f"BO_CREATE(size={size})")
+        return real(size)
+
+    monkeypatch.setattr(device, "bo_create", bo_create_once_enomem)
+    block = alloc.allocate(10 * MiB)
+    assert refused and key.waits == [1]
+    del block
+
+
+def test_without_caching_a_block_a_stream_uses_is_destroyed_only_after_the_stream(
+    device: npu.Device, driver: CpuBackend
+) -> None:
+    alloc = CachingAllocator(device, caching=False)
+    key = FakeStreamKey()
+    device._stream_fences[key] = 1  # type: ignore[index]
+    block = alloc.allocate(4096, stream=key)  # type: ignore[arg-type]
+    del block
+    alloc.memory_stats()  # processes the queued free
+    assert bo_destroys(driver) == 0  # fence 1 of the stream is pending
+    key.done = 1
+    alloc.memory_stats()
+    assert bo_destroys(driver) == 1
+    assert key.waits == []
+
+
 def test_a_view_keeps_the_block_allocated(default_device: npu.Device) -> None:
     t = npu.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
     view = t.T
