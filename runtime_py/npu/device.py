@@ -272,8 +272,8 @@ class Device(Closing):
         # the fence of its last launch, for the caching allocator and
         # npu.synchronize(). Written by the stream, read without a lock.
         self._stream_fences: dict[StreamKey, int] = {}
-        # The npu.graph.Graph capturing the tensor ops of this device, if any.
-        self._capturing: Graph | None = None
+        # Per thread: the npu.graph.Graph capturing its tensor ops, if any.
+        self._capture = threading.local()
         # The caching allocator of npu.allocator, created on first use.
         self._allocator: CachingAllocator | None = None
         # The npu.default_stream() of this device (the kernel path), on first use.
@@ -325,6 +325,33 @@ class Device(Closing):
     def __repr__(self) -> str:
         state = "closed" if self.closed else self._backend.kind
         return f"<npu.Device {self.path} {state}>"
+
+    # -- graph capture --------------------------------------------------------------
+
+    @property
+    def capturing(self) -> Graph | None:
+        """The graph capturing the calling thread's tensor ops on this device, if any.
+
+        Capture is per thread (PyTorch's ``thread_local`` capture mode): ops
+        other threads issue meanwhile run as usual and are not recorded.
+        """
+        graph: Graph | None = getattr(self._capture, "graph", None)
+        return graph
+
+    def begin_capture(self, graph: Graph) -> None:
+        """Make ``graph`` record the calling thread's tensor ops (:meth:`npu.Graph.capture`).
+
+        Raises:
+            RuntimeError: the thread already captures a graph on this device.
+        """
+        if self.capturing is not None:
+            raise RuntimeError("Graph.capture: this thread already captures a graph on the device")
+        self._capture.graph = graph
+
+    def end_capture(self, graph: Graph) -> None:
+        """End the calling thread's capture of ``graph``."""
+        if self.capturing is graph:
+            self._capture.graph = None
 
     # -- backend calls -----------------------------------------------------------
 
@@ -444,7 +471,7 @@ class Device(Closing):
                 submission (e.g. ``EINVAL``, ``ENOENT`` for an unknown handle,
                 ``ERANGE`` for a tensor past the end of its buffer).
         """
-        if self._capturing is not None:
+        if self.capturing is not None:
             raise RuntimeError("submit: raw ops are not recorded while a graph captures")
         batch = tuple(ops)
         if not batch:

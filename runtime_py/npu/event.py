@@ -101,7 +101,7 @@ class Event:
         if self.enable_timing:
             self._fence = self.device.submit([ops.nop()], _QUEUE)
         else:
-            if self.device._capturing is not None:
+            if self.device.capturing is not None:
                 raise RuntimeError("Event.record: not while a graph is capturing")
             self._fence = self.device.submitted_fences().get(_QUEUE, 0)
 

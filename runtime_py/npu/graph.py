@@ -86,19 +86,21 @@ class Graph:
     def capture(self) -> Iterator[Graph]:
         """Record the tensor ops of the device until the block ends.
 
+        Only the ops of the calling thread are recorded (PyTorch's
+        ``thread_local`` capture mode): other threads' ops on the device run
+        as usual meanwhile, and another thread may capture its own graph.
+
         Raises:
-            RuntimeError: the graph was captured already, or another capture
-                is running on the device.
+            RuntimeError: the graph was captured already, or this thread
+                already captures a graph on the device.
         """
         if self._captured:
             raise RuntimeError("Graph.capture: this graph is already captured")
-        if self.device._capturing is not None:
-            raise RuntimeError("Graph.capture: another graph is capturing on this device")
-        self.device._capturing = self
+        self.device.begin_capture(self)
         try:
             yield self
         finally:
-            self.device._capturing = None
+            self.device.end_capture(self)
             self._captured = True
         if self._ops:
             self._packed = self.device.pack(self._ops)
@@ -170,12 +172,18 @@ class Graph:
 
     # -- called by npu.tensor while capturing ---------------------------------
 
-    def _record(self, batch: list[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]) -> None:
+    def record(self, batch: list[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]) -> None:
+        """Record ``batch``, which makes ``out`` from ``inputs`` (npu.tensor's hook)."""
         self._ops.extend(batch)
         for t in (*inputs, out):
             if t not in self._outputs:
                 self._inputs.add(t)
         self._outputs.add(out)
 
-    def _keep(self, memory: Allocation) -> None:
+    def keep(self, memory: Allocation) -> None:
+        """Hold ``memory`` for every replay (npu.tensor's hook)."""
         self._memory.append(memory)
+
+    def add_output(self, tensor: Tensor) -> None:
+        """``tensor`` is made during the capture: each replay sets its fence."""
+        self._outputs.add(tensor)

@@ -205,9 +205,9 @@ class Tensor:
         # keep it alive; None: the driver's queue 0) -> the last such fence.
         # A write into the tensor (copy_, a graph replay) is ordered after them.
         self._readers: dict[StreamKey | None, int] | None = None
-        graph = device._capturing
+        graph = device.capturing
         if graph is not None:  # its fence is set by each replay
-            graph._outputs.add(self)
+            graph.add_output(self)
 
     # -- properties ---------------------------------------------------------
 
@@ -309,7 +309,7 @@ class Tensor:
             NpuTimeoutError: not done within ``timeout_s``.
             RuntimeError: called while an :class:`npu.Graph` captures.
         """
-        if self._device._capturing is not None:
+        if self._device.capturing is not None:
             raise RuntimeError("cannot wait for a tensor while a graph is capturing")
         if self._fence is None:
             return
@@ -366,7 +366,7 @@ class Tensor:
         """
         if isinstance(src, Tensor):
             return _device_copy(src, self)
-        if self._device._capturing is not None:
+        if self._device.capturing is not None:
             raise RuntimeError("copy_: not while a graph is capturing")
         data = np.broadcast_to(np.asarray(src), self._shape)
         last = cast("dict[int | StreamKey, int]", self._device.submitted_fences())
@@ -758,8 +758,9 @@ def _alloc(
         wait=_wait_recording_failures,
         stream=None if stream is None else stream._key,
     )
-    if device._capturing is not None:  # the graph's ops use it at every replay
-        device._capturing._keep(mem)
+    graph = device.capturing
+    if graph is not None:  # the graph's ops use it at every replay
+        graph.keep(mem)
     return Tensor(
         device, mem.buffer, dtype, shape, offset=mem.offset // dtype.itemsize, allocation=mem
     )
@@ -771,9 +772,9 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     While an :class:`npu.Graph` captures, the batch is recorded instead.
     """
     device = out._device
-    graph = device._capturing
+    graph = device.capturing
     if graph is not None:
-        graph._record(batch, out, inputs)
+        graph.record(batch, out, inputs)
         return out
     stream = _current_user_stream_of(device)
     after, deps, since = _dependencies(stream, inputs, out)
@@ -899,7 +900,7 @@ def synchronize(device: Device | None = None) -> None:
         RuntimeError: called while a graph captures.
     """
     dev = device if device is not None else default_device()
-    if dev._capturing is not None:
+    if dev.capturing is not None:
         raise RuntimeError("synchronize: not while a graph is capturing")
     failures = _failures(dev)
     for queue, fence in dev.submitted_fences().items():

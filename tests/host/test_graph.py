@@ -4,6 +4,8 @@ and the graph's memory is never handed to anyone else."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -109,7 +111,62 @@ def test_replay_before_capture_or_of_nothing_raises(default_device: npu.Device) 
 
 def test_a_graph_is_captured_once_and_captures_do_not_nest(default_device: npu.Device) -> None:
     g = npu.Graph()
-    with g.capture(), pytest.raises(RuntimeError, match="another graph"), npu.Graph().capture():
+    with g.capture(), pytest.raises(RuntimeError, match="already captures"), npu.Graph().capture():
         pass
     with pytest.raises(RuntimeError, match="already captured"), g.capture():
         pass
+
+
+def test_another_threads_eager_ops_run_and_are_not_recorded_during_a_capture(
+    inputs: tuple[npu.Tensor, npu.Tensor],
+) -> None:
+    x, w = inputs
+    capturing, done = threading.Event(), threading.Event()
+    seen: list[np.ndarray] = []
+
+    def eager() -> None:
+        capturing.wait(5)
+        seen.append((x + 1).numpy())  # neither recorded nor refused as a wait
+        done.set()
+
+    worker = threading.Thread(target=eager)
+    worker.start()
+    g = npu.Graph()
+    with g.capture():
+        y = x @ w
+        capturing.set()
+        assert done.wait(5)
+    worker.join()
+    assert g.num_ops == 1
+    np.testing.assert_array_equal(seen[0], np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
+    g.replay()
+    np.testing.assert_array_equal(
+        y.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4) @ w.numpy()
+    )
+
+
+def test_two_threads_capture_two_graphs_of_one_device_at_once(
+    inputs: tuple[npu.Tensor, npu.Tensor],
+) -> None:
+    x, _ = inputs
+    barrier = threading.Barrier(2)
+    graphs: dict[int, tuple[npu.Graph, npu.Tensor]] = {}
+
+    def capture(k: int) -> None:
+        g = npu.Graph()
+        with g.capture():
+            barrier.wait(5)  # both captures are open here
+            out = x * float(k) + float(k)
+            barrier.wait(5)
+        graphs[k] = (g, out)
+
+    threads = [threading.Thread(target=capture, args=(k,)) for k in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for k, (g, out) in graphs.items():
+        assert g.num_ops == 2
+        g.replay()
+        np.testing.assert_array_equal(out.numpy(), base * k + k)
