@@ -273,6 +273,7 @@ class CachingAllocator:
         host_write: bool = False,
         wait: Waiter | None = None,
         stream: StreamKey | None = None,
+        any_timeline: bool = False,
     ) -> Allocation:
         """Return ``size`` bytes (``size`` > 0) of device memory.
 
@@ -283,6 +284,9 @@ class CachingAllocator:
             wait: how to wait for a fence (default :meth:`npu.Device.wait`).
             stream: the user stream whose ops use the memory first (its
                 :class:`npu.stream.StreamKey`); None: the default stream.
+            any_timeline: ops of any timeline will use the memory (a graph's,
+                which replays on any stream): like an upload, only a block
+                idle on every timeline will do.
 
         Raises:
             ValueError: ``size`` is not positive.
@@ -294,7 +298,9 @@ class CachingAllocator:
         rounded = _round_up(size, ALIGN)
         pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
         # The timeline the memory is used on first; None: the host.
-        on: int | StreamKey | None = None if host_write else (0 if stream is None else stream)
+        on: int | StreamKey | None = (
+            None if host_write or any_timeline else (0 if stream is None else stream)
+        )
         fences: dict[int | StreamKey, int] = {}
         with self._lock:
             self._drain()

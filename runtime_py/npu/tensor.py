@@ -752,13 +752,16 @@ def _alloc(
     if size == 0:
         return _empty(device, dtype, shape)
     stream = None if host_write else _current_user_stream_of(device)
+    graph = device.capturing
     mem = allocator(device).allocate(
         size * dtype.itemsize,
         host_write=host_write,
         wait=_wait_recording_failures,
         stream=None if stream is None else stream._key,
+        # A graph's memory is used by replays on any stream: never a block
+        # that ops of any timeline may still use.
+        any_timeline=graph is not None,
     )
-    graph = device.capturing
     if graph is not None:  # the graph's ops use it at every replay
         graph.keep(mem)
     return Tensor(

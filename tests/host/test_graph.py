@@ -170,3 +170,21 @@ def test_two_threads_capture_two_graphs_of_one_device_at_once(
         assert g.num_ops == 2
         g.replay()
         np.testing.assert_array_equal(out.numpy(), base * k + k)
+
+
+def test_a_capture_never_takes_a_block_queued_default_stream_work_may_still_use(
+    inputs: tuple[npu.Tensor, npu.Tensor],
+) -> None:
+    x, _ = inputs
+    t = npu.relu(x)  # queued on the default stream, never waited for
+    assert t.buffer is not None
+    where = (t.buffer.handle, t.offset)
+    del t
+    g = npu.Graph()
+    with g.capture():
+        y = npu.relu(x)  # its replays may run on any stream, racing the first relu
+    assert y.buffer is not None
+    assert (y.buffer.handle, y.offset) != where
+    eager = npu.relu(x)  # eager work on the default stream may still reuse it at once
+    assert eager.buffer is not None
+    assert (eager.buffer.handle, eager.offset) == where
