@@ -255,13 +255,15 @@ class Executor:
     def _store(self, t: _abi.NpuTensorRef, values: np.ndarray[Any, Any]) -> None:
         dst = self._tensor(t)
         if t.dtype in _FLOATS:
-            f = values.astype(np.float32)
+            with np.errstate(over="ignore"):  # out of range rounds to +-inf, as on the device
+                f = values.astype(np.float32)
             if t.dtype == _abi.NPU_DTYPE_BF16:
                 u = f.view(np.uint32).astype(np.uint64)
                 bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
                 dst[...] = np.where(np.isnan(f), ((u >> 16) | 0x40).astype(np.uint16), bits)
             else:
-                dst[...] = f.astype(_STORAGE[t.dtype])
+                with np.errstate(over="ignore"):
+                    dst[...] = f.astype(_STORAGE[t.dtype])
             return
         lo, hi = _INT_RANGE[t.dtype]
         if values.dtype.kind == "f":
