@@ -39,6 +39,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import time
 import timeit
@@ -503,6 +504,23 @@ def bench_stream_tensors(dev: npu.Device) -> dict[str, float]:
 
 def _empty_function() -> None:
     pass
+
+
+def bench_import_npu() -> tuple[float, float]:
+    """Seconds of ``python3 -c 'import npu'`` and of ``python3 -c pass`` (a fresh
+    interpreter each, median of 5 after one warm-up)."""
+    runtime = os.path.dirname(os.path.dirname(os.path.abspath(npu.__file__)))
+    env = {**os.environ, "PYTHONPATH": runtime}
+
+    def run(code: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        return time.perf_counter() - t0
+
+    run("import npu")
+    with_import = statistics.median(run("import npu") for _ in range(5))
+    bare = statistics.median(run("pass") for _ in range(5))
+    return with_import, bare
 
 
 def bench_python_call() -> float:
@@ -1349,6 +1367,12 @@ def main() -> int:
                 log.warning("the driver lends no user queues: user-queue figures skipped")
             result["python_call_us"] = bench_python_call()
             log.info("empty python call %.3f us", result["python_call_us"])
+            result["import_npu_s"], result["python_start_s"] = bench_import_npu()
+            log.info(
+                "python3 -c 'import npu' %.2f s (python3 -c pass %.2f s)",
+                result["import_npu_s"],
+                result["python_start_s"],
+            )
             result["dma_copy_gbps"] = bench_dma_copy(dev)
             log.info("dma copy %.2f GB/s", result["dma_copy_gbps"])
             result["guest_memcpy_gbps"] = bench_guest_memcpy()
