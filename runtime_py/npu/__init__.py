@@ -28,7 +28,9 @@ docs/runtime.md.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from . import ops
 from ._abi import (
@@ -61,6 +63,7 @@ from .device import (
     default_device,
     devices,
     open_device,
+    resolve_device,
     set_default_device,
 )
 from .dtypes import BFloat16Type, bf16_to_float32, bfloat16, float32_to_bf16, result_type
@@ -81,7 +84,13 @@ from .elementwise import (
     subtract,
     tanh,
 )
-from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from .errors import (
+    DeviceNotFoundError,
+    NpuDeviceError,
+    NpuError,
+    NpuOutOfMemoryError,
+    NpuTimeoutError,
+)
 from .event import Event
 from .graph import Graph
 from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
@@ -96,6 +105,13 @@ if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
 
 __version__ = "0.1.0"
+
+# One dtype system: the tensor dtypes by name, usable wherever a numpy dtype
+# is (they are numpy dtypes, and bfloat16 the runtime's marker).
+float32: Final = np.dtype(np.float32)
+float16: Final = np.dtype(np.float16)
+int8: Final = np.dtype(np.int8)
+int32: Final = np.dtype(np.int32)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -116,6 +132,7 @@ __all__ = [
     "ModelError",
     "NpuDeviceError",
     "NpuError",
+    "NpuOutOfMemoryError",
     "NpuTimeoutError",
     "Op",
     "Opcode",
@@ -147,10 +164,14 @@ __all__ = [
     "empty_cache",
     "exp",
     "fill",
+    "float16",
+    "float32",
     "float32_to_bf16",
     "from_numpy",
     "gelu",
     "global_avg_pool2d",
+    "int8",
+    "int32",
     "layer_norm",
     "linear",
     "log",
@@ -175,6 +196,7 @@ __all__ = [
     "quantized_matmul",
     "relu",
     "reset_peak_memory_stats",
+    "resolve_device",
     "result_type",
     "set_default_device",
     "sigmoid",

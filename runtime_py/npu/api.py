@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from . import _abi, ops
 from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
 from .nn import matmul as _tensor_matmul
 from .tensor import Tensor
 
@@ -30,7 +30,7 @@ def matmul(
     a: Tensor,
     b: Tensor | npt.ArrayLike,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Tensor: ...
 
@@ -40,7 +40,7 @@ def matmul(
     a: npt.ArrayLike,
     b: Tensor,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Tensor: ...
 
@@ -50,7 +50,7 @@ def matmul(
     a: npt.ArrayLike,
     b: npt.ArrayLike,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> npt.NDArray[np.float32]: ...
 
@@ -59,7 +59,7 @@ def matmul(
     a: Tensor | npt.ArrayLike,
     b: Tensor | npt.ArrayLike,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> npt.NDArray[np.float32] | Tensor:
     """Return ``a @ b`` computed by a device GEMM, as a new float32 array (or a Tensor).
@@ -100,7 +100,7 @@ def matmul(
             raise ValueError(f"matmul: {name}={dim} exceeds NPU_MAX_DIM={_abi.NPU_MAX_DIM}")
     if 0 in (m, n, k):
         return np.zeros((m, n), dtype=np.float32)
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     with contextlib.ExitStack() as stack:
         buf_a = _upload(stack, dev, a32)
         buf_b = _upload(stack, dev, b32)
@@ -113,7 +113,7 @@ def matmul(
 def copy_array(
     x: npt.ArrayLike,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> npt.NDArray[Any]:
     """Return a copy of ``x`` made by a device COPY between two buffers.
@@ -130,7 +130,7 @@ def copy_array(
         raise TypeError("copy_array: arrays of Python objects cannot be copied by the device")
     if src.nbytes == 0:
         return src.copy()
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     with contextlib.ExitStack() as stack:
         buf_src = _upload(stack, dev, src)
         buf_dst = stack.enter_context(dev.alloc(src.nbytes))
@@ -143,7 +143,7 @@ def fill(
     value: Any,
     dtype: npt.DTypeLike = np.float32,
     *,
-    device: Device | None = None,
+    device: DeviceArg = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> npt.NDArray[Any]:
     """Return a new array of ``shape`` and ``dtype`` filled with ``value`` by a device FILL.
@@ -168,7 +168,7 @@ def fill(
     if nbytes == 0:
         return np.empty(dims, dtype=dt)
     padded = (nbytes + 3) & ~3
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     with dev.alloc(padded) as buf:
         dev.run([ops.fill(buf, pattern, padded)], timeout_s=timeout_s)
         return buf.numpy(dt, dims).copy()

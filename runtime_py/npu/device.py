@@ -55,6 +55,7 @@ __all__ = [
     "default_device",
     "devices",
     "open_device",
+    "resolve_device",
     "set_default_device",
 ]
 
@@ -293,6 +294,14 @@ class Device(Closing):
         if self.closed:
             raise NpuError(errno.EBADF, "device is closed", f"Device({self.path})")
         return self._backend
+
+    @property
+    def name(self) -> str:
+        """``"npu:N"`` for ``/dev/npuN``, ``"cpu"`` for the CPU backend, else the path."""
+        match = _NODE_RE.fullmatch(os.path.basename(self.path))
+        if self.path == os.path.join(_DEV_DIR, os.path.basename(self.path)) and match:
+            return f"npu:{match.group(1)}"
+        return self.path
 
     @property
     def kind(self) -> str:
@@ -895,6 +904,41 @@ def default_device() -> Device:
             _default_device = open_device(target)
             log.debug("default device is %s", _default_device.path)
         return _default_device
+
+
+#: Devices opened by name through :func:`resolve_device`, by canonical name.
+_named_devices: dict[str, Device] = {}
+
+#: What every ``device=`` argument accepts.
+DeviceArg = Device | DeviceSpec | None
+
+
+def resolve_device(device: DeviceArg) -> Device:
+    """The device a ``device=`` argument names, as in PyTorch.
+
+    ``None`` is :func:`default_device`; a :class:`Device` is itself; an index
+    ``N``, ``"npu:N"``, a node path or ``"cpu"`` is that device, opened on
+    first use and shared by every later use of the name (the default device
+    if it is the same node).
+
+    Raises:
+        DeviceNotFoundError, NpuError: as :func:`open_device`.
+    """
+    if device is None:
+        return default_device()
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, Backend):
+        raise TypeError("resolve_device: open a backend with npu.Device(backend)")
+    key = CPU if device == CPU else node_path(device)
+    with _default_lock:
+        default = _default_device
+        if default is not None and not default.closed and default.path == key:
+            return default
+        named = _named_devices.get(key)
+        if named is None or named.closed:
+            named = _named_devices[key] = open_device(key)
+        return named
 
 
 def set_default_device(device: Device | None) -> None:

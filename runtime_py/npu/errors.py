@@ -8,6 +8,7 @@ what failed, e.g. ``"BO_CREATE(size=0)"``::
     NpuError
      +-- NpuDeviceError      the device completed an op with an error status (EIO)
      +-- NpuTimeoutError     WAIT timed out (ETIMEDOUT); also a TimeoutError
+     +-- NpuOutOfMemoryError no memory (ENOMEM); also a MemoryError
      +-- DeviceNotFoundError no such /dev/npuN (ENOENT / ENODEV)
 
 Invalid arguments detected in Python before anything reaches the driver
@@ -26,6 +27,7 @@ __all__ = [
     "DeviceNotFoundError",
     "NpuDeviceError",
     "NpuError",
+    "NpuOutOfMemoryError",
     "NpuTimeoutError",
 ]
 
@@ -56,6 +58,8 @@ class NpuError(OSError):
     def from_oserror(cls, exc: OSError, context: str) -> NpuError:
         """Wrap an ``OSError`` raised by a system call, keeping its errno and text."""
         code = exc.errno if exc.errno is not None else _errno.EIO
+        if cls is NpuError and code == _errno.ENOMEM:
+            return NpuOutOfMemoryError(code, exc.strerror, context)
         return cls(code, exc.strerror, context)
 
 
@@ -125,6 +129,15 @@ class NpuTimeoutError(NpuError, TimeoutError):
             type(self),
             (self.fence, self.timeout_s, self.context, self.errno, self.strerror),
         )
+
+
+class NpuOutOfMemoryError(NpuError, MemoryError):
+    """Out of memory (``ENOMEM``): device memory, the driver's limits or the host's.
+
+    Every ``ENOMEM`` of a driver or backend call is one, so ``except
+    MemoryError`` catches the runtime's out-of-memory errors, as with
+    ``torch.cuda.OutOfMemoryError``.
+    """
 
 
 class DeviceNotFoundError(NpuError):

@@ -26,7 +26,7 @@ import errno
 from typing import TYPE_CHECKING
 
 from . import ops
-from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .device import DEFAULT_TIMEOUT_S, DeviceArg, resolve_device
 from .errors import NpuDeviceError, NpuError, NpuTimeoutError
 
 if TYPE_CHECKING:
@@ -46,9 +46,9 @@ class Event:
             :meth:`elapsed_time`.
     """
 
-    def __init__(self, device: Device | None = None, enable_timing: bool = False) -> None:
+    def __init__(self, device: DeviceArg = None, enable_timing: bool = False) -> None:
         self._device_given = device is not None
-        self.device = device if device is not None else default_device()
+        self.device = resolve_device(device)
         self.enable_timing = enable_timing
         self._fence: int | None = None
         # On a user stream: the stream, the counter's VA and the value its

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from . import ops
-from .device import DEFAULT_TIMEOUT_S, Device, PackedOps, default_device
+from .device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
 from .stream import Stream, _Program, current_stream
 from .tensor import _dependencies, _merge_deps, _note_reads, _order_write
 
@@ -62,8 +62,8 @@ class Graph:
             default device).
     """
 
-    def __init__(self, device: Device | None = None) -> None:
-        self.device = device if device is not None else default_device()
+    def __init__(self, device: DeviceArg = None) -> None:
+        self.device = resolve_device(device)
         self._ops: list[ops.AnyOp] = []
         self._packed: list[PackedOps] = []
         self._memory: list[Allocation] = []

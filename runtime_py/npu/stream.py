@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _abi, ops
 from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
 from .errors import NpuError, NpuTimeoutError
 from .userqueue import _CMD3, Completion, UserQueue
 from .validate import check_tensor_op
@@ -235,13 +235,13 @@ class _Current(threading.local):
 _CURRENT = _Current()
 
 
-def default_stream(device: Device | None = None) -> Stream:
+def default_stream(device: DeviceArg = None) -> Stream:
     """The default stream of ``device`` (default: the default device): the kernel path.
 
     Its work goes through SUBMIT to the driver's queue 0, as
     :meth:`npu.Device.submit` and tensor ops outside ``with stream:`` do.
     """
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     stream = dev._default_stream
     if stream is None:
         stream = Stream.__new__(Stream)
@@ -250,7 +250,7 @@ def default_stream(device: Device | None = None) -> Stream:
     return stream
 
 
-def current_stream(device: Device | None = None) -> Stream:
+def current_stream(device: DeviceArg = None) -> Stream:
     """The stream of the innermost ``with stream:`` of this thread, else the default stream.
 
     With ``device``, the innermost such stream of that device (else its
@@ -371,13 +371,13 @@ class Stream:
 
     def __init__(
         self,
-        device: Device | None = None,
+        device: DeviceArg = None,
         priority: int = 0,
         *,
         entries: int = DEFAULT_ENTRIES,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.device = device if device is not None else default_device()
+        self.device = resolve_device(device)
         self.priority = priority
         self._lock = threading.RLock()
         self._timeout_s = timeout_s

@@ -76,7 +76,7 @@ import numpy.typing as npt
 from . import _abi, ops
 from .allocator import Allocation, allocator
 from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, default_device
+from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, default_device, resolve_device
 from .dtypes import (
     _FROM_NUMPY,
     _INT_RANGE,
@@ -93,7 +93,7 @@ from .dtypes import (
     bf16_to_float32,
     bfloat16,
 )
-from .errors import NpuDeviceError
+from .errors import NpuDeviceError, NpuError
 from .stream import Stream, StreamKey, _current_user_stream_of
 
 # BFloat16Type, bfloat16, DTypeArg and TensorDType are re-exported from
@@ -292,10 +292,32 @@ class Tensor:
         return self._shape[0]
 
     def __repr__(self) -> str:
-        state = f" fence={self._fence}" if self._fence is not None else ""
-        return (
-            f"<npu.Tensor shape={self._shape} dtype={self.dtype} device={self._device.path}{state}>"
+        """The values, as PyTorch prints them: ``tensor([1., 2.], device='npu:0')``.
+
+        numpy's formatting, summarised beyond 1000 elements; the dtype is
+        shown unless it is float32. Printing waits for the tensor. While a
+        graph captures (no waiting) or after a failed op the values are
+        replaced by what is known.
+        """
+        extra = f", device='{self._device.name}'"
+        if self._dtype is not DType.FP32:
+            extra += f", dtype=npu.{self.dtype}"
+        if self._device.capturing is not None:
+            return f"tensor(<captured>, shape={self._shape}{extra})"
+        try:
+            values = self.numpy()
+        except NpuError as exc:
+            return f"tensor(<{type(exc).__name__}: {exc}>, shape={self._shape}{extra})"
+        if self._dtype is DType.BF16:
+            values = values.astype(np.float32)
+        body = np.array2string(
+            values, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3
         )
+        if values.size == 0:
+            extra = f", size={self._shape}" + extra
+        return f"tensor({body}{extra})"
+
+    __str__ = __repr__
 
     # -- synchronisation and download ---------------------------------------
 
@@ -542,9 +564,23 @@ class Tensor:
         op = ops.convert(self._ref(), out._ref(), _bufs(self, out))
         return _launch([op], out, self)
 
-    def to(self, dtype: DTypeArg) -> Tensor:
-        """``astype(dtype, copy=False)``: ``self`` if it already has ``dtype``."""
-        return self.astype(dtype, copy=False)
+    def to(self, target: DeviceArg | DTypeArg, dtype: DTypeArg | None = None) -> Tensor:
+        """This tensor on another device and/or with another dtype, as PyTorch's ``to``.
+
+        ``to(dtype)`` is ``astype(dtype, copy=False)``. ``to(device)`` (a
+        :class:`npu.Device`, an index, ``"npu:N"`` or ``"cpu"``) copies the
+        values to that device through the host (after a wait); ``self`` when
+        it is already there. ``to(device, dtype)`` does both.
+        """
+        if isinstance(target, Device) or _names_device(target):
+            device = resolve_device(cast("DeviceArg", target))
+            moved = self
+            if device is not self._device:
+                values = self.numpy()
+                data = values.astype(np.float32) if self._dtype is DType.BF16 else values
+                moved = _upload(data, self._dtype, device)
+            return moved if dtype is None else moved.astype(dtype, copy=False)
+        return self.astype(cast("DTypeArg", target), copy=False)
 
     # -- device operands -----------------------------------------------------
 
@@ -673,10 +709,166 @@ class Tensor:
 
         return matmul(other, self)
 
+    def __pow__(self, exponent: Any) -> Tensor:
+        """``self ** exponent`` (see :func:`_power`)."""
+        return _power(self, exponent)
+
+    def __rpow__(self, base: Any) -> Tensor:
+        return _power(_as_tensor(base, "pow", self._device), self)
+
+    # In place, as PyTorch's ``+=``: the result is written into this tensor's
+    # memory (views see it), with this tensor's dtype.
+    def __iadd__(self, other: Any) -> Tensor:
+        return self.copy_(self + other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self.copy_(self - other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self.copy_(self * other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self.copy_(self / other)
+
+    def __ipow__(self, other: Any) -> Tensor:
+        return self.copy_(self**other)
+
+    # -- PyTorch-style accessors ------------------------------------------------
+
+    def numel(self) -> int:
+        """The number of elements (``size`` as a method, as PyTorch's)."""
+        return self.size
+
+    def dim(self) -> int:
+        """The rank (``ndim`` as a method, as PyTorch's)."""
+        return len(self._shape)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU backend (``.to("cpu")``); itself if it is there."""
+        return self.to("cpu")
+
+    # -- indexing ---------------------------------------------------------------
+
+    def __getitem__(self, key: Any) -> Tensor:
+        """Basic indexing, as numpy and PyTorch: a view sharing this memory.
+
+        Integers (negative from the end), slices with a positive step,
+        ``None`` (a new axis of size 1) and one ``...``. Integer arrays,
+        tensors and masks (advanced indexing) are not supported.
+
+        Raises:
+            IndexError: an index out of range, too many indices, a step of
+                0 or below, or advanced indexing.
+            ValueError: the view would have rank above 4.
+        """
+        shape, strides, offset = _index(self, key)
+        if len(shape) > _abi.NPU_MAX_RANK:
+            raise ValueError(f"indexing: rank {len(shape)} is above {_abi.NPU_MAX_RANK}")
+        if math.prod(shape) == 0:
+            return _empty(self._device, self._dtype, shape)
+        view = self._view(shape, strides)
+        view._offset = offset
+        return view
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``self[key] = value``: writes through the view ``self[key]``.
+
+        A :class:`Tensor` value is copied by the device when the view is
+        contiguous; a strided view, or any other value (an ndarray, a list,
+        a scalar), is written by the host after the queued work (as
+        :meth:`copy_`).
+        """
+        view = self[key]
+        if isinstance(value, Tensor) and not view.is_contiguous:
+            value = value.numpy()
+        view.copy_(value)
+
 
 # ---------------------------------------------------------------------------
 # Creation and launching
 # ---------------------------------------------------------------------------
+
+
+def _names_device(arg: Any) -> bool:
+    """Does a ``to()`` argument name a device (rather than a dtype)?"""
+    if isinstance(arg, bool):
+        return False
+    if isinstance(arg, int):
+        return True
+    return isinstance(arg, str) and (arg == "cpu" or arg.startswith(("npu:", "/dev/")))
+
+
+def _index(t: Tensor, key: Any) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(shape, strides, offset) of the basic-indexing view ``t[key]``."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if builtins.sum(1 for k in keys if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = builtins.sum(1 for k in keys if k is not None and k is not Ellipsis)
+    ndim = len(t._shape)
+    if used > ndim:
+        raise IndexError(f"too many indices for a tensor of rank {ndim}: {used}")
+    expanded: list[Any] = []
+    for k in keys:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (ndim - used))
+        else:
+            expanded.append(k)
+    shape: list[int] = []
+    strides: list[int] = []
+    offset = t._offset
+    dim = 0
+    for k in expanded:
+        if k is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        size, stride = t._shape[dim], t._strides[dim]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size) if (k.step or 1) > 0 else (0, 0, 0)
+            if step <= 0:
+                raise IndexError(f"slice step must be positive, not {k.step}")
+            length = len(range(start, stop, step))
+            if length:
+                offset += start * stride
+            shape.append(length)
+            strides.append(stride * step)
+        elif isinstance(k, int | np.integer) and not isinstance(k, bool | np.bool_):
+            i = operator.index(k)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+            offset += (i + size if i < 0 else i) * stride
+        else:
+            raise IndexError(
+                f"only integers, slices, None and ... are valid indices, not {type(k).__name__} "
+                "(advanced indexing is not supported)"
+            )
+        dim += 1
+    shape.extend(t._shape[dim:])
+    strides.extend(t._strides[dim:])
+    return tuple(shape), tuple(strides), offset
+
+
+def _power(base: Tensor, exponent: Any) -> Tensor:
+    """``base ** exponent``: exact for the exponents 0, 1, 2, 3, 0.5 and -1
+    (products, SQRT, a division), else ``exp(exponent * log(base))`` (NaN for
+    a negative base, where numpy gives a real result for integer exponents)."""
+    from .elementwise import divide, exp, log, multiply, sqrt
+
+    if not isinstance(exponent, Tensor):
+        p = float(exponent)
+        if p == 0:  # 1 everywhere, NaN and inf included (numpy's rule)
+            return tensor(np.ones(base.shape, np.float32), base.dtype, base.device)
+        if p == 1:
+            return base.clone()
+        if p == 2:
+            return multiply(base, base)
+        if p == 3:
+            return multiply(multiply(base, base), base)
+        if p == 0.5:
+            return sqrt(base)
+        if p == -1:
+            return divide(1, base)
+    return exp(multiply(log(base), exponent))
 
 
 def _bufs(*tensors: Tensor) -> tuple[Buffer, ...]:
@@ -891,7 +1083,7 @@ LAUNCH_BLOCKING_ENV = "NPU_LAUNCH_BLOCKING"
 _launch_blocking = os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
 
 
-def synchronize(device: Device | None = None) -> None:
+def synchronize(device: DeviceArg = None) -> None:
     """Wait until every op submitted to ``device`` (default: the default device) is done.
 
     Like ``torch.cuda.synchronize()``. A failure of any of those ops raises
@@ -902,7 +1094,7 @@ def synchronize(device: Device | None = None) -> None:
         NpuDeviceError: an op that had not been waited for failed.
         RuntimeError: called while a graph captures.
     """
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     if dev.capturing is not None:
         raise RuntimeError("synchronize: not while a graph is capturing")
     failures = _failures(dev)
@@ -931,7 +1123,7 @@ def _upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:
     return out
 
 
-def tensor(x: Any, dtype: DTypeArg | None = None, device: Device | None = None) -> Tensor:
+def tensor(x: Any, dtype: DTypeArg | None = None, device: DeviceArg = None) -> Tensor:
     """Upload ``x`` (an ndarray, a scalar or a nested list) as a new :class:`Tensor`.
 
     Without ``dtype`` the dtype follows ``np.asarray(x)``: float32, float16,
@@ -946,10 +1138,10 @@ def tensor(x: Any, dtype: DTypeArg | None = None, device: Device | None = None) 
         NpuError: allocation failed.
     """
     if isinstance(x, Tensor):
-        if device is not None and device is not x._device:
-            raise ValueError("tensor(): the tensor lives on another device")
+        if device is not None:
+            return x.to(device, dtype)  # a copy when it lives on another device
         return x if dtype is None else x.to(dtype)
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     if dtype is None:
         data = np.asarray(x)
         target = _infer(data)
@@ -959,7 +1151,7 @@ def tensor(x: Any, dtype: DTypeArg | None = None, device: Device | None = None) 
     return _upload(data, target, dev)
 
 
-def from_numpy(array: npt.NDArray[Any], device: Device | None = None) -> Tensor:
+def from_numpy(array: npt.NDArray[Any], device: DeviceArg = None) -> Tensor:
     """A tensor that *shares* ``array``'s memory (no copy): pinned user memory.
 
     Like ``torch.from_numpy``: the driver pins the pages holding the array
@@ -976,7 +1168,7 @@ def from_numpy(array: npt.NDArray[Any], device: Device | None = None) -> Tensor:
         NpuError: BO_USERPTR failed (e.g. ``ENOMEM`` at the per-context
             limit).
     """
-    dev = device if device is not None else default_device()
+    dev = resolve_device(device)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy() takes an ndarray, not {type(array).__name__}")
     if array.dtype not in _FROM_NUMPY:
@@ -1101,8 +1293,12 @@ def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
     return _launch([op], dst, src)
 
 
-def _as_tensor(x: Any, what: str) -> Tensor:
-    return x if isinstance(x, Tensor) else _operands(x, 0, what)[0]
+def _as_tensor(x: Any, what: str, device: Device | None = None) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if device is not None:
+        return tensor(x, device=device)
+    return _operands(x, 0, what)[0]
 
 
 def permute(x: Tensor, axes: Iterable[SupportsIndex] | None = None) -> Tensor:

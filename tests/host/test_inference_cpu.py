@@ -54,10 +54,10 @@ def test_cpu_provider_runs_the_resnet_like_the_reference() -> None:
 
 
 def test_cpu_only_session_opens_no_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_device() -> npu.Device:
+    def no_device(device: object = None) -> npu.Device:
         raise AssertionError("the CPU provider must not open a device")
 
-    monkeypatch.setattr("npu.inference.session.default_device", no_device)
+    monkeypatch.setattr("npu.inference.session.resolve_device", no_device)
     model, feeds = CASES["Relu"]
     sess = npu.InferenceSession(model, providers=("CPU",))
     assert [p.provider for p in sess.partitions] == ["CPU"]

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from onnx import helper
 
 from .._closing import Closing
-from ..device import Device, default_device
+from ..device import DeviceArg, resolve_device
 from ..errors import NpuError
 from .cpu import Array, Kernel, cpu_kernel
 from .graph import Dim, Node
@@ -103,7 +103,7 @@ class InferenceSession(Closing):
     def __init__(
         self,
         model: ModelSource,
-        device: Device | None = None,
+        device: DeviceArg = None,
         providers: Sequence[str] = _PROVIDERS,
     ) -> None:
         provs = tuple(providers)
@@ -117,10 +117,10 @@ class InferenceSession(Closing):
         self.graph = graph
         self.providers = provs
         use_npu = "NPU" in provs
-        self.device: Device | None = None
+        self.device: DeviceArg = None
         caps = 0
         if use_npu:
-            self.device = device if device is not None else default_device()
+            self.device = resolve_device(device)
             caps = int(self.device.info.caps)
         self.fallbacks: list[tuple[str, str, str]] = []
         on_npu: dict[str, bool] = {}
