@@ -22,14 +22,15 @@ lie inside ``buffer.size``.
 
 from __future__ import annotations
 
-import enum
 import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, SupportsIndex, TypeAlias
+from typing import SupportsIndex, TypeAlias
 
 from . import _abi
+from .descriptors import BufferLike, TensorOp, TensorRef
+from .descriptors import check_range as _check_range
 from .validate import (
     check_tensor_op,
     f32_bits,
@@ -70,20 +71,6 @@ __all__ = [
 ]
 
 _FP32_BYTES = 4
-
-
-class BufferLike(Protocol):
-    """What the op builders need from a buffer: its BO handle and usable size."""
-
-    @property
-    def handle(self) -> int:
-        """The buffer object handle (nonzero, per file descriptor)."""
-        ...
-
-    @property
-    def size(self) -> int:
-        """Usable size in bytes."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,19 +256,6 @@ def gemm(
     return Op(_abi.Opcode.GEMM, (ra, rb, rc), params, (a, b, c))
 
 
-def _check_range(what: str, value: SupportsIndex, lo: int, hi: int) -> int:
-    """Return ``value`` as an int (numpy integers accepted) if it lies in ``[lo, hi]``."""
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, not bool")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
-    if not lo <= number <= hi:
-        raise ValueError(f"{what}={number} is out of range [{lo}, {hi}]")
-    return number
-
-
 def _stride(name: str, ld: SupportsIndex | None, cols: int) -> int:
     if ld is None:
         return cols
@@ -305,167 +279,6 @@ def _ref(what: str, buf: BufferLike, offset_: SupportsIndex, nbytes: int) -> Buf
 # ---------------------------------------------------------------------------
 # Tensor ops (struct npu_tensor_op)
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """A tensor operand (``struct npu_tensor_ref``): a strided view into a buffer object.
-
-    ``offset`` is in bytes (to element ``[0, ..., 0]``), ``strides`` in
-    elements; ``shape`` and ``strides`` have ``1..NPU_MAX_RANK`` entries.
-    Construction checks what ``npu_tensor_check`` checks (``ValueError``).
-    """
-
-    handle: int
-    dtype: _abi.DType
-    offset: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        _check_range("tensor handle", self.handle, 0, _abi.U32_MAX)
-        _check_range("tensor offset", self.offset, 0, _abi.U64_MAX)
-        if not isinstance(self.dtype, _abi.DType):
-            raise TypeError(f"tensor dtype must be npu.DType, not {type(self.dtype).__name__}")
-        ndim = len(self.shape)
-        if not 1 <= ndim <= _abi.NPU_MAX_RANK:
-            raise ValueError(f"tensor rank {ndim} is not in 1..{_abi.NPU_MAX_RANK}")
-        if len(self.strides) != ndim:
-            raise ValueError(f"tensor shape {self.shape} and strides {self.strides} differ in rank")
-        numel = 1
-        for d in range(ndim):
-            _check_range(f"tensor shape[{d}]", self.shape[d], 1, _abi.NPU_MAX_STRIDE)
-            _check_range(f"tensor strides[{d}]", self.strides[d], 0, _abi.NPU_MAX_STRIDE)
-            numel *= self.shape[d]
-        if numel > _abi.NPU_MAX_ELEMS:
-            raise ValueError(
-                f"tensor of shape {self.shape} has {numel} elements, "
-                f"more than NPU_MAX_ELEMS={_abi.NPU_MAX_ELEMS}"
-            )
-
-    @property
-    def ndim(self) -> int:
-        """Rank (1..4)."""
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
-
-    @property
-    def extent(self) -> int:
-        """Bytes from element 0 to the end of the furthest element (``npu_tensor_extent``)."""
-        last = sum((dim - 1) * stride for dim, stride in zip(self.shape, self.strides, strict=True))
-        return (last + 1) * self.dtype.itemsize
-
-    @property
-    def contiguous(self) -> bool:
-        """Row-major and dense, ignoring dims of size 1 (``npu_tensor_is_contiguous``)."""
-        want = 1
-        for dim, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
-            if dim > 1 and stride != want:
-                return False
-            want *= dim
-        return True
-
-    def pack(self) -> _abi.NpuTensorRef:
-        """Return the ``struct npu_tensor_ref`` (dims at and above ``ndim`` zero)."""
-        raw = _abi.NpuTensorRef()
-        raw.handle = self.handle
-        raw.dtype = int(self.dtype)
-        raw.offset = self.offset
-        raw.ndim = self.ndim
-        for d, (dim, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
-            raw.shape[d] = dim
-            raw.strides[d] = stride
-        return raw
-
-    def __str__(self) -> str:
-        shape = "x".join(str(d) for d in self.shape)
-        strides = ",".join(str(s) for s in self.strides)
-        return f"{self.dtype.name.lower()}[{shape}]@{self.handle}+{self.offset}/({strides})"
-
-
-@dataclass(frozen=True, slots=True)
-class TensorOp:
-    """One tensor op (``struct npu_tensor_op``): ELTWISE .. POOL2D.
-
-    ``operands`` are the inputs followed by the output, as in ``npu_hw.h``
-    (ELTWISE: a, b, out; UNARY, CONVERT, REDUCE, SOFTMAX: in, out;
-    LAYERNORM: in, gamma, beta, out; MATMUL: a, b, out; LINEAR: a, b, bias,
-    out; CONV2D: in, weight, bias, out; POOL2D: in, out; REQUANT: acc,
-    scale, out). ``kind`` is an
-    :class:`npu.EltwiseKind`, :class:`npu.UnaryKind`,
-    :class:`npu.ReduceKind`, :class:`npu.SoftmaxKind`, :class:`npu.ActKind`
-    (MATMUL, LINEAR, CONV2D, REQUANT), :class:`npu.PoolKind` (POOL2D) or 0
-    (CONVERT, LAYERNORM). ``params`` are the op's 32-bit params
-    (REDUCE: axes bit mask; SOFTMAX: axis; LAYERNORM: number of normalised
-    trailing axes, eps as fp32 bits; MATMUL, LINEAR: the input zero point;
-    CONV2D: the seven ``NPU_CONV_P_*`` values and the input zero point;
-    POOL2D: the seven ``NPU_POOL_P_*`` values; REQUANT: the output zero
-    point; zero points as two's complement words); the rest of the 12 are
-    packed as zero. Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
-    :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op`,
-    :func:`linear_op`, :func:`conv2d_op`, :func:`pool2d_op` and
-    :func:`requant_op`, which check the op
-    with :func:`check_tensor_op`. ``buffers`` holds the buffer objects for
-    :meth:`npu.Device.submit`'s checks; it is not part of equality.
-    """
-
-    opcode: _abi.Opcode
-    kind: int
-    operands: tuple[TensorRef, ...]
-    buffers: tuple[BufferLike, ...] = field(default=(), compare=False, repr=False)
-    params: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if len(self.params) > _abi.TENSOR_OP_PARAMS:
-            raise ValueError(
-                f"{self.opcode.name}: {len(self.params)} params, at most {_abi.TENSOR_OP_PARAMS}"
-            )
-        for i, value in enumerate(self.params):
-            _check_range(f"{self.opcode.name} params[{i}]", value, 0, _abi.U32_MAX)
-
-    def pack(self) -> _abi.NpuTensorOp:
-        """Return the ``struct npu_tensor_op`` (unused operands, params, rsvd zero)."""
-        raw = _abi.NpuTensorOp()
-        raw.opcode = int(self.opcode)
-        raw.flags = 0
-        raw.kind = int(self.kind)
-        for i, ref in enumerate(self.operands):
-            raw.t[i] = ref.pack()
-        for i, value in enumerate(self.params):
-            raw.params[i] = value
-        return raw
-
-    def __str__(self) -> str:
-        kinds: dict[_abi.Opcode, type[enum.IntEnum]] = {
-            _abi.Opcode.ELTWISE: _abi.EltwiseKind,
-            _abi.Opcode.UNARY: _abi.UnaryKind,
-            _abi.Opcode.REDUCE: _abi.ReduceKind,
-            _abi.Opcode.SOFTMAX: _abi.SoftmaxKind,
-            _abi.Opcode.MATMUL: _abi.ActKind,
-            _abi.Opcode.LINEAR: _abi.ActKind,
-            _abi.Opcode.CONV2D: _abi.ActKind,
-            _abi.Opcode.POOL2D: _abi.PoolKind,
-            _abi.Opcode.REQUANT: _abi.ActKind,
-        }
-        name = self.opcode.name
-        kind_enum = kinds.get(self.opcode)
-        if kind_enum is not None:
-            try:
-                name = f"{name}.{kind_enum(self.kind).name}"
-            except ValueError:
-                name = f"{name}.{self.kind}"
-        params = list(self.params)
-        while params and not params[-1]:
-            params.pop()
-        extra = f", params=[{','.join(f'{p:#x}' for p in params)}]" if params else ""
-        return f"{name}({', '.join(str(t) for t in self.operands)}{extra})"
 
 
 #: Either kind of op :meth:`npu.Device.submit` accepts.

@@ -41,10 +41,10 @@ import numpy as np
 from . import _abi
 from ._closing import Closing
 from .buffer import Buffer
+from .descriptors import check_range as _check_range
 from .device import DEFAULT_TIMEOUT_S
 from .errors import NpuDeviceError, NpuError, NpuTimeoutError
 from .hal import Backend, WaitFailed
-from .ops import _check_range
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from . import _abi
 
 if TYPE_CHECKING:
-    from .ops import TensorOp, TensorRef
+    from .descriptors import TensorOp, TensorRef
 
 __all__ = [
     "check_tensor_op",
