@@ -145,8 +145,19 @@ def _positive_finite_f32(bits: int) -> bool:
     return not bits & 0x80000000 and bits != 0 and (bits & 0x7F800000) != 0x7F800000
 
 
+# Signatures that passed check_tensor_op: what it reads of an op, without
+# the buffer handles and offsets (it never looks at them). Bounded: cleared
+# when full. Only successes are kept, so every bad op is refused each time
+# with its own message.
+_CHECKED: dict[tuple[object, ...], None] = {}
+_CHECKED_MAX = 4096
+
+
 def check_tensor_op(op: TensorOp) -> None:
     """Apply the checks of ``npu_tensor_op_check`` (``include/npu_tensor.h``) to ``op``.
+
+    An op whose signature (opcode, kind, params, and each operand's dtype,
+    shape and strides) passed before is not checked again.
 
     Raises:
         ValueError: the driver would reject the op with ``EINVAL``: wrong
@@ -157,6 +168,21 @@ def check_tensor_op(op: TensorOp) -> None:
             a zero point outside -128..127 (or one on float operands), or a
             REQUANT scale that does not broadcast to the output.
     """
+    key = (
+        op.opcode,
+        op.kind,
+        op.params,
+        *((t.dtype, t.shape, t.strides) for t in op.operands),
+    )
+    if key in _CHECKED:
+        return
+    _check_tensor_op(op)
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED[key] = None
+
+
+def _check_tensor_op(op: TensorOp) -> None:
     n = _OPERANDS.get(op.opcode)
     if n is None:
         raise ValueError(f"{op.opcode.name} is not a tensor op")
