@@ -306,7 +306,19 @@ class UserQueue(Closing):
 
     def nop(self, *, irq: bool = False) -> int:
         """Push a NOP; return its fence. ``irq``: interrupt when it completes."""
-        return self._emit(_OP_NOP, irq, 0, 0, 0, None, None, None)
+        tail = self._tail
+        if self._closed or self._stop is not None or tail - self._checked >= self.entries:
+            return self._emit(_OP_NOP, irq, 0, 0, 0, None, None, None)
+        # The fast path of _emit: a free slot of an open, running queue.
+        fence = tail + 1
+        _CMD3.pack_into(
+            self._mem, (tail & self._mask) * _CMD_SIZE, _OP_NOP, _F_IRQ if irq else 0, 0, 0,
+            fence, 0, 0, 0,
+        )  # fmt: skip
+        self._tail = fence
+        if irq:
+            self._irq_fence = fence
+        return fence
 
     def copy(
         self,
@@ -521,7 +533,11 @@ class UserQueue(Closing):
         timeout_s: float | None,
     ) -> int:
         """Push one descriptor of up to three payload words."""
-        off = self._claim(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+        tail = self._tail
+        if self._closed or self._stop is not None or tail - self._checked >= self.entries:
+            off = self._claim(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+        else:  # _claim's fast path, inline
+            off = (tail & self._mask) * _CMD_SIZE
         fence = self._tail + 1
         flags = _F_IRQ if irq else 0
         _CMD3.pack_into(self._mem, off, opcode, flags, 0, 0, fence, w0, w1, w2)
