@@ -210,7 +210,7 @@ class Buffer(Closing):
                 "when they are garbage-collected",
                 self._handle,
             )
-        self.device._forget_buffer(self)
+        self.device.forget_buffer(self)
         if not self.device.closed:
             self.device.bo_destroy(self._handle)
 

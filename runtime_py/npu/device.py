@@ -790,7 +790,8 @@ class Device(Closing):
         """The buffers allocated from this device and not freed yet."""
         return list(self._buffers)
 
-    def _forget_buffer(self, buf: Buffer) -> None:
+    def forget_buffer(self, buf: Buffer) -> None:
+        """Drop a freed buffer from :attr:`buffers` (called by :meth:`npu.Buffer.free`)."""
         self._buffers.discard(buf)
 
     def create_queue(self, entries: int = 256, priority: int = 0) -> UserQueue:
@@ -820,10 +821,12 @@ class Device(Closing):
         """The user queues created on this device and not closed yet."""
         return list(self._queues)
 
-    def _register_queue(self, queue: UserQueue) -> None:
+    def register_queue(self, queue: UserQueue) -> None:
+        """Add a new user queue to :attr:`queues` (called by :class:`npu.UserQueue`)."""
         self._queues.add(queue)
 
-    def _forget_queue(self, queue: UserQueue) -> None:
+    def forget_queue(self, queue: UserQueue) -> None:
+        """Drop a closed user queue from :attr:`queues` (called by ``UserQueue.close``)."""
         self._queues.discard(queue)
 
     def _find_op(self, queue: int, fence: int) -> AnyOp | None:

@@ -223,7 +223,7 @@ class UserQueue(Closing):
         # The op of a failed fence, asked when its record is first scanned
         # (before the slot is reused): npu.Stream names its ops this way.
         self._op_of: Callable[[int], object | None] | None = None
-        device._register_queue(self)
+        device.register_queue(self)
         log.debug(
             "QUEUE_CREATE entries=%d priority=%d -> queue %d (mem %d bytes)",
             entries,
@@ -460,7 +460,7 @@ class UserQueue(Closing):
         del self._ring_np
         self._unmap()
         self._keep.clear()
-        self.device._forget_queue(self)
+        self.device.forget_queue(self)
         log.debug("QUEUE_DESTROY queue=%d", self.index)
         if error is not None:
             raise error

@@ -1,0 +1,158 @@
+"""No module of the runtime reads another module's private attributes.
+
+A private attribute (``_name``) belongs to the module that defines or
+assigns it (``self._name = ...``, a ``_name`` function, method, class or
+slot). Reading it through any other object, in another module, is
+reaching into that module's state. The v1 layout does this in the pairs
+listed here (mostly the op modules reading ``Tensor`` internals, and
+streams driving user queues); the list may only shrink as the layers of
+issue 15 land, and no new pair may appear.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "runtime_py"
+
+KNOWN = frozenset(
+    {
+        ("npu.allocator", "_allocator"),
+        ("npu.allocator", "_handle"),
+        ("npu.allocator", "_stream_fences"),
+        ("npu.allocator", "_submitted"),
+        ("npu.elementwise", "_device"),
+        ("npu.elementwise", "_dtype"),
+        ("npu.elementwise", "_ref"),
+        ("npu.elementwise", "_shape"),
+        ("npu.event", "_event_done"),
+        ("npu.event", "_record"),
+        ("npu.graph", "_build"),
+        ("npu.graph", "_deps"),
+        ("npu.graph", "_readers"),
+        ("npu.graph", "_replay"),
+        ("npu.graph", "_since"),
+        ("npu.graph", "_wait_fence"),
+        ("npu.inference.npu_provider", "_build"),
+        ("npu.inference.npu_provider", "_replay"),
+        ("npu.inference.npu_provider", "_wait_fence"),
+        ("npu.nn", "_buffer"),
+        ("npu.nn", "_device"),
+        ("npu.nn", "_dtype"),
+        ("npu.nn", "_offset"),
+        ("npu.nn", "_ref"),
+        ("npu.nn", "_shape"),
+        ("npu.nn", "_strides"),
+        ("npu.nn", "_view"),
+        ("npu.nn", "_view_as"),
+        ("npu.quant", "_device"),
+        ("npu.quant", "_dtype"),
+        ("npu.quant", "_ref"),
+        ("npu.quant", "_shape"),
+        ("npu.quant", "_strides"),
+        ("npu.quant", "_view"),
+        ("npu.quant", "_view_as"),
+        ("npu.reduce", "_device"),
+        ("npu.reduce", "_dtype"),
+        ("npu.reduce", "_ref"),
+        ("npu.reduce", "_shape"),
+        ("npu.reduce", "_view_as"),
+        ("npu.stream", "_checked"),
+        ("npu.stream", "_claim"),
+        ("npu.stream", "_commit"),
+        ("npu.stream", "_context"),
+        ("npu.stream", "_default_stream"),
+        ("npu.stream", "_emit"),
+        ("npu.stream", "_fence"),
+        ("npu.stream", "_fence_view"),
+        ("npu.stream", "_handle"),
+        ("npu.stream", "_mmap"),
+        ("npu.stream", "_note_stamp"),
+        ("npu.stream", "_put"),
+        ("npu.stream", "_reserve"),
+        ("npu.stream", "_ring_np"),
+        ("npu.stream", "_set_stream_marker"),
+        ("npu.stream", "_stream"),
+        ("npu.stream", "_stream_fences"),
+        ("npu.stream", "_t_end_ns"),
+        ("npu.stream", "_tail"),
+        ("npu.stream", "_va"),
+        ("npu.tensor", "_key"),
+        ("npu.tensor", "_run"),
+        ("npu.tensor", "_stream_fences"),
+        ("npu.tensor", "_wait_fence"),
+    }
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def own_names(tree: ast.Module) -> set[str]:
+    """Private names a module defines: functions, classes, self-assignments, slots, class fields."""
+    own: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                own.add(n.attr)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            own.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    own.add(t.id)
+                    if t.id == "__slots__" and isinstance(n.value, ast.Tuple | ast.List):
+                        own.update(e.value for e in n.value.elts if isinstance(e, ast.Constant))
+    return own
+
+
+def foreign_private_reads(source: str) -> set[str]:
+    """``x._name`` reads (x not self/cls) of private names the module does not own."""
+    tree = ast.parse(source)
+    own = own_names(tree)
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            if n.attr not in own:
+                found.add(n.attr)
+    return found
+
+
+def all_pairs() -> set[tuple[str, str]]:
+    pairs = set()
+    for path in sorted(ROOT.joinpath("npu").rglob("*.py")):
+        for attr in foreign_private_reads(path.read_text()):
+            pairs.add((module_name(path), attr))
+    return pairs
+
+
+def test_the_scan_finds_a_foreign_private_read() -> None:
+    assert foreign_private_reads("def f(d):\n    return d._secret\n") == {"_secret"}
+
+
+def test_the_scan_ignores_a_modules_own_private_names() -> None:
+    source = (
+        "class A:\n    def __init__(self):\n        self._x = 1\n\ndef f(a):\n    return a._x\n"
+    )
+    assert foreign_private_reads(source) == set()
+
+
+def test_no_new_module_reads_another_modules_private_attributes() -> None:
+    new = all_pairs() - KNOWN
+    by_module = collections.defaultdict(list)
+    for module, attr in sorted(new):
+        by_module[module].append(attr)
+    assert not new, f"new private reads: {dict(by_module)}"
+
+
+def test_the_list_of_known_private_reads_only_holds_live_ones() -> None:
+    gone = KNOWN - all_pairs()
+    assert not gone, f"remove from KNOWN (fixed): {sorted(gone)}"
