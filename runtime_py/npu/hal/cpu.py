@@ -87,6 +87,7 @@ class CpuBackend:
         self._fd = os.eventfd(1, os.EFD_CLOEXEC)
         self._lock = threading.Lock()  # guards everything below
         self._bos: dict[int, _Bo] = {}
+        self._by_offset: dict[int, int] = {}  # mapping offset -> handle
         self._next_handle = 1
         self._next_offset = 0
         self._fence = 0  # the last fence handed out
@@ -136,6 +137,7 @@ class CpuBackend:
         with self._lock:
             fd, self._fd = self._fd, -1
             bos, self._bos = self._bos, {}
+            self._by_offset.clear()
         for bo in bos.values():
             os.close(bo.fd)
         if fd >= 0:
@@ -169,13 +171,18 @@ class CpuBackend:
         with self._lock:
             self.fileno()
             fd = _memfd(alloc)
-            view = mmap.mmap(fd, alloc, flags=mmap.MAP_SHARED)
+            try:
+                view = mmap.mmap(fd, alloc, flags=mmap.MAP_SHARED)
+            except BaseException:
+                os.close(fd)
+                raise
             # Offsets are never reused: a stale offset can never map a new buffer.
             offset = self._next_offset
             self._next_offset += alloc
             handle = self._next_handle
             self._next_handle += 1
             self._bos[handle] = _Bo(fd, offset, alloc, np.frombuffer(view, dtype=np.uint8))
+            self._by_offset[offset] = handle
         return BoInfo(handle, offset, alloc, va=0)
 
     def bo_userptr(self, addr: int, size: int, flags: int) -> BoInfo:
@@ -188,6 +195,7 @@ class CpuBackend:
             bo = self._bos.pop(handle, None)
             if bo is None:
                 raise _err(errno.ENOENT)
+            del self._by_offset[bo.offset]
             # The memory goes back to the system once no mapping holds it.
             os.close(bo.fd)
 
@@ -195,7 +203,9 @@ class CpuBackend:
         self._note("map", offset, length)
         with self._lock:
             self.fileno()
-            for bo in self._bos.values():
+            handle = self._by_offset.get(offset)  # a whole buffer, the common case
+            candidates = [self._bos[handle]] if handle is not None else self._bos.values()
+            for bo in candidates:
                 if bo.offset <= offset and offset + length <= bo.offset + bo.size:
                     return mmap.mmap(
                         bo.fd, length, flags=mmap.MAP_SHARED, prot=prot, offset=offset - bo.offset
