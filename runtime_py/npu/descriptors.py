@@ -8,14 +8,27 @@ together) is checked by :mod:`npu.validate`, and the builders live in
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import operator
+import struct
 from dataclasses import dataclass, field
 from typing import Protocol, SupportsIndex
 
 from . import _abi
 
 __all__ = ["BufferLike", "TensorOp", "TensorRef", "check_range"]
+
+# The C layouts of struct npu_tensor_ref and struct npu_tensor_op, packed by
+# the struct module (one C call per operand, no ctypes field setting).
+_REF = struct.Struct(f"<IIQII{_abi.NPU_MAX_RANK}I{_abi.NPU_MAX_RANK}IQ")
+_OP_HEAD = struct.Struct("<HHI")
+_OP_TAIL = struct.Struct(f"<{_abi.TENSOR_OP_PARAMS}IQ")
+_NO_REF = bytes(_REF.size)
+assert _REF.size == ctypes.sizeof(_abi.NpuTensorRef)
+assert _OP_HEAD.size + _abi.NPU_TENSOR_OPERANDS * _REF.size + _OP_TAIL.size == ctypes.sizeof(
+    _abi.NpuTensorOp
+)
 
 
 class BufferLike(Protocol):
@@ -110,17 +123,17 @@ class TensorRef:
             want *= dim
         return True
 
+    def to_bytes(self) -> bytes:
+        """The ``struct npu_tensor_ref`` as bytes (dims at and above ``ndim`` zero)."""
+        pad = (0,) * (_abi.NPU_MAX_RANK - len(self.shape))
+        return _REF.pack(
+            self.handle, self.dtype, self.offset, len(self.shape), 0,
+            *self.shape, *pad, *self.strides, *pad, 0,
+        )  # fmt: skip
+
     def pack(self) -> _abi.NpuTensorRef:
         """Return the ``struct npu_tensor_ref`` (dims at and above ``ndim`` zero)."""
-        raw = _abi.NpuTensorRef()
-        raw.handle = self.handle
-        raw.dtype = int(self.dtype)
-        raw.offset = self.offset
-        raw.ndim = self.ndim
-        for d, (dim, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
-            raw.shape[d] = dim
-            raw.strides[d] = stride
-        return raw
+        return _abi.NpuTensorRef.from_buffer_copy(self.to_bytes())
 
     def __str__(self) -> str:
         shape = "x".join(str(d) for d in self.shape)
@@ -168,17 +181,23 @@ class TensorOp:
         for i, value in enumerate(self.params):
             check_range(f"{self.opcode.name} params[{i}]", value, 0, _abi.U32_MAX)
 
+    def to_bytes(self) -> bytes:
+        """The ``struct npu_tensor_op`` as bytes (unused operands, params, rsvd zero)."""
+        refs = b"".join(ref.to_bytes() for ref in self.operands)
+        unused = _abi.NPU_TENSOR_OPERANDS - len(self.operands)
+        params = self.params + (0,) * (_abi.TENSOR_OP_PARAMS - len(self.params))
+        return b"".join(
+            (
+                _OP_HEAD.pack(self.opcode, 0, self.kind),
+                refs,
+                _NO_REF * unused,
+                _OP_TAIL.pack(*params, 0),
+            )
+        )
+
     def pack(self) -> _abi.NpuTensorOp:
         """Return the ``struct npu_tensor_op`` (unused operands, params, rsvd zero)."""
-        raw = _abi.NpuTensorOp()
-        raw.opcode = int(self.opcode)
-        raw.flags = 0
-        raw.kind = int(self.kind)
-        for i, ref in enumerate(self.operands):
-            raw.t[i] = ref.pack()
-        for i, value in enumerate(self.params):
-            raw.params[i] = value
-        return raw
+        return _abi.NpuTensorOp.from_buffer_copy(self.to_bytes())
 
     def __str__(self) -> str:
         kinds: dict[_abi.Opcode, type[enum.IntEnum]] = {

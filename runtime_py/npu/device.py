@@ -28,7 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, SupportsIndex, TypeVar
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex, TypeVar, cast
 
 from . import _abi
 from ._closing import Closing
@@ -581,9 +581,13 @@ class Device(Closing):
         """One SUBMIT of ops that are all ``TensorOp`` (``tensor``) or all ``Op``."""
         struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
         if raw_ops is None:
-            raw_ops = (struct * len(batch))()
-            for i, op in enumerate(batch):
-                raw_ops[i] = op.pack()
+            if tensor:  # packed by the struct module, then one copy into ctypes
+                data = b"".join(cast("TensorOp", op).to_bytes() for op in batch)
+                raw_ops = (struct * len(batch)).from_buffer_copy(data)
+            else:
+                raw_ops = (struct * len(batch))()
+                for i, op in enumerate(batch):
+                    raw_ops[i] = op.pack()
 
         def context() -> str:
             shown = ", ".join(str(op) for op in batch[:4])
