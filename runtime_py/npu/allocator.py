@@ -457,12 +457,19 @@ class CachingAllocator:
         their buffer objects alive themselves.)"""
         return all(isinstance(q, int) or q.completed(f) for q, f in fences.items())
 
-    def _wait_streams(self, fences: dict[int | StreamKey, int]) -> None:
-        """Wait until every user stream passed its fence (lock held)."""
+    def _wait_streams(self, fences: dict[int | StreamKey, int]) -> bool:
+        """Wait until every user stream passed its fence (lock held); False if a
+        wait failed (a timeout, a failed op: the error is the stream's to
+        report), so the memory must stay."""
         for queue, fence in fences.items():
             if not isinstance(queue, int) and not queue.completed(fence):
                 self.num_host_waits += 1
-                queue.wait(fence)
+                try:
+                    queue.wait(fence)
+                except NpuError as exc:
+                    log.warning("keeping a segment %r may still use: %s", queue, exc)
+                    return False
+        return True
 
     def _destroy_doomed(self, wait: bool) -> int:
         """Destroy the doomed segments whose streams are done (all, after
@@ -470,9 +477,8 @@ class CachingAllocator:
         released = 0
         keep = []
         for segment, fences in self._doomed:
-            if wait:
-                self._wait_streams(fences)
-            elif not self._stream_fences_done(fences):
+            done = self._wait_streams(fences) if wait else self._stream_fences_done(fences)
+            if not done:
                 keep.append((segment, fences))
                 continue
             released += segment.size
@@ -559,8 +565,7 @@ class CachingAllocator:
             keep = []
             for entry in self._free[pool]:
                 block = entry[2]
-                if block.prev is None and block.next is None:
-                    self._wait_streams(block.fences)
+                if block.prev is None and block.next is None and self._wait_streams(block.fences):
                     released += block.segment.size
                     self._drop_segment(block.segment)
                 else:

@@ -241,6 +241,27 @@ def test_empty_cache_waits_for_the_stream_still_using_a_segment_before_destroyin
     assert bo_destroys(driver) == destroyed + 1
 
 
+def test_a_stream_that_does_not_finish_keeps_its_segment_through_empty_cache(
+    device: npu.Device, driver: CpuBackend
+) -> None:
+    alloc = allocator(device)
+    key = FakeStreamKey()
+
+    def timed_out(fence: int, timeout_s: float | None = None) -> None:
+        raise npu.NpuTimeoutError(fence, 10.0, "stream wait")
+
+    key.wait = timed_out  # type: ignore[method-assign]
+    where = freed_while_stream_busy(device, key)
+    destroyed = bo_destroys(driver)
+    assert alloc.empty_cache() == 0
+    assert bo_destroys(driver) == destroyed
+    key.done = 1  # the stream finishes later: the segment is reused, then released
+    again = alloc.allocate(4096, stream=key)  # type: ignore[arg-type]
+    assert (again.buffer.handle, again.offset) == where
+    del again
+    assert alloc.empty_cache() == SMALL_SEGMENT
+
+
 def test_the_out_of_memory_retry_waits_for_the_stream_before_destroying_its_segment(
     device: npu.Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
