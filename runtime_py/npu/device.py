@@ -15,6 +15,7 @@ backend the default device.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import glob
 import logging
@@ -394,22 +395,8 @@ class Device(Closing):
         """Device properties from GET_INFO (queried once, then cached)."""
         if self._info is None:
             raw = self._call("GET_INFO", self.backend.query)
-            self._info = DeviceInfo(
-                path=self.path,
-                hw_version=raw.hw_version,
-                abi_version=raw.abi_version,
-                driver_version=raw.driver_version,
-                caps=_abi.Cap(raw.caps),
-                num_queues=raw.num_queues,
-                num_cores=raw.num_cores,
-                max_submit=raw.max_submit,
-                ring_entries=raw.ring_entries,
-                max_bo_size=raw.max_bo_size,
-                pci_vendor=raw.pci_vendor,
-                pci_device=raw.pci_device,
-                user_queues=raw.user_queues,
-                device_memory=raw.device_memory,
-            )
+            fields = {f.name: getattr(raw, f.name) for f in dataclasses.fields(raw)}
+            self._info = DeviceInfo(path=self.path, **{**fields, "caps": _abi.Cap(raw.caps)})
         return self._info
 
     def bo_create(

@@ -31,3 +31,13 @@ def default_device(device: npu.Device) -> Iterator[npu.Device]:
     npu.set_default_device(device)
     yield device
     npu.set_default_device(None)
+
+
+@pytest.fixture
+def no_default_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No default device, no NPU_DEVICE/NPU_BACKEND; the default opened meanwhile is closed."""
+    monkeypatch.delenv("NPU_DEVICE", raising=False)
+    monkeypatch.delenv("NPU_BACKEND", raising=False)
+    npu.set_default_device(None)
+    yield
+    npu.close_default_device()

@@ -177,6 +177,21 @@ def test_device_ops_reuse_a_busy_block_because_the_queue_is_in_order(
     np.testing.assert_array_equal(z.numpy(), np.arange(256))
 
 
+def refuse_one_bo_create(device: npu.Device, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The device's next BO_CREATE fails with ENOMEM; the list gets its size."""
+    real = device.bo_create
+    refused: list[int] = []
+
+    def bo_create_once_enomem(size: int) -> tuple[int, int, int]:
+        if not refused:
+            refused.append(size)
+            raise npu.NpuError(errno.ENOMEM, "no memory", f"BO_CREATE(size={size})")
+        return real(size)
+
+    monkeypatch.setattr(device, "bo_create", bo_create_once_enomem)
+    return refused
+
+
 class FakeStreamKey:
     """A stream's timeline as the allocator sees it: completed up to ``done``."""
 
@@ -268,16 +283,7 @@ def test_the_out_of_memory_retry_waits_for_the_stream_before_destroying_its_segm
     alloc = allocator(device)
     key = FakeStreamKey()
     freed_while_stream_busy(device, key)
-    real = device.bo_create
-    refused: list[int] = []
-
-    def bo_create_once_enomem(size: int) -> tuple[int, int, int]:
-        if not refused:
-            refused.append(size)
-            raise npu.NpuError(errno.ENOMEM, "no memory", f"BO_CREATE(size={size})")
-        return real(size)
-
-    monkeypatch.setattr(device, "bo_create", bo_create_once_enomem)
+    refused = refuse_one_bo_create(device, monkeypatch)
     block = alloc.allocate(10 * MiB)
     assert refused and key.waits == [1]
     del block
@@ -317,16 +323,7 @@ def test_out_of_memory_empties_the_cache_and_retries_once(
     alloc = allocator(device)
     cached = alloc.allocate(8 * MiB)
     del cached
-    real = device.bo_create
-    refused = []
-
-    def bo_create_once_enomem(size: int) -> tuple[int, int, int]:
-        if not refused:
-            refused.append(size)
-            raise npu.NpuError(errno.ENOMEM, "no memory", f"BO_CREATE(size={size})")
-        return real(size)
-
-    monkeypatch.setattr(device, "bo_create", bo_create_once_enomem)
+    refuse_one_bo_create(device, monkeypatch)
     block = alloc.allocate(10 * MiB)
     assert block.buffer.size == 10 * MiB
     stats = alloc.memory_stats()

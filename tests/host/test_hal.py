@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,15 +13,6 @@ import npu
 from npu import _abi, ops
 from npu.device import node_path
 from npu.hal import Backend, CpuBackend, DriverBackend
-
-
-@pytest.fixture
-def no_default_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("NPU_DEVICE", raising=False)
-    monkeypatch.delenv("NPU_BACKEND", raising=False)
-    npu.set_default_device(None)
-    yield
-    npu.close_default_device()
 
 
 def test_cpu_names_the_cpu_backend() -> None:

@@ -141,13 +141,13 @@ def test_abs_numel_and_dim(t: npu.Tensor) -> None:
 # -- devices and dtypes by name ------------------------------------------------
 
 
-def test_device_accepts_cpu_and_returns_one_shared_device(no_default: None) -> None:
+def test_device_accepts_cpu_and_returns_one_shared_device(no_default_device: None) -> None:
     a = npu.tensor([1.0], device="cpu")
     b = npu.tensor([2.0], device="cpu")
     assert a.device is b.device and a.device.name == "cpu"
 
 
-def test_a_device_index_that_does_not_exist_is_device_not_found(no_default: None) -> None:
+def test_a_device_index_that_does_not_exist_is_device_not_found(no_default_device: None) -> None:
     with pytest.raises(npu.DeviceNotFoundError):
         npu.tensor([1.0], device="npu:97")
     with pytest.raises(npu.DeviceNotFoundError):
@@ -185,12 +185,3 @@ def test_out_of_memory_is_both_an_npu_error_and_a_memory_error(
     assert isinstance(info.value, npu.NpuOutOfMemoryError)
     assert isinstance(info.value, npu.NpuError)
     assert info.value.errno == errno.ENOMEM and "BO_CREATE" in info.value.context
-
-
-@pytest.fixture
-def no_default(monkeypatch: pytest.MonkeyPatch) -> object:
-    monkeypatch.delenv("NPU_DEVICE", raising=False)
-    monkeypatch.delenv("NPU_BACKEND", raising=False)
-    npu.set_default_device(None)
-    yield None
-    npu.close_default_device()

@@ -8,6 +8,7 @@ its errno. This module is the only one that knows the driver's ABI.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import mmap
@@ -48,21 +49,7 @@ class DriverBackend:
     def query(self) -> HalInfo:
         raw = _abi.NpuInfo()
         self._ioctl(_abi.NPU_IOCTL_GET_INFO, raw)
-        return HalInfo(
-            hw_version=raw.hw_version,
-            abi_version=raw.abi_version,
-            driver_version=raw.driver_version,
-            caps=raw.caps,
-            num_queues=raw.num_queues,
-            num_cores=raw.num_cores,
-            max_submit=raw.max_submit,
-            ring_entries=raw.ring_entries,
-            max_bo_size=raw.max_bo_size,
-            pci_vendor=raw.pci_vendor,
-            pci_device=raw.pci_device,
-            user_queues=raw.user_queues,
-            device_memory=raw.device_memory,
-        )
+        return HalInfo(**{f.name: int(getattr(raw, f.name)) for f in dataclasses.fields(HalInfo)})
 
     def bo_create(self, size: int, flags: int) -> BoInfo:
         arg = _abi.NpuBoCreate(size=size, flags=flags)
