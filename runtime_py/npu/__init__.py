@@ -12,17 +12,16 @@ Quick start::
         dev.wait(fence)
         print(hex(buf.numpy(np.uint32)[0]))
 
-Layers: :mod:`npu._abi` (ctypes mirrors of the C headers), :mod:`npu.errors`,
-:mod:`npu.device` (discovery, :class:`Device`), :mod:`npu.buffer`
-(:class:`Buffer`), :mod:`npu.ops` (op builders), :mod:`npu.api`
-(numpy-level functions), :mod:`npu.dtypes` (tensor dtypes, bfloat16),
-:mod:`npu.tensor` (device-resident :class:`Tensor`: ``npu.tensor(x) + 1``
-stays on the device until ``.numpy()``) and its ops in :mod:`npu.elementwise`,
-:mod:`npu.reduce`, :mod:`npu.nn` and :mod:`npu.quant` (int8), and
-:mod:`npu.userqueue` (:class:`UserQueue`: a hardware queue driven from user
-space without ioctls) and :mod:`npu.stream` (:class:`Stream`: CUDA-like
-streams on user queues, ordered across streams by :class:`Event`). See
-docs/runtime.md.
+Layers, bottom up (each imports only those below it): :mod:`npu._abi`
+(ctypes mirrors of the C headers), :mod:`npu.errors` and :mod:`npu.dtypes`;
+:mod:`npu.hal` (the backends: driver ioctls and mmap, or numpy on the CPU);
+:mod:`npu.kernels` (op builders, descriptor packing, validation; ``npu.ops``);
+:mod:`npu.core` (:class:`Device`, :class:`Buffer`, :class:`UserQueue`,
+:class:`Stream`, :class:`Event`); :mod:`npu.allocator` (the caching
+allocator); :mod:`npu.tensors` (device-resident :class:`Tensor`:
+``npu.tensor(x) + 1`` stays on the device until ``.numpy()``, and its ops);
+:mod:`npu.graph` (capture and replay); :mod:`npu.api` (numpy-level
+functions) and :mod:`npu.inference` (ONNX models). See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from . import ops
 from ._abi import (
     ActKind,
     Cap,
@@ -54,8 +52,8 @@ from .allocator import (
     reset_peak_memory_stats,
 )
 from .api import copy_array, fill, matmul
-from .buffer import Buffer, UserBuffer
-from .device import (
+from .core.buffer import Buffer, UserBuffer
+from .core.device import (
     DEFAULT_TIMEOUT_S,
     Device,
     DeviceInfo,
@@ -66,8 +64,21 @@ from .device import (
     resolve_device,
     set_default_device,
 )
+from .core.event import Event
+from .core.stream import Stream, current_stream, default_stream
+from .core.userqueue import Completion, UserQueue
 from .dtypes import BFloat16Type, bf16_to_float32, bfloat16, float32_to_bf16, result_type
-from .elementwise import (
+from .errors import (
+    DeviceNotFoundError,
+    NpuDeviceError,
+    NpuError,
+    NpuOutOfMemoryError,
+    NpuTimeoutError,
+)
+from .graph import Graph
+from .kernels import ops
+from .kernels.ops import BufRef, Op, TensorOp, TensorRef
+from .tensors.elementwise import (
     abs,
     add,
     divide,
@@ -84,22 +95,10 @@ from .elementwise import (
     subtract,
     tanh,
 )
-from .errors import (
-    DeviceNotFoundError,
-    NpuDeviceError,
-    NpuError,
-    NpuOutOfMemoryError,
-    NpuTimeoutError,
-)
-from .event import Event
-from .graph import Graph
-from .nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
-from .ops import BufRef, Op, TensorOp, TensorRef
-from .quant import quantized_conv2d, quantized_linear, quantized_matmul
-from .reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
-from .stream import Stream, current_stream, default_stream
-from .tensor import Tensor, from_numpy, permute, synchronize, tensor
-from .userqueue import Completion, UserQueue
+from .tensors.nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
+from .tensors.quant import quantized_conv2d, quantized_linear, quantized_matmul
+from .tensors.reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
+from .tensors.tensor import Tensor, from_numpy, permute, synchronize, tensor
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError

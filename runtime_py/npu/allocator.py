@@ -61,9 +61,9 @@ from typing import TYPE_CHECKING, Final, cast
 from .errors import NpuError
 
 if TYPE_CHECKING:
-    from .buffer import Buffer
-    from .device import Device
-    from .stream import StreamKey
+    from .core.buffer import Buffer
+    from .core.device import Device
+    from .core.stream import StreamKey
 
 __all__ = [
     "ALIGN",
@@ -660,7 +660,7 @@ def allocator(device: Device) -> CachingAllocator:
 
 
 def _resolve(device: Device | None) -> Device:
-    from .device import default_device
+    from .core.device import default_device
 
     return default_device() if device is None else device
 

@@ -14,11 +14,12 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from . import _abi, ops
-from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
-from .nn import matmul as _tensor_matmul
-from .tensor import Tensor
+from . import _abi
+from .core.buffer import Buffer
+from .core.device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
+from .kernels import ops
+from .tensors.nn import matmul as _tensor_matmul
+from .tensors.tensor import Tensor
 
 __all__ = ["copy_array", "fill", "matmul"]
 

@@ -40,14 +40,14 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from . import ops
-from .device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
-from .stream import Stream, _Program, current_stream
-from .tensor import _dependencies, _merge_deps, _note_reads, _order_write
+from .core.device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
+from .core.stream import Stream, _Program, current_stream
+from .kernels import ops
+from .tensors.tensor import _dependencies, _merge_deps, _note_reads, _order_write
 
 if TYPE_CHECKING:
     from .allocator import Allocation
-    from .tensor import Tensor
+    from .tensors.tensor import Tensor
 
 __all__ = ["Graph"]
 

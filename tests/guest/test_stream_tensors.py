@@ -350,7 +350,7 @@ def failed_on(dev: npu.Device, stream: npu.Stream) -> tuple[npu.Tensor, ops.Tens
     out = upload(dev, np.zeros(N, np.int32))
     op = failing_op_into(out, dev)
     with stream:
-        sys.modules["npu.tensor"]._launch([op], out)
+        sys.modules["npu.tensors.tensor"]._launch([op], out)
     return out, op
 
 
@@ -380,7 +380,7 @@ def test_a_tensor_computed_on_another_stream_from_a_failed_op_raises_it_too(
 def test_launch_blocking_raises_a_failed_stream_op_at_its_call(
     dev: npu.Device, s1: npu.Stream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tensor_module = sys.modules["npu.tensor"]
+    tensor_module = sys.modules["npu.tensors.tensor"]
     # NPU_LAUNCH_BLOCKING=1 is read at import (as CUDA_LAUNCH_BLOCKING); set what it sets.
     monkeypatch.setattr(tensor_module, "_launch_blocking", True)
     x = upload(dev)
@@ -453,7 +453,7 @@ def test_a_graph_longer_than_a_small_ring_replays_in_order_across_wraps(dev: npu
 def test_a_failed_op_of_a_graph_replayed_on_a_stream_is_named_at_synchronize(
     dev: npu.Device, s1: npu.Stream
 ) -> None:
-    launch = sys.modules["npu.tensor"]._launch
+    launch = sys.modules["npu.tensors.tensor"]._launch
     x = upload(dev)
     out = upload(dev, np.zeros(N, np.int32))
     g = npu.Graph(dev)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npu import _abi
-from npu.descriptors import TensorOp, TensorRef
+from npu.kernels.descriptors import TensorOp, TensorRef
 
 
 def by_fields(op: TensorOp) -> bytes:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import npu
-from npu import device as device_mod
+from npu.core import device as device_mod
 
 
 @pytest.fixture

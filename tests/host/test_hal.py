@@ -11,7 +11,7 @@ import pytest
 
 import npu
 from npu import _abi, ops
-from npu.device import node_path
+from npu.core.device import node_path
 from npu.hal import Backend, CpuBackend, DriverBackend
 
 

@@ -13,8 +13,8 @@ import pytest
 
 import npu
 from npu import DType, EltwiseKind, _abi, ops
+from npu.core.stream import pack_tensor_params
 from npu.hal import CpuBackend
-from npu.stream import pack_tensor_params
 
 
 class FakeBuf:

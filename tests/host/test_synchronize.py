@@ -38,7 +38,7 @@ def test_launch_blocking_raises_at_the_failing_call(
     default_device: npu.Device, driver: CpuBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The variable is read at import (as CUDA_LAUNCH_BLOCKING); set what it sets.
-    monkeypatch.setattr(sys.modules["npu.tensor"], "_launch_blocking", True)
+    monkeypatch.setattr(sys.modules["npu.tensors.tensor"], "_launch_blocking", True)
     x = npu.tensor([1.0, -1.0])
     y = x * 3  # fine, and already waited for
     assert y.fence is None

@@ -1,10 +1,11 @@
-"""npu.validate checks a tensor-op signature once, and a bad op every time."""
+"""npu.kernels.validate checks a tensor-op signature once, and a bad op every time."""
 
 from __future__ import annotations
 
 import pytest
 
-from npu import _abi, ops, validate
+from npu import _abi, ops
+from npu.kernels import validate
 
 D = _abi.DType
 

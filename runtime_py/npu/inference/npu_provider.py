@@ -30,13 +30,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from .. import _abi, ops
-from ..buffer import Buffer
-from ..device import Device, PackedOps
+from .. import _abi
+from ..core.buffer import Buffer
+from ..core.device import Device, PackedOps
+from ..core.stream import Stream, _current_user_stream_of, _Program
 from ..errors import NpuDeviceError, NpuError
-from ..ops import TensorOp
-from ..stream import Stream, _current_user_stream_of, _Program
-from ..validate import window_out
+from ..kernels import ops
+from ..kernels.ops import TensorOp
+from ..kernels.validate import window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
 from .partition import ELTWISE_OPS, NPU_DTYPES, UNARY_OPS, VIEW_OPS

@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import _abi
-from ..validate import tensor_op_supported
+from ..kernels.validate import tensor_op_supported
 from .cpu import conv_pads
 from .graph import Graph, Node
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from onnx import helper
 
 from .._closing import Closing
-from ..device import DeviceArg, resolve_device
+from ..core.device import DeviceArg, resolve_device
 from ..errors import NpuError
 from .cpu import Array, Kernel, cpu_kernel
 from .graph import Dim, Node

@@ -27,9 +27,10 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from . import _abi, ops
-from .device import Device, default_device
-from .dtypes import DType, DTypeArg, _dtype
+from .. import _abi
+from ..core.device import Device, default_device
+from ..dtypes import DType, DTypeArg, _dtype
+from ..kernels import ops
 from .nn import PairArg, _pair
 from .tensor import Tensor, _alloc, _broadcast, _bufs, _check_shape, _launch, _upload
 

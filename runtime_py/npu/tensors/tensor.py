@@ -73,11 +73,12 @@ from typing import Any, SupportsIndex, TypeAlias, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _abi, ops
-from .allocator import Allocation, allocator
-from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, default_device, resolve_device
-from .dtypes import (
+from .. import _abi
+from ..allocator import Allocation, allocator
+from ..core.buffer import Buffer
+from ..core.device import DEFAULT_TIMEOUT_S, Device, DeviceArg, default_device, resolve_device
+from ..core.stream import Stream, StreamKey, _current_user_stream_of
+from ..dtypes import (
     _FROM_NUMPY,
     _INT_RANGE,
     _NUMPY,
@@ -93,8 +94,8 @@ from .dtypes import (
     bf16_to_float32,
     bfloat16,
 )
-from .errors import NpuDeviceError, NpuError
-from .stream import Stream, StreamKey, _current_user_stream_of
+from ..errors import NpuDeviceError, NpuError
+from ..kernels import ops
 
 # BFloat16Type, bfloat16, DTypeArg and TensorDType are re-exported from
 # npu.dtypes (they were defined here; pickles of npu.bfloat16 name npu.tensor).

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import SupportsIndex, TypeAlias
 
-from . import _abi
+from .. import _abi
 from .descriptors import BufferLike, TensorOp, TensorRef
 from .descriptors import check_range as _check_range
 from .validate import (

@@ -25,9 +25,9 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING
 
-from . import ops
+from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
+from ..kernels import ops
 from .device import DEFAULT_TIMEOUT_S, DeviceArg, resolve_device
-from .errors import NpuDeviceError, NpuError, NpuTimeoutError
 
 if TYPE_CHECKING:
     from .stream import Stream

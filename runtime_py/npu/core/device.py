@@ -31,18 +31,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, SupportsIndex, TypeVar, cast
 
-from . import _abi
-from ._closing import Closing
+from .. import _abi
+from .._closing import Closing
+from ..errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from ..hal import Backend, CpuBackend, DriverBackend, WaitFailed
+from ..kernels.ops import AnyOp, Op, TensorOp
 from .buffer import Buffer, UserBuffer
-from .errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
-from .hal import Backend, CpuBackend, DriverBackend, WaitFailed
-from .ops import AnyOp, Op, TensorOp
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from .allocator import CachingAllocator
-    from .graph import Graph
+    from ..allocator import CachingAllocator
+    from ..graph import Graph
     from .stream import Stream, StreamKey
     from .userqueue import UserQueue
 

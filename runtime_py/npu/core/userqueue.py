@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Final, NoReturn, SupportsIndex
 
 import numpy as np
 
-from . import _abi
-from ._closing import Closing
+from .. import _abi
+from .._closing import Closing
+from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
+from ..hal import Backend, WaitFailed
+from ..kernels.descriptors import check_range as _check_range
 from .buffer import Buffer
-from .descriptors import check_range as _check_range
 from .device import DEFAULT_TIMEOUT_S
-from .errors import NpuDeviceError, NpuError, NpuTimeoutError
-from .hal import Backend, WaitFailed
 
 if TYPE_CHECKING:
     from collections.abc import Callable

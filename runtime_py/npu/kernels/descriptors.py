@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol, SupportsIndex
 
-from . import _abi
+from .. import _abi
 
 __all__ = ["BufferLike", "TensorOp", "TensorRef", "check_range"]
 

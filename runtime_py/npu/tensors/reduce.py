@@ -11,14 +11,15 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from . import _abi, ops
+from .. import _abi
+from ..kernels import ops
 
 try:
     from numpy.exceptions import AxisError
 except ImportError:  # numpy < 1.25, as in the guest's Debian 12
     from numpy import AxisError  # type: ignore[attr-defined,no-redef]
 
-from .dtypes import DType
+from ..dtypes import DType
 from .tensor import (
     AxisArg,
     Tensor,

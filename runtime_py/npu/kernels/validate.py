@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from . import _abi
+from .. import _abi
 
 if TYPE_CHECKING:
     from .descriptors import TensorOp, TensorRef

@@ -11,8 +11,9 @@ import builtins
 import math
 from typing import Any
 
-from . import _abi, ops
-from .dtypes import DType, _float_of, _promote
+from .. import _abi
+from ..dtypes import DType, _float_of, _promote
+from ..kernels import ops
 from .tensor import Tensor, _alloc, _broadcast, _bufs, _cast, _empty, _launch, _operands
 
 __all__ = [

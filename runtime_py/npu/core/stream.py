@@ -46,12 +46,13 @@ from typing import TYPE_CHECKING, Final, SupportsIndex, cast
 
 import numpy as np
 
-from . import _abi, ops
+from .. import _abi
+from ..errors import NpuError, NpuTimeoutError
+from ..kernels import ops
+from ..kernels.validate import check_tensor_op
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
-from .errors import NpuError, NpuTimeoutError
 from .userqueue import _CMD3, Completion, UserQueue
-from .validate import check_tensor_op
 
 if TYPE_CHECKING:
     from .event import Event
@@ -757,7 +758,7 @@ class Stream:
                 event that is never reached).
         """
         if self._queue is None:
-            from .tensor import synchronize
+            from ..tensors.tensor import synchronize
 
             synchronize(self.device)
             return

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._closing import Closing
-from .errors import NpuError
+from .._closing import Closing
+from ..errors import NpuError
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -14,9 +14,10 @@ from typing import Any, Final, SupportsIndex, TypeAlias
 
 import numpy as np
 
-from . import _abi, ops
-from .device import Device, default_device
-from .dtypes import DType, _float_of, _promote
+from .. import _abi
+from ..core.device import Device, default_device
+from ..dtypes import DType, _float_of, _promote
+from ..kernels import ops
 from .elementwise import add, gelu, relu
 from .tensor import (
     Tensor,
