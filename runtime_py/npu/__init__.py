@@ -64,8 +64,7 @@ from .core.device import (
     resolve_device,
     set_default_device,
 )
-from .core.event import Event
-from .core.stream import Stream, current_stream, default_stream
+from .core.stream import Event, Stream, current_stream, default_stream, synchronize
 from .core.userqueue import Completion, UserQueue
 from .dtypes import BFloat16Type, bf16_to_float32, bfloat16, float32_to_bf16, result_type
 from .errors import (
@@ -89,6 +88,7 @@ from .tensors.elementwise import (
     minimum,
     multiply,
     negative,
+    power,
     relu,
     sigmoid,
     sqrt,
@@ -98,7 +98,7 @@ from .tensors.elementwise import (
 from .tensors.nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .tensors.quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .tensors.reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
-from .tensors.tensor import Tensor, from_numpy, permute, synchronize, tensor
+from .tensors.tensor import Tensor, from_numpy, permute, tensor
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
@@ -190,6 +190,7 @@ __all__ = [
     "open_device",
     "ops",
     "permute",
+    "power",
     "quantized_conv2d",
     "quantized_linear",
     "quantized_matmul",

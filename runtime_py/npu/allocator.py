@@ -56,14 +56,13 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final
 
+from .core.device import Device, Timeline, default_device
 from .errors import NpuError
 
 if TYPE_CHECKING:
     from .core.buffer import Buffer
-    from .core.device import Device
-    from .core.stream import StreamKey
 
 __all__ = [
     "ALIGN",
@@ -99,7 +98,7 @@ NO_CACHING_ENV: Final = "NPU_NO_MEMORY_CACHING"
 
 #: Waits for ``fence`` on a timeline of the device, a driver queue (int) or
 #: a user stream (may raise on a timeout).
-Waiter = Callable[["Device", "int | StreamKey", int], None]
+Waiter = Callable[["Device", "int | Timeline", int], None]
 
 #: How many fitting free blocks an upload looks at for one no queued op uses.
 _IDLE_SCAN: Final = 64
@@ -109,7 +108,7 @@ _ALL_POOLS: Final = ("all", *_POOLS)
 _STATS: Final = ("allocation", "segment", "allocated_bytes", "reserved_bytes", "requested_bytes")
 
 
-def _matters(queue: int | StreamKey, on: int | StreamKey | None) -> bool:
+def _matters(queue: int | Timeline, on: int | Timeline | None) -> bool:
     """Must ops launched on ``queue`` complete before memory is used on ``on``?
 
     Not on ``on`` itself (it runs in order), and not on the driver's queues
@@ -158,7 +157,7 @@ class _Block:
         seq: int,
         prev: _Block | None = None,
         next: _Block | None = None,
-        fences: dict[int | StreamKey, int] | None = None,
+        fences: dict[int | Timeline, int] | None = None,
     ) -> None:
         self.segment = segment
         self.offset = offset
@@ -169,7 +168,7 @@ class _Block:
         self.prev = prev
         self.next = next
         # timeline -> last fence launched there when the block was freed
-        self.fences: dict[int | StreamKey, int] = {} if fences is None else fences
+        self.fences: dict[int | Timeline, int] = {} if fences is None else fences
 
 
 class _Counter:
@@ -241,14 +240,14 @@ class CachingAllocator:
         # Protects the pools, the segments and the counters.
         self._lock = threading.Lock()
         # Blocks freed by finalizers, processed under _lock by the next call.
-        self._pending: collections.deque[tuple[_Block, dict[int | StreamKey, int]]] = (
+        self._pending: collections.deque[tuple[_Block, dict[int | Timeline, int]]] = (
             collections.deque()
         )
         self._free: dict[str, list[tuple[int, int, _Block]]] = {p: [] for p in _POOLS}
         self._segments: list[_Segment] = []
         # Caching off: segments freed while a stream may still use them,
         # destroyed once their streams pass those fences.
-        self._doomed: list[tuple[_Segment, dict[int | StreamKey, int]]] = []
+        self._doomed: list[tuple[_Segment, dict[int | Timeline, int]]] = []
         self._seq = itertools.count()
         self._stats = {(s, p): _Counter() for s in _STATS for p in _ALL_POOLS}
         # The counters every allocation and free updates, per pool: the
@@ -272,7 +271,7 @@ class CachingAllocator:
         size: int,
         host_write: bool = False,
         wait: Waiter | None = None,
-        stream: StreamKey | None = None,
+        stream: Timeline | None = None,
         any_timeline: bool = False,
     ) -> Allocation:
         """Return ``size`` bytes (``size`` > 0) of device memory.
@@ -283,7 +282,7 @@ class CachingAllocator:
                 wait for the ops that used a reused block first.
             wait: how to wait for a fence (default :meth:`npu.Device.wait`).
             stream: the user stream whose ops use the memory first (its
-                :class:`npu.stream.StreamKey`); None: the default stream.
+                :class:`npu.core.stream.StreamKey`); None: the default stream.
             any_timeline: ops of any timeline will use the memory (a graph's,
                 which replays on any stream): like an upload, only a block
                 idle on every timeline will do.
@@ -298,10 +297,10 @@ class CachingAllocator:
         rounded = _round_up(size, ALIGN)
         pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
         # The timeline the memory is used on first; None: the host.
-        on: int | StreamKey | None = (
+        on: int | Timeline | None = (
             None if host_write or any_timeline else (0 if stream is None else stream)
         )
-        fences: dict[int | StreamKey, int] = {}
+        fences: dict[int | Timeline, int] = {}
         with self._lock:
             self._drain()
             block = self._take_free(pool, rounded, on) if self.caching else None
@@ -334,16 +333,11 @@ class CachingAllocator:
 
     def _queue_free(self, block: _Block) -> None:
         """Finalizer of an :class:`Allocation`: no locks here, only a queue append."""
-        # Plain dict copies: taking the device's lock here could deadlock if
-        # the collection ran inside one of its critical sections.
-        device = self.device
-        # (dict(d) is one step under the GIL; a loop could see d change.)
-        fences = cast("dict[int | StreamKey, int]", dict(device._submitted))
-        if device._stream_fences:
-            fences.update(cast("dict[int | StreamKey, int]", dict(device._stream_fences)))
-        self._pending.append((block, fences))
+        # last_fences() takes no lock: taking the device's lock here could
+        # deadlock if the collection ran inside one of its critical sections.
+        self._pending.append((block, self.device.last_fences()))
 
-    def _wait_fences(self, fences: dict[int | StreamKey, int], wait: Waiter | None) -> None:
+    def _wait_fences(self, fences: dict[int | Timeline, int], wait: Waiter | None) -> None:
         for queue, fence in fences.items():
             if self._done(queue, fence):
                 continue
@@ -356,7 +350,7 @@ class CachingAllocator:
                 queue.wait(fence)
 
     def _take_free(
-        self, pool: str, size: int, on: int | StreamKey | None, busy_ok: bool = False
+        self, pool: str, size: int, on: int | Timeline | None, busy_ok: bool = False
     ) -> _Block | None:
         """Best fit from the pool's free list, split if worth it (lock held).
 
@@ -393,12 +387,12 @@ class CachingAllocator:
             self._insert_free(tail)
         return block
 
-    def _done(self, queue: int | StreamKey, fence: int) -> bool:
+    def _done(self, queue: int | Timeline, fence: int) -> bool:
         if isinstance(queue, int):
             return self.device.completed(queue, fence)
         return queue.completed(fence)
 
-    def _usable(self, block: _Block, on: int | StreamKey | None) -> bool:
+    def _usable(self, block: _Block, on: int | Timeline | None) -> bool:
         """True if every op launched before the block was freed has completed,
         except those on timeline ``on``, which will run before ops ``on`` it."""
         for queue, fence in block.fences.items():
@@ -452,12 +446,12 @@ class CachingAllocator:
         if self._doomed:
             self._destroy_doomed(wait=False)
 
-    def _stream_fences_done(self, fences: dict[int | StreamKey, int]) -> bool:
+    def _stream_fences_done(self, fences: dict[int | Timeline, int]) -> bool:
         """Has every user stream passed its fence? (The driver's queues keep
         their buffer objects alive themselves.)"""
         return all(isinstance(q, int) or q.completed(f) for q, f in fences.items())
 
-    def _wait_streams(self, fences: dict[int | StreamKey, int]) -> bool:
+    def _wait_streams(self, fences: dict[int | Timeline, int]) -> bool:
         """Wait until every user stream passed its fence (lock held); False if a
         wait failed (a timeout, a failed op: the error is the stream's to
         report), so the memory must stay."""
@@ -486,7 +480,7 @@ class CachingAllocator:
         self._doomed = keep
         return released
 
-    def _free_block(self, block: _Block, fences: dict[int | StreamKey, int]) -> None:
+    def _free_block(self, block: _Block, fences: dict[int | Timeline, int]) -> None:
         pool = block.segment.pool
         block.allocated = False
         for c, amount in zip(
@@ -644,24 +638,12 @@ class CachingAllocator:
             return self._stats[("reserved_bytes", "all")].current
 
 
-_create_lock = threading.Lock()
-
-
 def allocator(device: Device) -> CachingAllocator:
-    """The caching allocator of ``device`` (created on first use; a new one after close)."""
-    alloc = device._allocator
-    if alloc is None:
-        with _create_lock:
-            alloc = device._allocator
-            if alloc is None:
-                alloc = CachingAllocator(device)
-                device._allocator = alloc
-    return alloc
+    """The caching allocator of ``device`` (created on first use, dropped at close)."""
+    return device.attachment(CachingAllocator)
 
 
 def _resolve(device: Device | None) -> Device:
-    from .core.device import default_device
-
     return default_device() if device is None else device
 
 

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from typing import Any
+from typing import Any, Final
 
 from ._abi import status_name as _status_name
 
+#: Default timeout of every wait (:meth:`npu.Device.wait` and the functions above it).
+DEFAULT_TIMEOUT_S: Final = 10.0
+
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "DeviceNotFoundError",
     "NpuDeviceError",
     "NpuError",

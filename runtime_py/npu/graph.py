@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .core.device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
-from .core.stream import Stream, _Program, current_stream
+from .core.stream import Program, Stream, current_stream
 from .kernels import ops
 from .tensors.tensor import _dependencies, _merge_deps, _note_reads, _order_write
 
@@ -75,7 +75,7 @@ class Graph:
         # The user stream of the last replay (None: the default stream).
         self._stream: Stream | None = None
         # The ops prebuilt for user streams, at the first replay on one.
-        self._program: _Program | None = None
+        self._program: Program | None = None
 
     @property
     def num_ops(self) -> int:
@@ -147,8 +147,8 @@ class Graph:
             first = fence - len(self._ops) + 1
         else:
             if self._program is None:
-                self._program = target._build(self._ops)
-            first, fence = target._replay(self._program, after)
+                self._program = target.build_program(self._ops)
+            first, fence = target.replay_program(self._program, after)
         _note_reads(inputs, target, fence)
         inherited = _merge_deps(deps) if deps else ()
         for t in self._outputs:
@@ -166,7 +166,7 @@ class Graph:
         if self._fence is None:
             return
         if self._stream is not None:
-            self._stream._wait_fence(self._fence, timeout_s)
+            self._stream.wait_fence(self._fence, timeout_s)
         else:
             self.device.wait(self._fence, timeout_s=timeout_s)
 

@@ -2,9 +2,11 @@
 
 The graph has one edge per import of one ``npu`` module by another, wherever
 it is written: at the top, inside a function, or under ``TYPE_CHECKING``.
-``npu.hal`` sits at the bottom (it may import only itself and ``npu._abi``);
-the rest of the package still has the cycles of the v1 layout, listed here
-so that none can grow while they are taken apart (issue 15).
+It has no cycle, and every edge goes down the layers (or stays in one):
+the base modules, ``npu.hal`` (the backends), ``npu.kernels`` (descriptors),
+``npu.core`` (device, buffers, queues, streams), ``npu.allocator``,
+``npu.tensors``, ``npu.graph``, ``npu.api``, ``npu.inference``, and the
+package itself. ``npu.hal`` may import only itself and ``npu._abi``.
 """
 
 from __future__ import annotations
@@ -14,22 +16,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "runtime_py"
 
-# Modules in an import cycle today; the set may only shrink.
-KNOWN_CYCLIC = frozenset(
-    {
-        "npu.allocator",
-        "npu.core.buffer",
-        "npu.core.device",
-        "npu.tensors.elementwise",
-        "npu.core.event",
-        "npu.graph",
-        "npu.tensors.nn",
-        "npu.tensors.reduce",
-        "npu.core.stream",
-        "npu.tensors.tensor",
-        "npu.core.userqueue",
-    }
+# Bottom first: a module may import modules of its own layer or below.
+LAYERS = (
+    ("npu._abi", "npu._closing", "npu.errors", "npu.dtypes"),
+    ("npu.hal",),
+    ("npu.kernels",),
+    ("npu.core",),
+    ("npu.allocator",),
+    ("npu.tensors",),
+    ("npu.graph",),
+    ("npu.api",),
+    ("npu.inference",),
 )
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of ``module`` (the package ``npu`` itself is on top)."""
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    assert module == "npu", f"{module} is in no layer: add it to LAYERS"
+    return len(LAYERS)
 
 
 def module_name(path: Path) -> str:
@@ -37,12 +44,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], source: str | None = None) -> set[str]:
     """The package modules ``path`` imports (``from . import x`` names module x if it is one)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -100,14 +108,34 @@ def cyclic_modules(graph: dict[str, set[str]]) -> set[str]:
     return cyclic
 
 
-def test_the_graph_sees_imports_inside_functions() -> None:
-    graph = import_graph()
-    # device.create_queue imports npu.userqueue inside the method.
-    assert "npu.core.userqueue" in graph["npu.core.device"]
+def test_the_graph_sees_imports_inside_functions_and_under_type_checking() -> None:
+    modules = set(import_graph())
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from .stream import Stream\n"
+        "def f():\n    from ..allocator import allocator\n"
+    )
+    found = imports_of(ROOT / "npu" / "core" / "device.py", modules, source)
+    assert found == {"npu.core.stream", "npu.allocator"}
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cyclic_modules({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {"a", "b", "c"}
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    cyclic = cyclic_modules(import_graph())
+    assert not cyclic, f"import cycles through {sorted(cyclic)}"
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in sorted(import_graph().items())
+        for b in sorted(targets)
+        if layer_of(b) > layer_of(a)
+    ]
+    assert not upward, f"imports of a higher layer: {upward}"
 
 
 def test_the_hal_imports_only_itself_and_the_abi() -> None:
@@ -117,19 +145,3 @@ def test_the_hal_imports_only_itself_and_the_abi() -> None:
     for module in hal:
         outside = {m for m in graph[module] if m not in hal and m != "npu._abi"}
         assert not outside, f"{module} imports {sorted(outside)}"
-
-
-def test_the_op_builders_and_their_validator_are_off_every_cycle() -> None:
-    cyclic = cyclic_modules(import_graph())
-    assert not cyclic & {
-        "npu.kernels.ops",
-        "npu.kernels.validate",
-        "npu.kernels.descriptors",
-        "npu._abi",
-    }
-
-
-def test_no_module_outside_the_known_v1_cycles_is_on_a_cycle() -> None:
-    cyclic = cyclic_modules(import_graph())
-    assert cyclic <= KNOWN_CYCLIC, f"new import cycles through {sorted(cyclic - KNOWN_CYCLIC)}"
-    assert not any(m.startswith("npu.hal") for m in cyclic)

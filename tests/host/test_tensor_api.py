@@ -185,3 +185,31 @@ def test_out_of_memory_is_both_an_npu_error_and_a_memory_error(
     assert isinstance(info.value, npu.NpuOutOfMemoryError)
     assert isinstance(info.value, npu.NpuError)
     assert info.value.errno == errno.ENOMEM and "BO_CREATE" in info.value.context
+
+
+def test_npu_power_takes_a_scalar_base_as_numpy_power_does(t: npu.Tensor) -> None:
+    np.testing.assert_allclose(npu.power(2.0, t).numpy(), np.power(2.0, A), rtol=1e-5)
+
+
+# -- operators: registered by the op modules ---------------------------------
+
+
+def test_every_operator_the_tensor_calls_is_registered_by_an_op_module() -> None:
+    import ast
+    import inspect
+
+    from npu.tensors import tensor as tensor_module
+
+    called = {
+        node.slice.value
+        for node in ast.walk(ast.parse(inspect.getsource(tensor_module)))
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "OPERATORS"
+        and isinstance(node.slice, ast.Constant)
+    }
+    assert called, "the scan found no operator call"
+    assert called <= set(tensor_module.OPERATORS), called - set(tensor_module.OPERATORS)
+    for name in called:
+        fn = tensor_module.OPERATORS[name]
+        assert (fn.__module__.startswith("npu.tensors."), fn.__name__) == (True, name)

@@ -21,7 +21,7 @@ import logging
 import math
 import mmap
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,11 +32,37 @@ from ..errors import NpuError
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-    from .device import Device
+    from ..hal import Backend
 
-__all__ = ["Buffer", "UserBuffer"]
+__all__ = ["Buffer", "BufferOwner", "UserBuffer"]
 
 log = logging.getLogger(__name__)
+
+
+class BufferOwner(Protocol):
+    """What a buffer needs of its device (an :class:`npu.Device`).
+
+    The buffer layer sits below the device, so it names the device by this
+    protocol rather than importing it.
+    """
+
+    @property
+    def closed(self) -> bool:
+        """True once the device is closed (its buffers are gone with it)."""
+        ...
+
+    @property
+    def backend(self) -> Backend:
+        """The device's backend (maps and destroys buffer objects)."""
+        ...
+
+    def bo_destroy(self, handle: int) -> None:
+        """Destroy the buffer object ``handle`` (BO_DESTROY)."""
+        ...
+
+    def forget_buffer(self, buf: Buffer) -> None:
+        """Drop a freed buffer from the device's list."""
+        ...
 
 
 class Buffer(Closing):
@@ -53,7 +79,7 @@ class Buffer(Closing):
 
     def __init__(
         self,
-        device: Device,
+        device: BufferOwner,
         handle: int,
         size: int,
         alloc_size: int,
@@ -248,7 +274,7 @@ class UserBuffer(Buffer):
 
     def __init__(
         self,
-        device: Device,
+        device: BufferOwner,
         handle: int,
         base: int,
         size: int,
@@ -279,7 +305,7 @@ class UserBuffer(Buffer):
         return f"<npu.UserBuffer handle={self._handle} base={self.base:#x} size={self.size}{state}>"
 
 
-def _destroy_unreferenced(device_ref: weakref.ref[Device], handle: int) -> None:
+def _destroy_unreferenced(device_ref: weakref.ref[BufferOwner], handle: int) -> None:
     """Finalizer: destroy the BO of a buffer collected without :meth:`Buffer.free`."""
     device = device_ref()
     if device is None or device.closed:

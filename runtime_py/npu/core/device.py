@@ -29,22 +29,25 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, SupportsIndex, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, SupportsIndex, TypeVar, cast
 
 from .. import _abi
 from .._closing import Closing
-from ..errors import DeviceNotFoundError, NpuDeviceError, NpuError, NpuTimeoutError
+from ..errors import (
+    DEFAULT_TIMEOUT_S,
+    DeviceNotFoundError,
+    NpuDeviceError,
+    NpuError,
+    NpuTimeoutError,
+)
 from ..hal import Backend, CpuBackend, DriverBackend, WaitFailed
 from ..kernels.ops import AnyOp, Op, TensorOp
 from .buffer import Buffer, UserBuffer
+from .userqueue import UserQueue
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..allocator import CachingAllocator
-    from ..graph import Graph
-    from .stream import Stream, StreamKey
-    from .userqueue import UserQueue
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -62,8 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Default timeout of :meth:`Device.wait` and of the high-level functions.
-DEFAULT_TIMEOUT_S: Final = 10.0
 
 _DEV_DIR = "/dev"
 _UDEV_SUBSYSTEM = "npu"
@@ -78,6 +79,23 @@ _T = TypeVar("_T")
 _INDEX_RE = re.compile(r"npu:(\d+)$")
 #: The name of the CPU backend wherever a device is named.
 CPU: Final = "cpu"
+
+
+class Timeline(Protocol):
+    """A fence sequence other than the driver's queues: a stream's (``npu.core.stream.StreamKey``).
+
+    The device keeps each one's last launched fence (:meth:`Device.note_timeline`)
+    for the caching allocator and ``npu.synchronize()``, without knowing
+    streams.
+    """
+
+    def completed(self, fence: int) -> bool:
+        """True if ``fence`` has completed (no system call)."""
+        ...
+
+    def wait(self, fence: int, timeout_s: float | None = ...) -> None:
+        """Wait for ``fence``; device errors raise."""
+        ...
 
 
 # ---------------------------------------------------------------------------
@@ -270,16 +288,16 @@ class Device(Closing):
         # host write into a reused block).
         self._submitted: dict[int, int] = {}
         self._completed: dict[int, int] = {}
-        # Per live npu.Stream with tensor work (its npu.stream.StreamKey):
-        # the fence of its last launch, for the caching allocator and
-        # npu.synchronize(). Written by the stream, read without a lock.
-        self._stream_fences: dict[StreamKey, int] = {}
-        # Per thread: the npu.graph.Graph capturing its tensor ops, if any.
+        # Per live timeline with work (an npu.Stream's StreamKey): the fence
+        # of its last launch, for the caching allocator and npu.synchronize().
+        # Written by the stream, read without a lock.
+        self._timelines: dict[Timeline, int] = {}
+        # Per thread: what captures its work (an npu.Graph), if anything.
         self._capture = threading.local()
-        # The caching allocator of npu.allocator, created on first use.
-        self._allocator: CachingAllocator | None = None
-        # The npu.default_stream() of this device (the kernel path), on first use.
-        self._default_stream: Stream | None = None
+        # Per-device state of the layers above (the caching allocator, the
+        # default stream), by factory; guarded by _attach_lock, dropped at close.
+        self._attachments: dict[Callable[[Device], object], object] = {}
+        self._attach_lock = threading.RLock()
         log.debug("opened %s (%s backend)", self.path, backend.kind)
 
     # -- lifetime -----------------------------------------------------------
@@ -317,7 +335,8 @@ class Device(Closing):
         """Close its user queues, free its buffers and close the file. Idempotent."""
         if self.closed:
             return
-        self._allocator = None
+        with self._attach_lock:
+            self._attachments.clear()
         for queue in list(self._queues):
             try:
                 queue.close()
@@ -339,16 +358,17 @@ class Device(Closing):
     # -- graph capture --------------------------------------------------------------
 
     @property
-    def capturing(self) -> Graph | None:
-        """The graph capturing the calling thread's tensor ops on this device, if any.
+    def capturing(self) -> object | None:
+        """What captures the calling thread's work on this device (an :class:`npu.Graph`), if any.
 
         Capture is per thread (PyTorch's ``thread_local`` capture mode): ops
         other threads issue meanwhile run as usual and are not recorded.
+        While a thread captures, :meth:`submit` refuses its raw ops.
         """
-        graph: Graph | None = getattr(self._capture, "graph", None)
+        graph: object | None = getattr(self._capture, "graph", None)
         return graph
 
-    def begin_capture(self, graph: Graph) -> None:
+    def begin_capture(self, graph: object) -> None:
         """Make ``graph`` record the calling thread's tensor ops (:meth:`npu.Graph.capture`).
 
         Raises:
@@ -358,10 +378,49 @@ class Device(Closing):
             raise RuntimeError("Graph.capture: this thread already captures a graph on the device")
         self._capture.graph = graph
 
-    def end_capture(self, graph: Graph) -> None:
+    def end_capture(self, graph: object) -> None:
         """End the calling thread's capture of ``graph``."""
         if self.capturing is graph:
             self._capture.graph = None
+
+    # -- state of the layers above ------------------------------------------------
+
+    def attachment(self, factory: Callable[[Device], _T]) -> _T:
+        """The object ``factory(self)`` made on the first call with ``factory``; the same one after.
+
+        The layers above keep their per-device state here (the caching
+        allocator, the default stream) without the device knowing them. The
+        objects are dropped at :meth:`close`.
+        """
+        found = self._attachments.get(factory)  # the fast path: no lock
+        if found is not None:
+            return cast("_T", found)
+        with self._attach_lock:
+            found = self._attachments.get(factory)
+            if found is None:
+                found = factory(self)
+                self._attachments[factory] = found
+        return cast("_T", found)
+
+    def note_timeline(self, timeline: Timeline, fence: int) -> None:
+        """``fence`` is the last one launched on ``timeline`` (called by npu.Stream)."""
+        self._timelines[timeline] = fence
+
+    def forget_timeline(self, timeline: Timeline) -> None:
+        """``timeline`` is gone: none of its work can touch memory any more."""
+        self._timelines.pop(timeline, None)
+
+    def last_fences(self) -> dict[int | Timeline, int]:
+        """The last fence launched on each queue and each live timeline (a copy).
+
+        Takes no lock, so a finalizer may call it whatever the thread holds:
+        each ``dict(d)`` copy is one step under the GIL.
+        """
+        fences: dict[int | Timeline, int] = {}
+        fences.update(dict(self._submitted).items())
+        if self._timelines:
+            fences.update(dict(self._timelines).items())
+        return fences
 
     # -- backend calls -----------------------------------------------------------
 
@@ -803,8 +862,6 @@ class Device(Closing):
                 (priority above 1 without ``CAP_SYS_NICE``), ``EBADFD`` (this
                 file is faulted), ``ENOTTY`` (a driver without user queues).
         """
-        from .userqueue import UserQueue
-
         return UserQueue(self, entries, priority)
 
     @property

@@ -33,6 +33,7 @@ argument and the ``stream=None`` defaults of the calls here.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import logging
@@ -42,22 +43,30 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, SupportsIndex, cast
+from typing import Final, SupportsIndex, TypeAlias, cast
 
 import numpy as np
 
 from .. import _abi
-from ..errors import NpuError, NpuTimeoutError
+from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
 from ..kernels import ops
 from ..kernels.validate import check_tensor_op
 from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, resolve_device
+from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, Timeline, resolve_device
 from .userqueue import _CMD3, Completion, UserQueue
 
-if TYPE_CHECKING:
-    from .event import Event
-
-__all__ = ["Stream", "StreamKey", "current_stream", "default_stream", "pack_tensor_params"]
+__all__ = [
+    "Event",
+    "Failure",
+    "Stream",
+    "StreamKey",
+    "current_stream",
+    "current_user_stream",
+    "default_stream",
+    "failures",
+    "pack_tensor_params",
+    "synchronize",
+]
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +168,7 @@ def _give_slot(
     """Give a stream's counter back (at close, or when it is collected unclosed)."""
     owner = device_ref()
     if owner is not None:
-        owner._stream_fences.pop(key, None)
+        owner.forget_timeline(key)
     with _TIMELINES_LOCK:
         tl.last[slot] = counter[0]
         tl.free_slots.append(slot)
@@ -216,7 +225,7 @@ class StreamKey:
         """
         s = self._ref()
         if s is not None:
-            s._wait_fence(fence, timeout_s)
+            s.wait_fence(fence, timeout_s)
 
     def __repr__(self) -> str:
         s = self._ref()
@@ -242,12 +251,12 @@ def default_stream(device: DeviceArg = None) -> Stream:
     Its work goes through SUBMIT to the driver's queue 0, as
     :meth:`npu.Device.submit` and tensor ops outside ``with stream:`` do.
     """
-    dev = resolve_device(device)
-    stream = dev._default_stream
-    if stream is None:
-        stream = Stream.__new__(Stream)
-        stream._init_default(dev)
-        dev._default_stream = stream
+    return resolve_device(device).attachment(_new_default_stream)
+
+
+def _new_default_stream(device: Device) -> Stream:
+    stream = Stream.__new__(Stream)
+    stream._init_default(device)
     return stream
 
 
@@ -269,7 +278,7 @@ def _current_user_stream() -> Stream | None:
     return stack[-1] if stack else None
 
 
-def _current_user_stream_of(device: Device) -> Stream | None:
+def current_user_stream(device: Device) -> Stream | None:
     """The current stream of ``device`` in this thread if it is a user stream, else None.
 
     On the path of every tensor op: outside any ``with stream:`` this is one
@@ -290,7 +299,7 @@ def _current_user_stream_of(device: Device) -> Stream | None:
 # ---------------------------------------------------------------------------
 
 
-class _Program:
+class Program:
     """A sequence of ops as ring descriptors and parameter blocks, built once.
 
     A replay (:meth:`Stream._replay`) copies the rows into the ring and the
@@ -439,8 +448,14 @@ class Stream:
         self._queue = None
         self._closed = False
         self._name = "Stream(default)"
+        self._key = StreamKey(self)
 
     # -- state ----------------------------------------------------------------
+
+    @property
+    def key(self) -> StreamKey:
+        """The stream's timeline as the device, the allocator and tensors keep it."""
+        return self._key
 
     @property
     def is_default(self) -> bool:
@@ -689,7 +704,7 @@ class Stream:
 
     # -- tensor ops (called by npu.tensor) -------------------------------------
 
-    def _run(
+    def run_ops(
         self, batch: Sequence[ops.AnyOp], after: Sequence[tuple[Stream, int]]
     ) -> tuple[int, int]:
         """Launch the ops of a tensor op (or a graph) after the fences ``after`` of
@@ -713,7 +728,7 @@ class Stream:
                 if not first:
                     first = fence
             q.kick()
-            self.device._stream_fences[self._key] = fence
+            self.device.note_timeline(self._key, fence)
             return first, fence
 
     def _signals_for(self, after: Sequence[tuple[Stream, int]]) -> list[tuple[Stream, int]]:
@@ -737,7 +752,7 @@ class Stream:
             self._ops[(wf - 1) & self._mask] = (wf, desc, None)
             self._waited[src._key] = value
 
-    def _wait_fence(self, fence: int, timeout_s: float | None) -> None:
+    def wait_fence(self, fence: int, timeout_s: float | None) -> None:
         """Wait for ``fence`` of this stream (returns at once if it is closed)."""
         with self._lock:
             q = self._queue
@@ -758,8 +773,6 @@ class Stream:
                 event that is never reached).
         """
         if self._queue is None:
-            from ..tensors.tensor import synchronize
-
             synchronize(self.device)
             return
         with self._lock:
@@ -817,7 +830,7 @@ class Stream:
                 except NpuError as exc:
                     error = exc
             self._closed = True
-            self.device._stream_fences.pop(self._key, None)
+            self.device.forget_timeline(self._key)
             q._op_of = None
             try:
                 q.close()
@@ -995,7 +1008,7 @@ class Stream:
 
     # -- programs ---------------------------------------------------------------
 
-    def _build(self, op_list: Sequence[ops.AnyOp]) -> _Program:
+    def build_program(self, op_list: Sequence[ops.AnyOp]) -> Program:
         """Prebuild ``op_list`` for :meth:`_replay` (on any stream of this device).
 
         Raises:
@@ -1018,10 +1031,10 @@ class Stream:
             for b in bufs:
                 used[id(b)] = b
         params = np.frombuffer(b"".join(blocks), np.uint64).reshape(len(blocks), _PARAMS_WORDS)
-        return _Program(desc, params.copy(), np.array(rows, np.intp), op_list, tuple(used.values()))
+        return Program(desc, params.copy(), np.array(rows, np.intp), op_list, tuple(used.values()))
 
-    def _replay(
-        self, program: _Program, after: Sequence[tuple[Stream, int]] = ()
+    def replay_program(
+        self, program: Program, after: Sequence[tuple[Stream, int]] = ()
     ) -> tuple[int, int]:
         """Launch a prebuilt program after the fences ``after`` of other user
         streams (as :meth:`_run`); return the fences of its first and last op.
@@ -1082,5 +1095,234 @@ class Stream:
             last = q.last_fence
             self._replays = deque(r for r in self._replays if r[1] > q._checked)
             self._replays.append((first_all, last, program.ops))
-            self.device._stream_fences[self._key] = last
+            self.device.note_timeline(self._key, last)
             return first_all, last
+
+
+# ---------------------------------------------------------------------------
+# Failures and synchronize: what every timeline of a device reported
+# ---------------------------------------------------------------------------
+
+#: A device error and the timeline it came from (None: the driver's queue 0).
+Failure: TypeAlias = "tuple[Timeline | None, NpuDeviceError]"
+_FAILURE_HISTORY: Final = 64
+
+
+def _new_failure_history(device: Device) -> collections.deque[Failure]:
+    return collections.deque(maxlen=_FAILURE_HISTORY)
+
+
+def failures(device: Device) -> collections.deque[Failure]:
+    """The device errors waits met on ``device``, newest last (the last 64).
+
+    A failure is reported by the wait that meets it; tensors computed from
+    the failed op look it up here, so it also raises at their own wait.
+    """
+    return device.attachment(_new_failure_history)
+
+
+def synchronize(device: DeviceArg = None) -> None:
+    """Wait until every op submitted to ``device`` (default: the default device) is done.
+
+    Like ``torch.cuda.synchronize()``. A failure of any of those ops raises
+    here (:class:`npu.NpuDeviceError`, naming the op); it is also kept for
+    the tensors computed from it (:func:`failures`).
+
+    Raises:
+        NpuDeviceError: an op that had not been waited for failed.
+        RuntimeError: called while a graph captures.
+    """
+    dev = resolve_device(device)
+    if dev.capturing is not None:
+        raise RuntimeError("synchronize: not while a graph is capturing")
+    history = failures(dev)
+    for queue, fence in dev.last_fences().items():
+        if isinstance(queue, int):
+            while not dev.completed(queue, fence):
+                try:
+                    dev.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
+                except NpuDeviceError as exc:
+                    history.append((None, exc))
+                    raise
+            continue
+        while not queue.completed(fence):
+            try:
+                queue.wait(fence, DEFAULT_TIMEOUT_S)
+            except NpuDeviceError as exc:
+                history.append((queue, exc))
+                raise
+
+
+# ---------------------------------------------------------------------------
+# Events: markers in a timeline
+# ---------------------------------------------------------------------------
+
+_QUEUE = 0
+
+
+class Event:
+    """A marker in a device's queue.
+
+    Args:
+        device: the device (default: the default device).
+        enable_timing: record a NOP the device timestamps, for
+            :meth:`elapsed_time`.
+    """
+
+    def __init__(self, device: DeviceArg = None, enable_timing: bool = False) -> None:
+        self._device_given = device is not None
+        self.device = resolve_device(device)
+        self.enable_timing = enable_timing
+        self._fence: int | None = None
+        # On a user stream: the stream, the counter's VA and the value its
+        # SIGNAL stores, and the SIGNAL's completion time once seen.
+        self._stream: Stream | None = None
+        self._va = 0
+        self._value = 0
+        self._t_end_ns: int | None = None
+
+    @property
+    def fence(self) -> int | None:
+        """The fence of the marker (on its stream's queue), or None before :meth:`record`."""
+        return self._fence
+
+    @property
+    def stream(self) -> Stream | None:
+        """The user stream the event was last recorded on (None: the default stream)."""
+        return self._stream
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Put the marker after everything launched so far on ``stream``.
+
+        ``stream`` defaults to the current stream (:func:`npu.current_stream`):
+        the innermost ``with stream:`` of the thread, else the default stream
+        (the kernel path: after everything submitted to the device so far).
+        An event not given a device takes the device of the stream.
+
+        Raises:
+            ValueError: the stream is of another device than the one given.
+            RuntimeError: while an :class:`npu.Graph` captures.
+            NpuError: the marker was refused (e.g. a closed stream).
+        """
+        target = stream if stream is not None else _current_user_stream()
+        if target is not None and not target.is_default:
+            if target.device is not self.device:
+                if self._device_given:
+                    raise ValueError(f"Event.record: {target!r} is of another device")
+                self.device = target.device
+            self._t_end_ns = None
+            target._record(self)
+            return
+        if target is not None and target.device is not self.device:
+            if self._device_given:
+                raise ValueError(f"Event.record: {target!r} is of another device")
+            self.device = target.device
+        self._stream = None
+        self._t_end_ns = None
+        if self.enable_timing:
+            self._fence = self.device.submit([ops.nop()], _QUEUE)
+        else:
+            if self.device.capturing is not None:
+                raise RuntimeError("Event.record: not while a graph is capturing")
+            self._fence = self.device.submitted_fences().get(_QUEUE, 0)
+
+    def query(self) -> bool:
+        """True once the device has passed the marker (or it was never recorded).
+
+        Raises:
+            NpuDeviceError: an op before the marker failed (reported once).
+        """
+        if self._fence is None or self._fence == 0:
+            return True
+        if self._stream is not None:
+            return self._stream._event_done(self, 0)
+        if self.device.completed(_QUEUE, self._fence):
+            return True
+        try:
+            self.device.wait(self._fence, timeout_s=0, queue=_QUEUE)
+        except NpuTimeoutError:
+            return False
+        return True
+
+    def synchronize(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Wait until the device has passed the marker.
+
+        Raises:
+            NpuDeviceError: an op before the marker failed (reported once).
+            NpuTimeoutError: not within ``timeout_s``.
+        """
+        if self._stream is not None:
+            self._stream._event_done(self, timeout_s)
+        elif self._fence:
+            self.device.wait(self._fence, timeout_s=timeout_s, queue=_QUEUE)
+
+    def elapsed_time(self, end: Event) -> float:
+        """Device milliseconds from this marker to ``end``'s (both done).
+
+        The times are the device clock at the completion of each marker (a
+        stream event's SIGNAL; a default-stream event's NOP), so events of
+        different streams of a device can be compared.
+
+        Raises:
+            ValueError: an event of the default stream lacks
+                ``enable_timing``, an event was not recorded, or they belong
+                to different devices.
+            RuntimeError: a marker is not reached yet (call
+                :meth:`synchronize` on ``end`` first).
+            NpuError: the record is gone (more than ``ring_entries`` later
+                ops, or a device reset since), ``ENOENT``.
+        """
+        for ev in (self, end):
+            if ev._fence is None or (ev._stream is None and not ev.enable_timing):
+                raise ValueError("elapsed_time: both events need enable_timing and a record()")
+        if end.device is not self.device:
+            raise ValueError("elapsed_time: the events belong to different devices")
+        stamps = []
+        for ev in (self, end):
+            assert ev._fence is not None
+            if ev._stream is not None:
+                stamps.append(ev._stream_stamp())
+                continue
+            try:
+                info = self.device.fence_info(ev._fence, _QUEUE)
+            except NpuError as exc:
+                if exc.errno == errno.EBUSY:
+                    raise RuntimeError(
+                        "elapsed_time: an event is not reached yet; synchronize() first"
+                    ) from exc
+                raise
+            if info.status:
+                raise NpuDeviceError(info.status, ev._fence, None, "Event marker")
+            stamps.append(info.t_end_ns)
+        return (stamps[1] - stamps[0]) / 1e6
+
+    # -- user streams (npu.stream) ---------------------------------------------
+
+    def _set_stream_marker(self, stream: Stream, fence: int, va: int, value: int) -> None:
+        self._stream = stream
+        self._fence = fence
+        self._va = va
+        self._value = value
+        self._t_end_ns = None
+
+    def _note_stamp(self, t_end_ns: int | None) -> None:
+        if t_end_ns is not None:
+            self._t_end_ns = t_end_ns
+
+    def _stream_stamp(self) -> int:
+        """The device time of this stream event's SIGNAL (completed)."""
+        assert self._stream is not None
+        if self._t_end_ns is None:
+            if not self._stream._event_done(self, 0):
+                raise RuntimeError("elapsed_time: an event is not reached yet; synchronize() first")
+            if self._t_end_ns is None:
+                raise NpuError(
+                    errno.ENOENT,
+                    "the completion record of the marker was reused",
+                    f"Event.elapsed_time({self._stream!r}, fence={self._fence})",
+                )
+        return self._t_end_ns
+
+    def __repr__(self) -> str:
+        where = repr(self._stream) if self._stream is not None else "default stream"
+        return f"<npu.Event fence={self._fence} on {where}>"

@@ -34,28 +34,52 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NoReturn, SupportsIndex
+from typing import TYPE_CHECKING, Final, NoReturn, Protocol, SupportsIndex
 
 import numpy as np
 
 from .. import _abi
 from .._closing import Closing
-from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
+from ..errors import DEFAULT_TIMEOUT_S, NpuDeviceError, NpuError, NpuTimeoutError
 from ..hal import Backend, WaitFailed
 from ..kernels.descriptors import check_range as _check_range
 from .buffer import Buffer
-from .device import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import numpy.typing as npt
 
-    from .device import Device
-
 __all__ = ["DEFAULT_SPIN_S", "Completion", "UserQueue"]
 
 log = logging.getLogger(__name__)
+
+
+class QueueOwner(Protocol):
+    """What a user queue needs of its device (an :class:`npu.Device`).
+
+    The queue layer sits below the device, so it names the device by this
+    protocol rather than importing it.
+    """
+
+    @property
+    def closed(self) -> bool:
+        """True once the device is closed (its queues are gone with it)."""
+        ...
+
+    @property
+    def backend(self) -> Backend:
+        """The device's backend (creates, maps and destroys queues)."""
+        ...
+
+    def register_queue(self, queue: UserQueue) -> None:
+        """Add a new queue to the device's list."""
+        ...
+
+    def forget_queue(self, queue: UserQueue) -> None:
+        """Drop a closed queue from the device's list."""
+        ...
+
 
 #: How long :meth:`UserQueue.wait` spins on the fence record before it
 #: sleeps in the WAIT ioctl (seconds).
@@ -137,7 +161,7 @@ class UserQueue(Closing):
 
     def __init__(
         self,
-        device: Device,
+        device: QueueOwner,
         entries: int = 256,
         priority: int = 0,
         *,
@@ -558,8 +582,9 @@ class UserQueue(Closing):
     def _va_of(self, what: str, buf: Buffer, offset: int, nbytes: int) -> int:
         if not isinstance(buf, Buffer):
             raise TypeError(f"{self._context}: {what} must be an npu.Buffer, not {type(buf)}")
-        if buf.device is not self.device:
-            raise ValueError(f"{self._context}: {what} {buf!r} belongs to {buf.device!r}")
+        owner: object = buf.device  # one Device behind both protocols
+        if owner is not self.device:
+            raise ValueError(f"{self._context}: {what} {buf!r} belongs to {owner!r}")
         va = buf.va  # raises NpuError(EBADF) if freed
         if not va:
             raise ValueError(f"{self._context}: {what} {buf!r} has no device address")
@@ -755,7 +780,7 @@ def _map(backend: Backend, length: int, offset: int, *, writable_only: bool) -> 
         raise NpuError.from_oserror(exc, f"mmap(offset={offset:#x}, size={length})") from exc
 
 
-def _destroy_unreferenced(device_ref: weakref.ref[Device], index: int) -> None:
+def _destroy_unreferenced(device_ref: weakref.ref[QueueOwner], index: int) -> None:
     """Finalizer: give back the queue of a UserQueue collected without close()."""
     device = device_ref()
     if device is None or device.closed:

@@ -33,7 +33,7 @@ import numpy as np
 from .. import _abi
 from ..core.buffer import Buffer
 from ..core.device import Device, PackedOps
-from ..core.stream import Stream, _current_user_stream_of, _Program
+from ..core.stream import Program, Stream, current_user_stream
 from ..errors import NpuDeviceError, NpuError
 from ..kernels import ops
 from ..kernels.ops import TensorOp
@@ -132,7 +132,7 @@ class PartitionPlan:
     arena_bytes: int
     vals: dict[str, Val] = field(default_factory=dict)
     # The ops prebuilt for user streams, at the first run inside `with stream:`.
-    program: _Program | None = None
+    program: Program | None = None
 
 
 class _Builder:
@@ -720,7 +720,7 @@ class NpuProvider:
                 )
             np.copyto(view, arr, casting="same_kind")
         t1 = time.perf_counter()
-        stream = _current_user_stream_of(self.device) if plan.chunks else None
+        stream = current_user_stream(self.device) if plan.chunks else None
         if stream is not None:
             self._run_on_stream(plan, stream)
         elif plan.chunks:
@@ -745,9 +745,9 @@ class NpuProvider:
         op_list = [op for chunk in plan.chunks for op in chunk]
         try:
             if plan.program is None:
-                plan.program = stream._build(op_list)
-            _, last = stream._replay(plan.program)
-            stream._wait_fence(last, WAIT_TIMEOUT_S)
+                plan.program = stream.build_program(op_list)
+            _, last = stream.replay_program(plan.program)
+            stream.wait_fence(last, WAIT_TIMEOUT_S)
         except NpuDeviceError as exc:
             raise self._node_error(plan, exc) from exc
         except NpuError as exc:

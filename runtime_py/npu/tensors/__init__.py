@@ -3,3 +3,7 @@
 :mod:`~npu.tensors.nn`, :mod:`~npu.tensors.quant`), which register their
 functions as the tensor's operators (:mod:`npu.tensors.dispatch`).
 """
+
+# The op modules register the tensor's operators when imported: import them
+# with the package, so that a Tensor always has its operators.
+from . import elementwise, nn, quant, reduce  # noqa: F401  (registration)

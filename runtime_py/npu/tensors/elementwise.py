@@ -11,10 +11,24 @@ import builtins
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import _abi
 from ..dtypes import DType, _float_of, _promote
 from ..kernels import ops
-from .tensor import Tensor, _alloc, _broadcast, _bufs, _cast, _empty, _launch, _operands
+from .tensor import (
+    Tensor,
+    _alloc,
+    _as_tensor,
+    _broadcast,
+    _bufs,
+    _cast,
+    _empty,
+    _launch,
+    _operands,
+    register_operator,
+    tensor,
+)
 
 __all__ = [
     "abs",
@@ -27,6 +41,7 @@ __all__ = [
     "minimum",
     "multiply",
     "negative",
+    "power",
     "relu",
     "sigmoid",
     "sqrt",
@@ -70,21 +85,25 @@ def _unary(kind: _abi.UnaryKind, x: Any, what: str) -> Tensor:
 # ---------------------------------------------------------------------------
 
 
+@register_operator("add")
 def add(x: Any, y: Any) -> Tensor:
     """``x + y`` on the device (numpy broadcasting and promotion)."""
     return _binary(_abi.EltwiseKind.ADD, x, y, "add")
 
 
+@register_operator("subtract")
 def subtract(x: Any, y: Any) -> Tensor:
     """``x - y`` on the device."""
     return _binary(_abi.EltwiseKind.SUB, x, y, "subtract")
 
 
+@register_operator("multiply")
 def multiply(x: Any, y: Any) -> Tensor:
     """``x * y`` on the device."""
     return _binary(_abi.EltwiseKind.MUL, x, y, "multiply")
 
 
+@register_operator("divide")
 def divide(x: Any, y: Any) -> Tensor:
     """``x / y`` (true division); integer operands give float32 (numpy: float64)."""
     return _binary(_abi.EltwiseKind.DIV, x, y, "divide")
@@ -135,11 +154,39 @@ def sqrt(x: Any) -> Tensor:
     return _unary(_abi.UnaryKind.SQRT, x, "sqrt")
 
 
+@register_operator("abs")
 def abs(x: Any) -> Tensor:
     """Absolute value; any dtype."""
     return _unary(_abi.UnaryKind.ABS, x, "abs")
 
 
+@register_operator("negative")
 def negative(x: Any) -> Tensor:
     """``-x``; any dtype."""
     return _unary(_abi.UnaryKind.NEG, x, "negative")
+
+
+@register_operator("power")
+def power(base: Any, exponent: Any) -> Tensor:
+    """``base ** exponent`` (numpy's ``power``, ``Tensor.__pow__``).
+
+    Exact for the exponents 0, 1, 2, 3, 0.5 and -1 (products, SQRT, a
+    division), else ``exp(exponent * log(base))``: NaN for a negative base,
+    where numpy gives a real result for integer exponents.
+    """
+    b = _as_tensor(base, "power")
+    if not isinstance(exponent, Tensor):
+        p = float(exponent)
+        if p == 0:  # 1 everywhere, NaN and inf included (numpy's rule)
+            return tensor(np.ones(b.shape, np.float32), b.dtype, b.device)
+        if p == 1:
+            return b.clone()
+        if p == 2:
+            return multiply(b, b)
+        if p == 3:
+            return multiply(multiply(b, b), b)
+        if p == 0.5:
+            return sqrt(b)
+        if p == -1:
+            return divide(1, b)
+    return exp(multiply(log(b), exponent))

@@ -30,6 +30,7 @@ from .tensor import (
     _empty,
     _launch,
     _upload,
+    register_operator,
     tensor,
 )
 
@@ -203,6 +204,7 @@ def _fused(
     return out if final == shape else out._view_as(final)
 
 
+@register_operator("matmul")
 def matmul(x: Any, y: Any) -> Tensor:
     """``x @ y`` with numpy ``matmul`` semantics, as one device MATMUL op (no wait).
 

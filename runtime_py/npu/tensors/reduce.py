@@ -30,6 +30,7 @@ from .tensor import (
     _empty,
     _launch,
     _upload,
+    register_operator,
 )
 
 __all__ = [
@@ -100,6 +101,7 @@ def _reduce_empty(
     raise ValueError(f"zero-size array to reduction operation {what} which has no identity")
 
 
+@register_operator("sum")
 def sum(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     """Sum over ``axis`` (None: all axes; an int or a tuple; negative counts from the end).
 
@@ -115,11 +117,13 @@ def sum(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     return _reduce(_abi.ReduceKind.SUM, x, axis, keepdims, "sum")
 
 
+@register_operator("mean")
 def mean(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     """Arithmetic mean over ``axis`` (see :func:`sum`); integer inputs give float32."""
     return _reduce(_abi.ReduceKind.MEAN, x, axis, keepdims, "mean")
 
 
+@register_operator("max")
 def max(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     """Maximum over ``axis`` (see :func:`sum`); keeps the dtype.
 
@@ -129,6 +133,7 @@ def max(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     return _reduce(_abi.ReduceKind.MAX, x, axis, keepdims, "maximum")
 
 
+@register_operator("min")
 def min(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
     """Minimum over ``axis`` (see :func:`max`)."""
     return _reduce(_abi.ReduceKind.MIN, x, axis, keepdims, "minimum")
@@ -147,6 +152,7 @@ def _softmax(kind: _abi.SoftmaxKind, x: Any, axis: SupportsIndex, what: str) -> 
     return _launch(batch, out, t)
 
 
+@register_operator("softmax")
 def softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
     """``exp(x) / sum(exp(x), axis)`` along one axis (default the last), on the device.
 
@@ -155,6 +161,7 @@ def softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
     return _softmax(_abi.SoftmaxKind.SOFTMAX, x, axis, "softmax")
 
 
+@register_operator("log_softmax")
 def log_softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
     """``log(softmax(x, axis))``, computed stably on the device (see :func:`softmax`)."""
     return _softmax(_abi.SoftmaxKind.LOG, x, axis, "log_softmax")

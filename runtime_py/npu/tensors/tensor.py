@@ -61,14 +61,12 @@ and :meth:`Tensor.numpy` returns it as float32 values (exact).
 from __future__ import annotations
 
 import builtins
-import collections
 import logging
 import math
 import operator
 import os
-import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any, SupportsIndex, TypeAlias, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, SupportsIndex, TypeAlias, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -76,8 +74,15 @@ import numpy.typing as npt
 from .. import _abi
 from ..allocator import Allocation, allocator
 from ..core.buffer import Buffer
-from ..core.device import DEFAULT_TIMEOUT_S, Device, DeviceArg, default_device, resolve_device
-from ..core.stream import Stream, StreamKey, _current_user_stream_of
+from ..core.device import (
+    DEFAULT_TIMEOUT_S,
+    Device,
+    DeviceArg,
+    Timeline,
+    default_device,
+    resolve_device,
+)
+from ..core.stream import Stream, StreamKey, current_user_stream, failures
 from ..dtypes import (
     _FROM_NUMPY,
     _INT_RANGE,
@@ -117,17 +122,48 @@ AxisArg: TypeAlias = "SupportsIndex | Sequence[SupportsIndex] | None"
 
 # Failed fences seen by Tensor.wait, per device: (timeline, error), the
 # timeline None for the driver's queue 0, else the stream's StreamKey.
-_Failure: TypeAlias = "tuple[StreamKey | None, NpuDeviceError]"
-_FAILURES: weakref.WeakKeyDictionary[Device, collections.deque[_Failure]] = (
-    weakref.WeakKeyDictionary()
-)
-_FAILURE_HISTORY = 64
+_F = TypeVar("_F", bound="Callable[..., Tensor]")
+
+#: The functions behind the tensor's operators and methods, by name,
+#: registered by the op modules (npu.tensors.elementwise, .reduce, .nn) when
+#: they are imported (npu.tensors imports them all). The tensor sits below
+#: its ops, as PyTorch's dispatcher sits below its kernels.
+OPERATORS: dict[str, Callable[..., Tensor]] = {}
+
+
+def register_operator(name: str) -> Callable[[_F], _F]:
+    """Make the decorated function the one behind the tensor's operator or method ``name``."""
+
+    def register(fn: _F) -> _F:
+        OPERATORS[name] = fn
+        return fn
+
+    return register
+
+
+class Recorder(Protocol):
+    """What captures tensor ops (an :class:`npu.Graph`): ``Device.capturing`` while it does."""
+
+    def record(self, batch: list[ops.AnyOp], out: Tensor, inputs: Sequence[Tensor]) -> None:
+        """Record ``batch``, which makes ``out`` from ``inputs``, instead of launching it."""
+        ...
+
+    def keep(self, memory: Allocation) -> None:
+        """Hold ``memory`` for every replay."""
+        ...
+
+    def add_output(self, tensor: Tensor) -> None:
+        """``tensor`` is made during the capture: each replay sets its fence."""
+        ...
+
+
+def recorder(device: Device) -> Recorder | None:
+    """The :class:`Recorder` capturing the calling thread's tensor ops on ``device``, if any."""
+    return cast("Recorder | None", device.capturing)
+
+
 # A dependency on another stream's ops: (stream, first fence, last fence).
 _Dep: TypeAlias = "tuple[Stream, int, int]"
-
-
-def _failures(device: Device) -> collections.deque[_Failure]:
-    return _FAILURES.setdefault(device, collections.deque(maxlen=_FAILURE_HISTORY))
 
 
 # ---------------------------------------------------------------------------
@@ -206,7 +242,7 @@ class Tensor:
         # keep it alive; None: the driver's queue 0) -> the last such fence.
         # A write into the tensor (copy_, a graph replay) is ordered after them.
         self._readers: dict[StreamKey | None, int] | None = None
-        graph = device.capturing
+        graph = recorder(device)
         if graph is not None:  # its fence is set by each replay
             graph.add_output(self)
 
@@ -392,9 +428,7 @@ class Tensor:
         if self._device.capturing is not None:
             raise RuntimeError("copy_: not while a graph is capturing")
         data = np.broadcast_to(np.asarray(src), self._shape)
-        last = cast("dict[int | StreamKey, int]", self._device.submitted_fences())
-        last.update(cast("dict[int | StreamKey, int]", dict(self._device._stream_fences)))
-        for queue, fence in last.items():
+        for queue, fence in self._device.last_fences().items():
             done = (
                 self._device.completed(queue, fence)
                 if isinstance(queue, int)
@@ -614,108 +648,72 @@ class Tensor:
 
     def sum(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
         """:func:`npu.sum` of this tensor."""
-        from .reduce import sum
-
-        return sum(self, axis, keepdims)
+        return OPERATORS["sum"](self, axis, keepdims)
 
     def mean(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
         """:func:`npu.mean` of this tensor."""
-        from .reduce import mean
-
-        return mean(self, axis, keepdims)
+        return OPERATORS["mean"](self, axis, keepdims)
 
     def max(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
         """:func:`npu.max` of this tensor."""
-        from .reduce import max
-
-        return max(self, axis, keepdims)
+        return OPERATORS["max"](self, axis, keepdims)
 
     def min(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
         """:func:`npu.min` of this tensor."""
-        from .reduce import min
-
-        return min(self, axis, keepdims)
+        return OPERATORS["min"](self, axis, keepdims)
 
     def softmax(self, axis: SupportsIndex = -1) -> Tensor:
         """:func:`npu.softmax` of this tensor."""
-        from .reduce import softmax
-
-        return softmax(self, axis)
+        return OPERATORS["softmax"](self, axis)
 
     def log_softmax(self, axis: SupportsIndex = -1) -> Tensor:
         """:func:`npu.log_softmax` of this tensor."""
-        from .reduce import log_softmax
-
-        return log_softmax(self, axis)
+        return OPERATORS["log_softmax"](self, axis)
 
     # -- operators -----------------------------------------------------------
 
     def __add__(self, other: Any) -> Tensor:
-        from .elementwise import add
-
-        return add(self, other)
+        return OPERATORS["add"](self, other)
 
     def __radd__(self, other: Any) -> Tensor:
-        from .elementwise import add
-
-        return add(other, self)
+        return OPERATORS["add"](other, self)
 
     def __sub__(self, other: Any) -> Tensor:
-        from .elementwise import subtract
-
-        return subtract(self, other)
+        return OPERATORS["subtract"](self, other)
 
     def __rsub__(self, other: Any) -> Tensor:
-        from .elementwise import subtract
-
-        return subtract(other, self)
+        return OPERATORS["subtract"](other, self)
 
     def __mul__(self, other: Any) -> Tensor:
-        from .elementwise import multiply
-
-        return multiply(self, other)
+        return OPERATORS["multiply"](self, other)
 
     def __rmul__(self, other: Any) -> Tensor:
-        from .elementwise import multiply
-
-        return multiply(other, self)
+        return OPERATORS["multiply"](other, self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        from .elementwise import divide
-
-        return divide(self, other)
+        return OPERATORS["divide"](self, other)
 
     def __rtruediv__(self, other: Any) -> Tensor:
-        from .elementwise import divide
-
-        return divide(other, self)
+        return OPERATORS["divide"](other, self)
 
     def __neg__(self) -> Tensor:
-        from .elementwise import negative
-
-        return negative(self)
+        return OPERATORS["negative"](self)
 
     def __abs__(self) -> Tensor:
-        from .elementwise import abs
-
-        return abs(self)
+        return OPERATORS["abs"](self)
 
     def __matmul__(self, other: Any) -> Tensor:
-        from .nn import matmul
-
-        return matmul(self, other)
+        return OPERATORS["matmul"](self, other)
 
     def __rmatmul__(self, other: Any) -> Tensor:
-        from .nn import matmul
-
-        return matmul(other, self)
+        return OPERATORS["matmul"](other, self)
 
     def __pow__(self, exponent: Any) -> Tensor:
-        """``self ** exponent`` (see :func:`_power`)."""
-        return _power(self, exponent)
+        """``self ** exponent`` (:func:`npu.power`)."""
+        return OPERATORS["power"](self, exponent)
 
     def __rpow__(self, base: Any) -> Tensor:
-        return _power(_as_tensor(base, "pow", self._device), self)
+        return OPERATORS["power"](_as_tensor(base, "pow", self._device), self)
 
     # In place, as PyTorch's ``+=``: the result is written into this tensor's
     # memory (views see it), with this tensor's dtype.
@@ -849,29 +847,6 @@ def _index(t: Tensor, key: Any) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return tuple(shape), tuple(strides), offset
 
 
-def _power(base: Tensor, exponent: Any) -> Tensor:
-    """``base ** exponent``: exact for the exponents 0, 1, 2, 3, 0.5 and -1
-    (products, SQRT, a division), else ``exp(exponent * log(base))`` (NaN for
-    a negative base, where numpy gives a real result for integer exponents)."""
-    from .elementwise import divide, exp, log, multiply, sqrt
-
-    if not isinstance(exponent, Tensor):
-        p = float(exponent)
-        if p == 0:  # 1 everywhere, NaN and inf included (numpy's rule)
-            return tensor(np.ones(base.shape, np.float32), base.dtype, base.device)
-        if p == 1:
-            return base.clone()
-        if p == 2:
-            return multiply(base, base)
-        if p == 3:
-            return multiply(multiply(base, base), base)
-        if p == 0.5:
-            return sqrt(base)
-        if p == -1:
-            return divide(1, base)
-    return exp(multiply(log(base), exponent))
-
-
 def _bufs(*tensors: Tensor) -> tuple[Buffer, ...]:
     return tuple(t._buffer for t in tensors if t._buffer is not None)
 
@@ -891,19 +866,19 @@ def _wait_fences(
     """Wait for fences ``lo..hi`` of a timeline (``stream`` None: the driver's
     queue 0); raise the first failure among them, also one that an earlier
     wait met (kept in the device's failure history)."""
-    key = None if stream is None else stream._key
-    failures = _failures(device)
+    key = None if stream is None else stream.key
+    history = failures(device)
     while True:
-        for where, failure in failures:
+        for where, failure in history:
             if where is key and lo <= failure.fence <= hi:
                 raise failure
         try:
             if stream is None:
                 device.wait(hi, timeout_s=timeout_s)
             else:
-                stream._wait_fence(hi, timeout_s)
+                stream.wait_fence(hi, timeout_s)
         except NpuDeviceError as exc:
-            failures.append((key, exc))
+            history.append((key, exc))
             if lo <= exc.fence <= hi:
                 raise
             _logger.debug("device error at fence %d does not concern %r", exc.fence, what)
@@ -911,10 +886,10 @@ def _wait_fences(
         return
 
 
-def _wait_recording_failures(device: Device, queue: int | StreamKey, fence: int) -> None:
+def _wait_recording_failures(device: Device, queue: int | Timeline, fence: int) -> None:
     """Wait for ``fence`` of a timeline (a driver queue or a stream); a device
     error met on the way is kept for the tensors it concerns."""
-    failures = _failures(device)
+    history = failures(device)
     key = None if isinstance(queue, int) else queue
     while True:
         try:
@@ -923,11 +898,11 @@ def _wait_recording_failures(device: Device, queue: int | StreamKey, fence: int)
             else:
                 queue.wait(fence, DEFAULT_TIMEOUT_S)
         except NpuDeviceError as exc:
-            if any(where is key and f.fence == exc.fence for where, f in failures):
+            if any(where is key and f.fence == exc.fence for where, f in history):
                 # Reported again: the queue is stopped at a failed op, so
                 # nothing queued after it will touch the memory.
                 return
-            failures.append((key, exc))
+            history.append((key, exc))
             continue
         return
 
@@ -944,13 +919,13 @@ def _alloc(
     size = math.prod(shape)
     if size == 0:
         return _empty(device, dtype, shape)
-    stream = None if host_write else _current_user_stream_of(device)
-    graph = device.capturing
+    stream = None if host_write else current_user_stream(device)
+    graph = recorder(device)
     mem = allocator(device).allocate(
         size * dtype.itemsize,
         host_write=host_write,
         wait=_wait_recording_failures,
-        stream=None if stream is None else stream._key,
+        stream=None if stream is None else stream.key,
         # A graph's memory is used by replays on any stream: never a block
         # that ops of any timeline may still use.
         any_timeline=graph is not None,
@@ -968,17 +943,17 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     While an :class:`npu.Graph` captures, the batch is recorded instead.
     """
     device = out._device
-    graph = device.capturing
+    graph = recorder(device)
     if graph is not None:
         graph.record(batch, out, inputs)
         return out
-    stream = _current_user_stream_of(device)
+    stream = current_user_stream(device)
     after, deps, since = _dependencies(stream, inputs, out)
     if stream is None:
         fence = device.submit(batch)
         first = fence - len(batch) + 1
     else:
-        first, fence = stream._run(batch, after)
+        first, fence = stream.run_ops(batch, after)
     _note_reads(inputs, stream, fence)
     out._readers = None  # this write is ordered after them
     out._stream = stream
@@ -1038,7 +1013,7 @@ def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, i
     readers = out._readers  # the caller clears them once the write is launched
     if not readers:
         return
-    own = None if stream is None else stream._key
+    own = None if stream is None else stream.key
     device = out._device
     for key, fence in readers.items():
         if key is own:
@@ -1058,7 +1033,7 @@ def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, i
 
 def _note_reads(inputs: Iterable[Tensor], stream: Stream | None, fence: int) -> None:
     """Remember that ``inputs`` are read by ops up to ``fence`` of ``stream``."""
-    key = None if stream is None else stream._key
+    key = None if stream is None else stream.key
     for t in inputs:
         readers = t._readers
         if readers is None:
@@ -1082,37 +1057,6 @@ def _merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:
 #: Read once, when ``npu`` is imported (like ``CUDA_LAUNCH_BLOCKING``).
 LAUNCH_BLOCKING_ENV = "NPU_LAUNCH_BLOCKING"
 _launch_blocking = os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
-
-
-def synchronize(device: DeviceArg = None) -> None:
-    """Wait until every op submitted to ``device`` (default: the default device) is done.
-
-    Like ``torch.cuda.synchronize()``. A failure of any of those ops raises
-    here (:class:`npu.NpuDeviceError`, naming the op); it is also kept for
-    the tensors computed from it.
-
-    Raises:
-        NpuDeviceError: an op that had not been waited for failed.
-        RuntimeError: called while a graph captures.
-    """
-    dev = resolve_device(device)
-    if dev.capturing is not None:
-        raise RuntimeError("synchronize: not while a graph is capturing")
-    failures = _failures(dev)
-    for queue, fence in dev.submitted_fences().items():
-        while not dev.completed(queue, fence):
-            try:
-                dev.wait(fence, timeout_s=DEFAULT_TIMEOUT_S, queue=queue)
-            except NpuDeviceError as exc:
-                failures.append((None, exc))
-                raise
-    for key, fence in list(dev._stream_fences.items()):
-        while not key.completed(fence):
-            try:
-                key.wait(fence, DEFAULT_TIMEOUT_S)
-            except NpuDeviceError as exc:
-                failures.append((key, exc))
-                raise
 
 
 def _upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:
