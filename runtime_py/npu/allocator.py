@@ -217,9 +217,8 @@ class Allocation:
             owner._queue_free(self._block)
 
     def __repr__(self) -> str:
-        return (
-            f"<npu.Allocation handle={self.buffer._handle} offset={self.offset} size={self.size}>"
-        )
+        handle = "freed" if self.buffer.freed else self.buffer.handle
+        return f"<npu.Allocation handle={handle} offset={self.offset} size={self.size}>"
 
 
 class CachingAllocator:

@@ -71,20 +71,20 @@ TensorDType: TypeAlias = "np.dtype[Any] | BFloat16Type"
 DTypeArg: TypeAlias = "npt.DTypeLike | BFloat16Type | _abi.DType"
 
 
-_NUMPY: Final[dict[DType, np.dtype[Any]]] = {
+NUMPY: Final[dict[DType, np.dtype[Any]]] = {
     DType.FP32: np.dtype(np.float32),
     DType.FP16: np.dtype(np.float16),
     DType.INT8: np.dtype(np.int8),
     DType.INT32: np.dtype(np.int32),
 }
-_FROM_NUMPY: Final[dict[np.dtype[Any], DType]] = {v: k for k, v in _NUMPY.items()}
-_INT_RANGE: Final = {
+FROM_NUMPY: Final[dict[np.dtype[Any], DType]] = {v: k for k, v in NUMPY.items()}
+INT_RANGE: Final = {
     DType.INT8: (-(2**7), 2**7 - 1),
     DType.INT32: (-(2**31), 2**31 - 1),
 }
 
 
-def _dtype(arg: DTypeArg) -> DType:
+def dtype_of(arg: DTypeArg) -> DType:
     """The :class:`npu.DType` of a dtype argument (TypeError if unsupported)."""
     if isinstance(arg, DType):
         return arg
@@ -97,22 +97,22 @@ def _dtype(arg: DTypeArg) -> DType:
     except TypeError as exc:
         raise TypeError(f"unsupported dtype {arg!r}") from exc
     try:
-        return _FROM_NUMPY[dt]
+        return FROM_NUMPY[dt]
     except KeyError:
         raise TypeError(
             f"unsupported tensor dtype {dt}: use float32, float16, npu.bfloat16, int8 or int32"
         ) from None
 
 
-def _public(dtype: DType) -> TensorDType:
-    return bfloat16 if dtype is DType.BF16 else _NUMPY[dtype]
+def public_dtype(dtype: DType) -> TensorDType:
+    return bfloat16 if dtype is DType.BF16 else NUMPY[dtype]
 
 
-def _storage(dtype: DType) -> np.dtype[Any]:
-    return BFloat16Type.storage if dtype is DType.BF16 else _NUMPY[dtype]
+def storage_dtype(dtype: DType) -> np.dtype[Any]:
+    return BFloat16Type.storage if dtype is DType.BF16 else NUMPY[dtype]
 
 
-def _promote(a: DType, b: DType) -> DType:
+def promote(a: DType, b: DType) -> DType:
     if a is b:
         return a
     if a.is_float and b.is_float:
@@ -135,10 +135,10 @@ def result_type(a: DTypeArg, b: DTypeArg) -> TensorDType:
     Raises:
         TypeError: a dtype is not supported.
     """
-    return _public(_promote(_dtype(a), _dtype(b)))
+    return public_dtype(promote(dtype_of(a), dtype_of(b)))
 
 
-def _float_of(dtype: DType) -> DType:
+def float_of(dtype: DType) -> DType:
     """The float dtype numpy computes float-only functions of ``dtype`` in."""
     if dtype.is_float:
         return dtype
@@ -166,25 +166,25 @@ def bf16_to_float32(bits: npt.ArrayLike) -> npt.NDArray[np.float32]:
     return out
 
 
-def _to_storage(array: npt.NDArray[Any], dtype: DType) -> npt.NDArray[Any]:
+def to_storage(array: npt.NDArray[Any], dtype: DType) -> npt.NDArray[Any]:
     """``array`` converted on the host to the storage representation of ``dtype``."""
     if dtype is DType.BF16:
         return float32_to_bf16(array)
-    return np.ascontiguousarray(array, dtype=_NUMPY[dtype])
+    return np.ascontiguousarray(array, dtype=NUMPY[dtype])
 
 
-def _infer(array: npt.NDArray[Any]) -> DType:
+def infer_dtype(array: npt.NDArray[Any]) -> DType:
     """The tensor dtype of a numpy array (narrowing float64 and other ints)."""
     dt = array.dtype
-    if dt in _FROM_NUMPY:
-        return _FROM_NUMPY[dt]
+    if dt in FROM_NUMPY:
+        return FROM_NUMPY[dt]
     if dt == np.float64:
         _logger.debug("float64 data is stored as float32")
         return DType.FP32
     if dt == np.bool_:
         return DType.INT8
     if dt.kind in "iu":
-        if array.size and (array.min() < _INT_RANGE[DType.INT32][0] or array.max() > 2**31 - 1):
+        if array.size and (array.min() < INT_RANGE[DType.INT32][0] or array.max() > 2**31 - 1):
             raise ValueError(f"{dt} values do not fit int32, the widest tensor integer dtype")
         _logger.debug("%s data is stored as int32", dt)
         return DType.INT32

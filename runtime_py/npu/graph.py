@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING
 from .core.device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
 from .core.stream import Program, Stream, current_stream
 from .kernels import ops
-from .tensors.tensor import _dependencies, _merge_deps, _note_reads, _order_write
+from .tensors.tensor import (
+    dependencies,
+    has_readers,
+    merge_deps,
+    note_reads,
+    note_write,
+    order_write,
+)
 
 if TYPE_CHECKING:
     from .allocator import Allocation
@@ -130,11 +137,11 @@ class Graph:
         target = None if stream.is_default else stream
         # Inputs still being made elsewhere: as for an eager op (npu.tensor).
         inputs = list(self._inputs)
-        after, deps, _ = _dependencies(target, inputs)
+        after, deps, _ = dependencies(target, inputs)
         # Tensors the replay rewrites that other streams may still read.
         for t in self._outputs:
-            if t._readers:
-                _order_write(t, target, after)
+            if has_readers(t):
+                order_write(t, target, after)
         # The previous replay on another timeline still uses the graph's memory.
         last, last_stream = self._fence, self._stream
         if last is not None and last_stream is not target:
@@ -149,14 +156,10 @@ class Graph:
             if self._program is None:
                 self._program = target.build_program(self._ops)
             first, fence = target.replay_program(self._program, after)
-        _note_reads(inputs, target, fence)
-        inherited = _merge_deps(deps) if deps else ()
+        note_reads(inputs, target, fence)
+        inherited = merge_deps(deps) if deps else ()
         for t in self._outputs:
-            t._fence = fence
-            t._since = first
-            t._stream = target
-            t._deps = inherited
-            t._readers = None  # the replay is ordered after them
+            note_write(t, target, first, fence, inherited)  # after its readers, above
         self._fence = fence
         self._stream = target
         return fence

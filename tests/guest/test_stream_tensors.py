@@ -36,7 +36,7 @@ class Gate:
     def close_on(self, stream: npu.Stream) -> None:
         q = stream.queue
         assert q is not None
-        q._emit(int(_abi.Opcode.WAIT), False, self.buffer.va, 1, 0, self.buffer, None, None)
+        q.emit(int(_abi.Opcode.WAIT), False, self.buffer.va, 1, 0, self.buffer, None, None)
         q.kick()
 
     def open(self) -> None:
@@ -342,7 +342,7 @@ def failing_op_into(out: npu.Tensor, dev: npu.Device) -> ops.TensorOp:
     """An int32 ELTWISE.DIV: the device refuses it (BAD_ARGS)."""
     a = dev.alloc(N * 4)
     ra = ops.tensor_ref(a, DType.INT32, (N,))
-    return ops.TensorOp(npu.Opcode.ELTWISE, int(EltwiseKind.DIV), (ra, ra, out._ref()), (a,))
+    return ops.TensorOp(npu.Opcode.ELTWISE, int(EltwiseKind.DIV), (ra, ra, out.tensor_ref()), (a,))
 
 
 def failed_on(dev: npu.Device, stream: npu.Stream) -> tuple[npu.Tensor, ops.TensorOp]:
@@ -350,7 +350,7 @@ def failed_on(dev: npu.Device, stream: npu.Stream) -> tuple[npu.Tensor, ops.Tens
     out = upload(dev, np.zeros(N, np.int32))
     op = failing_op_into(out, dev)
     with stream:
-        sys.modules["npu.tensors.tensor"]._launch([op], out)
+        sys.modules["npu.tensors.tensor"].launch([op], out)
     return out, op
 
 
@@ -390,7 +390,7 @@ def test_launch_blocking_raises_a_failed_stream_op_at_its_call(
         assert y.fence is None  # already waited for
         op = failing_op_into(out, dev)
         with pytest.raises(npu.NpuDeviceError) as info:
-            tensor_module._launch([op], out)
+            tensor_module.launch([op], out)
     assert info.value.op == op
     np.testing.assert_array_equal(y.numpy(), X * 3)
 
@@ -453,7 +453,7 @@ def test_a_graph_longer_than_a_small_ring_replays_in_order_across_wraps(dev: npu
 def test_a_failed_op_of_a_graph_replayed_on_a_stream_is_named_at_synchronize(
     dev: npu.Device, s1: npu.Stream
 ) -> None:
-    launch = sys.modules["npu.tensors.tensor"]._launch
+    launch = sys.modules["npu.tensors.tensor"].launch
     x = upload(dev)
     out = upload(dev, np.zeros(N, np.int32))
     g = npu.Graph(dev)

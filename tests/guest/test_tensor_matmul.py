@@ -104,9 +104,18 @@ def test_activation_kinds_through_ops_builders(mdev):
         for i, act in enumerate((A.NONE, A.RELU, A.GELU)):
             o1 = ops.tensor_ref(buf, D.FP32, (9, 11), offset=i * 2 * 396)
             o2 = ops.tensor_ref(buf, D.FP32, (9, 11), offset=(i * 2 + 1) * 396)
-            batch.append(ops.matmul_op(x._ref(), w._ref(), o1, act, (x.buffer, w.buffer, buf)))
             batch.append(
-                ops.linear_op(x._ref(), w._ref(), b._ref(), o2, act, (x.buffer, w.buffer, buf))
+                ops.matmul_op(x.tensor_ref(), w.tensor_ref(), o1, act, (x.buffer, w.buffer, buf))
+            )
+            batch.append(
+                ops.linear_op(
+                    x.tensor_ref(),
+                    w.tensor_ref(),
+                    b.tensor_ref(),
+                    o2,
+                    act,
+                    (x.buffer, w.buffer, buf),
+                )
             )
             outs.append((act, o1, o2))
         mdev.wait(mdev.submit(batch))

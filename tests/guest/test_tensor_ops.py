@@ -426,7 +426,9 @@ def test_runtime_raises_npu_error_with_errno_for_driver_refusals(tdev):
     buf = t.buffer
     out = tdev.alloc(16)
     past_end = ops.TensorRef(out.handle, D.FP32, out.alloc_size - 8, (4,), (1,))  # BO size is paged
-    bad = ops.TensorOp(npu.Opcode.UNARY, int(npu.UnaryKind.RELU), (t._ref(), past_end), (buf, out))
+    bad = ops.TensorOp(
+        npu.Opcode.UNARY, int(npu.UnaryKind.RELU), (t.tensor_ref(), past_end), (buf, out)
+    )
     with pytest.raises(npu.NpuError) as info:
         tdev.submit([bad])
     assert info.value.errno == errno.ERANGE

@@ -81,7 +81,7 @@ def test_the_device_cannot_write_a_read_only_buffer(dev: npu.Device) -> None:
     t = npu.from_numpy(x, device=dev)
     assert t.buffer is not None
     into_x = ops.tensor_ref(t.buffer, npu.DType.FP32, (1024,), offset=t.offset * 4)
-    relu = ops.unary(npu.UnaryKind.RELU, t._ref(), into_x, (t.buffer,))
+    relu = ops.unary(npu.UnaryKind.RELU, t.tensor_ref(), into_x, (t.buffer,))
     assert errno_of(lambda: dev.submit([relu])) == errno.EACCES
     fill = ops.fill(t.buffer, 0, nbytes=4096)
     assert errno_of(lambda: dev.submit([fill])) == errno.EACCES

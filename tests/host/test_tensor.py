@@ -22,7 +22,7 @@ import pytest
 
 import npu
 from npu import _abi, ops
-from npu.dtypes import _promote
+from npu.dtypes import promote
 from npu.hal import CpuBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +54,8 @@ def waits(driver: CpuBackend) -> int:
 
 @pytest.mark.parametrize(("a", "b"), list(itertools.product(ALL, ALL)))
 def test_promotion_is_numpy_result_type_with_float64_as_float32(a: D, b: D) -> None:
-    got = _promote(a, b)
-    assert got is _promote(b, a)
+    got = promote(a, b)
+    assert got is promote(b, a)
     if D.BF16 in (a, b):
         # bf16 behaves like fp16 would, with fp16 itself as a "wider" partner.
         other = b if a is D.BF16 else a
@@ -339,7 +339,7 @@ def test_rank0_tensor_is_stored_as_shape_1() -> None:
     t = npu.tensor(np.float32(3.5))
     assert (t.shape, t.ndim, t.size) == ((), 0, 1)
     assert t.item() == 3.5 and float(t) == 3.5
-    ref = t._ref()
+    ref = t.tensor_ref()
     assert (ref.shape, ref.strides) == ((1,), (0,))
     r = t * 2
     assert r.shape == () and r.numpy() == np.float32(7.0)

@@ -213,3 +213,28 @@ def test_every_operator_the_tensor_calls_is_registered_by_an_op_module() -> None
     for name in called:
         fn = tensor_module.OPERATORS[name]
         assert (fn.__module__.startswith("npu.tensors."), fn.__name__) == (True, name)
+
+
+# -- views: view() and as_strided() ------------------------------------------
+
+
+def test_view_gives_a_contiguous_tensor_another_shape_sharing_memory(t: npu.Tensor) -> None:
+    v = t.view(2, 6)
+    assert v.shape == (2, 6) and v.buffer is t.buffer
+    np.testing.assert_array_equal(v.numpy(), A.reshape(2, 6))
+
+
+def test_view_of_a_transposed_tensor_is_a_value_error(t: npu.Tensor) -> None:
+    with pytest.raises(ValueError, match="not contiguous"):
+        t.T.view(12)
+
+
+def test_as_strided_makes_a_broadcast_view_with_stride_zero(t: npu.Tensor) -> None:
+    row = t.as_strided((3, 4), (0, 1))
+    np.testing.assert_array_equal(row.numpy(), np.broadcast_to(A[0], (3, 4)))
+
+
+def test_as_strided_past_the_end_of_the_buffer_is_a_value_error(t: npu.Tensor) -> None:
+    room = t.buffer.size // 4  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="reaches element"):
+        t.as_strided((2,), (room,))

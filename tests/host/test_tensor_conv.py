@@ -467,7 +467,7 @@ def test_cpu_backend_rejects_bad_conv_with_einval(device: npu.Device) -> None:
     w = npu.tensor(rand((2, 2, 3, 3), 2))
     y = npu.conv2d(x, w)
     assert x.buffer is not None and y.buffer is not None
-    good = ops.pool2d_op(P.MAX, x._ref(), ops.tensor_ref(y.buffer, D.FP32, (1, 2, 2, 2)), 2)
+    good = ops.pool2d_op(P.MAX, x.tensor_ref(), ops.tensor_ref(y.buffer, D.FP32, (1, 2, 2, 2)), 2)
     device.submit([good])
     bad = ops.TensorOp(npu.Opcode.POOL2D, 0, good.operands, good.buffers, (2, 2, 2, 2, 2, 0, 0))
     with pytest.raises(npu.NpuError) as info:
@@ -487,7 +487,7 @@ def test_device_without_cap_conv() -> None:
         op = ops.TensorOp(
             npu.Opcode.POOL2D,
             0,
-            (x._ref(), ops.tensor_ref(x.buffer, D.FP32, (1, 1, 2, 2))),
+            (x.tensor_ref(), ops.tensor_ref(x.buffer, D.FP32, (1, 1, 2, 2))),
             (x.buffer,),
             (2, 2, 2, 2, 0, 0, 0),
         )

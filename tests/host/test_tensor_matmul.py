@@ -271,7 +271,7 @@ def test_linear_shapes_and_promotion() -> None:
 def test_cpu_backend_rejects_bad_matmul_with_einval(device: npu.Device) -> None:
     a = npu.tensor(rand((2, 3), 1))
     assert a.buffer is not None
-    good = ops.matmul_op(a._ref(), a.T._ref(), ops.tensor_ref(a.buffer, D.FP32, (2, 2)))
+    good = ops.matmul_op(a.tensor_ref(), a.T.tensor_ref(), ops.tensor_ref(a.buffer, D.FP32, (2, 2)))
     device.submit([good])
     bad = ops.TensorOp(npu.Opcode.MATMUL, 3, good.operands, good.buffers)
     with pytest.raises(npu.NpuError) as info:

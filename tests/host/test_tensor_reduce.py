@@ -343,7 +343,7 @@ def test_cpu_backend_rejects_bad_params_with_einval(device: npu.Device) -> None:
     x = rand(D.FP32, (2, 3))
     assert x.buffer is not None
     out = device.alloc(64)
-    good = ops.reduce(npu.ReduceKind.SUM, x._ref(), ops.tensor_ref(out, D.FP32, (1, 3)), (0,))
+    good = ops.reduce(npu.ReduceKind.SUM, x.tensor_ref(), ops.tensor_ref(out, D.FP32, (1, 3)), (0,))
     bad = ops.TensorOp(good.opcode, good.kind, good.operands, (x.buffer, out), (1, 4))
     with pytest.raises(npu.NpuError) as info:
         device.submit([bad])

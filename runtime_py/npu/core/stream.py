@@ -53,7 +53,7 @@ from ..kernels import ops
 from ..kernels.validate import check_tensor_op
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, Timeline, resolve_device
-from .userqueue import _CMD3, Completion, UserQueue
+from .userqueue import CMD3, Completion, UserQueue
 
 __all__ = [
     "Event",
@@ -213,7 +213,7 @@ class StreamKey:
         if q is None or q.closed:
             return True
         try:
-            return int(q._fence_view[0]) >= fence
+            return int(q.fence_record[0]) >= fence
         except ValueError:  # closed by another thread meanwhile: its work is over
             return True
 
@@ -336,7 +336,7 @@ class Program:
 def _alive(bufs: tuple[Buffer, ...]) -> bool:
     # A loop, not all(<generator>): this is on the launch path.
     for b in bufs:  # noqa: SIM110
-        if b._mmap is None:  # freed
+        if b.freed:
             return False
     return True
 
@@ -427,7 +427,7 @@ class Stream:
         self._ops: list[tuple[int, object, object] | None] = [None] * queue.entries
         self._events: weakref.WeakSet[Event] = weakref.WeakSet()
         self._name = f"Stream(queue={queue.index}, priority={priority})"
-        queue._context = self._name
+        queue.context = self._name
         queue._op_of = self._op_of
         self._closed = False
         self._release = weakref.finalize(
@@ -635,9 +635,7 @@ class Stream:
             return
         with self._lock:
             q = self._live("wait_event")
-            fence = q._emit(
-                _OP_WAIT, False, event._va, event._value, 0, None, None, self._timeout_s
-            )
+            fence = q.emit(_OP_WAIT, False, event._va, event._value, 0, None, None, self._timeout_s)
             desc = _Desc("WAIT", (event._va, event._value))
             self._ops[(fence - 1) & self._mask] = (fence, desc, None)
             q.kick()
@@ -655,7 +653,7 @@ class Stream:
         """Push a SIGNAL of the next counter value (lock held, not kicked): (fence, value)."""
         value = self._value + 1
         va = self._signal_va
-        fence = q._emit(_OP_SIGNAL, False, va, value, 0, None, None, self._timeout_s)
+        fence = q.emit(_OP_SIGNAL, False, va, value, 0, None, None, self._timeout_s)
         self._value = self._counter[0] = value
         self._signal_fence = fence
         self._ops[(fence - 1) & self._mask] = (fence, _Desc("SIGNAL", (va, value)), None)
@@ -669,7 +667,7 @@ class Stream:
         """
         with self._lock:
             q = self._queue
-            if q is None or self._closed or int(q._fence_view[0]) >= fence:
+            if q is None or self._closed or int(q.fence_record[0]) >= fence:
                 return None
             if self._signal_fence <= fence:
                 self._signal(q)
@@ -747,7 +745,7 @@ class Stream:
         for src, value in waits:
             if self._waited.get(src._key, 0) >= value:
                 continue
-            wf = q._emit(_OP_WAIT, False, src._signal_va, value, 0, None, None, self._timeout_s)
+            wf = q.emit(_OP_WAIT, False, src._signal_va, value, 0, None, None, self._timeout_s)
             desc = _Desc("WAIT", (src._signal_va, value))
             self._ops[(wf - 1) & self._mask] = (wf, desc, None)
             self._waited[src._key] = value
@@ -927,8 +925,8 @@ class Stream:
         vas = []
         for ref in op.operands:
             for b in bufs:
-                if isinstance(b, Buffer) and b._handle == ref.handle and b._mmap is not None:
-                    vas.append(b._va + ref.offset)
+                if isinstance(b, Buffer) and not b.freed and b.handle == ref.handle:
+                    vas.append(b.va + ref.offset)
                     break
             else:
                 return self._pack(op, validate=False)
@@ -953,11 +951,11 @@ class Stream:
         if view is None:
             view = self._make_arena()
         # Room first: the slot's block is free once its last command completed.
-        ring_off = q._claim(self._timeout_s)
-        slot = q._tail & self._mask
+        ring_off = q.claim(self._timeout_s)
+        slot = q.tail & self._mask
         off = slot * _PARAMS_SIZE
         view[off : off + _PARAMS_SIZE] = entry[1]
-        fence = q._put(ring_off, op.opcode, self._arena_va + off, op.kind, 0)
+        fence = q.put(ring_off, op.opcode, self._arena_va + off, op.kind, 0)
         self._ops[slot] = (fence, op, entry[2])
         return fence
 
@@ -996,7 +994,7 @@ class Stream:
             return bytes(cmd), tuple(bufs)
         else:
             raise ValueError(f"{self._name}.launch: {code.name} cannot be launched on a stream")
-        return _CMD3.pack(int(code), 0, 0, 0, 0, *words), tuple(bufs)
+        return CMD3.pack(int(code), 0, 0, 0, 0, *words), tuple(bufs)
 
     def _launch_op(self, q: UserQueue, op: ops.Op) -> int:
         """Push a NOP, COPY, FILL or GEMM (not kicked)."""
@@ -1024,7 +1022,7 @@ class Stream:
                 block, bufs = self._pack(op, validate=False)
                 blocks.append(block)
                 rows.append(i)
-                raw = _CMD3.pack(int(op.opcode), 0, 0, 0, 0, 0, op.kind, 0)
+                raw = CMD3.pack(int(op.opcode), 0, 0, 0, 0, 0, op.kind, 0)
             else:
                 raw, bufs = self._descriptor(op)
             desc[i] = np.frombuffer(raw, np.uint64)
@@ -1061,7 +1059,7 @@ class Stream:
                 self._make_arena()
             arena, block_vas = self._arena_np, self._block_vas
             assert arena is not None and block_vas is not None
-            ring = q._ring_np
+            ring = q.ring
             entries = self._entries
             step = max(1, entries // 2)
             rows = program.tensor_rows
@@ -1069,7 +1067,7 @@ class Stream:
             first_all = 0
             for start in range(0, len(program), step):
                 count = min(step, len(program) - start)
-                first = q._reserve(count, self._timeout_s)
+                first = q.reserve(count, self._timeout_s)
                 slot = (first - 1) & self._mask
                 # One or two runs of consecutive slots: [slot, end) then [0, rest).
                 runs = [(slot, start, min(count, entries - slot))]
@@ -1088,12 +1086,12 @@ class Stream:
                         mine = rows[lo:hi] - row + at
                         ring[mine, 2] = block_vas[mine]
                         arena[mine] = program.params[lo:hi]
-                q._commit(count)
+                q.commit(count)
                 q.kick()
                 if not first_all:
                     first_all = first
             last = q.last_fence
-            self._replays = deque(r for r in self._replays if r[1] > q._checked)
+            self._replays = deque(r for r in self._replays if r[1] > q.checked)
             self._replays.append((first_all, last, program.ops))
             self.device.note_timeline(self._key, last)
             return first_all, last

@@ -88,7 +88,7 @@ DEFAULT_SPIN_S: Final = 50e-6
 _CMD_SIZE: Final = ctypes.sizeof(_abi.NpuCmd)  # 128
 _CPL_SIZE: Final = ctypes.sizeof(_abi.NpuCpl)  # 32
 # opcode, flags, ctx, rsvd0, fence, three payload words, the rest zero.
-_CMD3: Final = struct.Struct("<HHHHQQQQ88x")
+CMD3: Final = struct.Struct("<HHHHQQQQ88x")
 _CPL: Final = struct.Struct("<QIHHQQ")
 _FENCE: Final = struct.Struct("<Q")
 _U32_MASK: Final = 0xFFFFFFFF
@@ -268,6 +268,37 @@ class UserQueue(Closing):
         """The fence of the last command pushed (0 before the first)."""
         return self._tail
 
+    # -- the ring, for npu.Stream: descriptors written in place ----------------
+
+    @property
+    def context(self) -> str:
+        """How errors name the queue (a stream names it after itself)."""
+        return self._context
+
+    @context.setter
+    def context(self, name: str) -> None:
+        self._context = name
+
+    @property
+    def tail(self) -> int:
+        """The fence of the last command pushed (the ring's tail index)."""
+        return self._tail
+
+    @property
+    def checked(self) -> int:
+        """Completion records are inspected up to this fence."""
+        return self._checked
+
+    @property
+    def ring(self) -> npt.NDArray[np.uint64]:
+        """The ring as 64-bit words (8 per command), mapped: writes reach the device."""
+        return self._ring_np
+
+    @property
+    def fence_record(self) -> memoryview:
+        """The mapped fence record (``[0]``: the last fence completed); released at close."""
+        return self._fence_view
+
     def completed(self) -> int:
         """The last fence the device completed, from the fence record (no ioctl)."""
         if self._closed:
@@ -319,7 +350,7 @@ class UserQueue(Closing):
         """
         if not isinstance(cmd, _abi.NpuCmd):
             raise TypeError(f"{self._context}: push takes an npu._abi.NpuCmd, not {type(cmd)}")
-        off = self._claim(timeout_s)
+        off = self.claim(timeout_s)
         fence = self._tail + 1
         ctypes.memmove(self._ring_addr + off, ctypes.addressof(cmd), _CMD_SIZE)
         _FENCE.pack_into(self._mem, off + 8, fence)
@@ -332,10 +363,10 @@ class UserQueue(Closing):
         """Push a NOP; return its fence. ``irq``: interrupt when it completes."""
         tail = self._tail
         if self._closed or self._stop is not None or tail - self._checked >= self.entries:
-            return self._emit(_OP_NOP, irq, 0, 0, 0, None, None, None)
+            return self.emit(_OP_NOP, irq, 0, 0, 0, None, None, None)
         # The fast path of _emit: a free slot of an open, running queue.
         fence = tail + 1
-        _CMD3.pack_into(
+        CMD3.pack_into(
             self._mem, (tail & self._mask) * _CMD_SIZE, _OP_NOP, _F_IRQ if irq else 0, 0, 0,
             fence, 0, 0, 0,
         )  # fmt: skip
@@ -372,7 +403,7 @@ class UserQueue(Closing):
         d_va = self._va_of("COPY dst", dst, d_off, n)
         if s_va < d_va + n and d_va < s_va + n:
             raise ValueError(f"{self._context}: COPY source and destination overlap")
-        return self._emit(_OP_COPY, irq, s_va, d_va, n, src, dst, None)
+        return self.emit(_OP_COPY, irq, s_va, d_va, n, src, dst, None)
 
     def fill(
         self,
@@ -399,7 +430,7 @@ class UserQueue(Closing):
         pattern = _check_range("FILL pattern_u32", pattern_u32, 0, _abi.U32_MAX)
         d_off = _check_range("FILL offset", offset, 0, _abi.U64_MAX)
         d_va = self._va_of("FILL dst", dst, d_off, n)
-        return self._emit(_OP_FILL, irq, d_va, n, pattern, dst, None, None)
+        return self.emit(_OP_FILL, irq, d_va, n, pattern, dst, None, None)
 
     def kick(self) -> None:
         """Ring the doorbell: the device runs every command pushed so far."""
@@ -512,7 +543,7 @@ class UserQueue(Closing):
             f"{self._context}.push (stopped after fence {fence})",
         )
 
-    def _claim(self, timeout_s: float | None) -> int:
+    def claim(self, timeout_s: float | None) -> int:
         """Room for one more command: return the byte offset of its ring slot."""
         if self._closed:
             raise self._closed_error("push")
@@ -523,10 +554,10 @@ class UserQueue(Closing):
             self._make_room(timeout_s)
         return (tail & self._mask) * _CMD_SIZE
 
-    def _reserve(self, count: int, timeout_s: float | None) -> int:
+    def reserve(self, count: int, timeout_s: float | None) -> int:
         """Room for ``count`` (<= entries) more commands: return the first one's fence.
 
-        Their ring slots are ``(fence - 1) % entries``; :meth:`_commit`
+        Their ring slots are ``(fence - 1) % entries``; :meth:`commit`
         then publishes them.
         """
         if self._closed:
@@ -540,12 +571,12 @@ class UserQueue(Closing):
             self._make_room(timeout_s, count)
         return self._tail + 1
 
-    def _commit(self, count: int) -> None:
-        """The ``count`` slots :meth:`_reserve` made room for now hold complete
+    def commit(self, count: int) -> None:
+        """The ``count`` slots :meth:`reserve` made room for now hold complete
         descriptors (fences set, no interrupt flag): advance the tail past them."""
         self._tail += count
 
-    def _emit(
+    def emit(
         self,
         opcode: int,
         irq: bool,
@@ -559,12 +590,12 @@ class UserQueue(Closing):
         """Push one descriptor of up to three payload words."""
         tail = self._tail
         if self._closed or self._stop is not None or tail - self._checked >= self.entries:
-            off = self._claim(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+            off = self.claim(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         else:  # _claim's fast path, inline
             off = (tail & self._mask) * _CMD_SIZE
         fence = self._tail + 1
         flags = _F_IRQ if irq else 0
-        _CMD3.pack_into(self._mem, off, opcode, flags, 0, 0, fence, w0, w1, w2)
+        CMD3.pack_into(self._mem, off, opcode, flags, 0, 0, fence, w0, w1, w2)
         self._tail = fence
         if irq:
             self._irq_fence = fence
@@ -572,10 +603,10 @@ class UserQueue(Closing):
             self._keep.append((fence, keep0, keep1))
         return fence
 
-    def _put(self, off: int, opcode: int, w0: int, w1: int, w2: int) -> int:
-        """Write a descriptor into the slot :meth:`_claim` returned; no IRQ, nothing kept."""
+    def put(self, off: int, opcode: int, w0: int, w1: int, w2: int) -> int:
+        """Write a descriptor into the slot :meth:`claim` returned; no IRQ, nothing kept."""
         fence = self._tail + 1
-        _CMD3.pack_into(self._mem, off, opcode, 0, 0, 0, fence, w0, w1, w2)
+        CMD3.pack_into(self._mem, off, opcode, 0, 0, 0, fence, w0, w1, w2)
         self._tail = fence
         return fence
 
@@ -709,7 +740,7 @@ class UserQueue(Closing):
             and self._tail - self._checked < self.entries
         ):
             # Nothing from `fence` on interrupts: add a NOP that does.
-            self._emit(_OP_NOP, True, 0, 0, 0, None, None, 0)
+            self.emit(_OP_NOP, True, 0, 0, 0, None, None, 0)
             self.kick()
         backend = self.device.backend
         view = self._fence_view

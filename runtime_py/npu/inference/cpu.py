@@ -536,7 +536,7 @@ CPU_OPS: dict[str, Kernel] = {
 }
 
 
-def _numpy_kernel_ok(node: Node, graph: Graph) -> bool:
+def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
     """Whether the numpy kernel covers this node's attributes (else the reference runs it)."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in CPU_OPS:
         return False
@@ -622,7 +622,7 @@ def cpu_kernel(node: Node, graph: Graph) -> Kernel:
     Raises:
         ModelError: the node has neither (unknown op).
     """
-    if _numpy_kernel_ok(node, graph):
+    if numpy_kernel_ok(node, graph):
         return CPU_OPS[node.op_type]
     ref = ReferenceKernel(node, graph)
     log.info("%s: %s runs with onnx.reference on the CPU", graph.source, node.describe())

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import CPU_OPS, Array, ReferenceKernel, _numpy_kernel_ok
+from .cpu import CPU_OPS, Array, ReferenceKernel, numpy_kernel_ok
 from .graph import Graph, Node, TensorInfo
 
 __all__ = [
@@ -115,7 +115,7 @@ def fold_constants(graph: Graph) -> int:
             node.inputs
             and node.op_type not in _NO_FOLD
             and all(not i or i in graph.initializers for i in node.inputs)
-            and _numpy_kernel_ok(node, graph)
+            and numpy_kernel_ok(node, graph)
         ):
             xs: list[Array | None] = [graph.const(i) for i in node.inputs]
             value = CPU_OPS[node.op_type](node, xs, graph.opset)

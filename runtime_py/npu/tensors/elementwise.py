@@ -14,18 +14,18 @@ from typing import Any
 import numpy as np
 
 from .. import _abi
-from ..dtypes import DType, _float_of, _promote
+from ..dtypes import DType, float_of, promote
 from ..kernels import ops
 from .tensor import (
     Tensor,
-    _alloc,
-    _as_tensor,
-    _broadcast,
-    _bufs,
-    _cast,
-    _empty,
-    _launch,
-    _operands,
+    alloc,
+    as_tensor,
+    broadcast_shapes,
+    buffers_of,
+    cast_to,
+    empty_tensor,
+    launch,
+    operands,
     register_operator,
     tensor,
 )
@@ -51,33 +51,41 @@ __all__ = [
 
 
 def _binary(kind: _abi.EltwiseKind, x: Any, y: Any, what: str) -> Tensor:
-    a, b = _operands(x, y, what)
-    dtype = _promote(a._dtype, b._dtype)
+    a, b = operands(x, y, what)
+    dtype = promote(a.npu_dtype, b.npu_dtype)
     if kind is _abi.EltwiseKind.DIV and not dtype.is_float:
         dtype = DType.FP32
-    shape = _broadcast(a._shape, b._shape, what)
+    shape = broadcast_shapes(a.shape, b.shape, what)
     if math.prod(shape) == 0:
-        return _empty(a._device, dtype, shape)
+        return empty_tensor(a.device, dtype, shape)
     batch: list[ops.AnyOp] = []
-    ca, cb = _cast(a, dtype, batch), _cast(b, dtype, batch)
-    out = _alloc(a._device, dtype, shape)
+    ca, cb = cast_to(a, dtype, batch), cast_to(b, dtype, batch)
+    out = alloc(a.device, dtype, shape)
     rank = builtins.max(1, len(shape))
-    batch.append(ops.eltwise(kind, ca._ref(rank), cb._ref(rank), out._ref(), _bufs(ca, cb, out)))
-    return _launch(batch, out, a, b)
+    batch.append(
+        ops.eltwise(
+            kind,
+            ca.tensor_ref(rank),
+            cb.tensor_ref(rank),
+            out.tensor_ref(),
+            buffers_of(ca, cb, out),
+        )
+    )
+    return launch(batch, out, a, b)
 
 
 def _unary(kind: _abi.UnaryKind, x: Any, what: str) -> Tensor:
-    t = x if isinstance(x, Tensor) else _operands(x, 0, what)[0]
-    dtype = t._dtype
+    t = x if isinstance(x, Tensor) else operands(x, 0, what)[0]
+    dtype = t.npu_dtype
     if _abi.UnaryKind.GELU <= kind <= _abi.UnaryKind.SQRT:
-        dtype = _float_of(dtype)
+        dtype = float_of(dtype)
     if t.size == 0:
-        return _empty(t._device, dtype, t._shape)
+        return empty_tensor(t.device, dtype, t.shape)
     batch: list[ops.AnyOp] = []
-    src = _cast(t, dtype, batch)
-    out = _alloc(t._device, dtype, t._shape)
-    batch.append(ops.unary(kind, src._ref(), out._ref(), _bufs(src, out)))
-    return _launch(batch, out, t)
+    src = cast_to(t, dtype, batch)
+    out = alloc(t.device, dtype, t.shape)
+    batch.append(ops.unary(kind, src.tensor_ref(), out.tensor_ref(), buffers_of(src, out)))
+    return launch(batch, out, t)
 
 
 # ---------------------------------------------------------------------------
@@ -174,7 +182,7 @@ def power(base: Any, exponent: Any) -> Tensor:
     division), else ``exp(exponent * log(base))``: NaN for a negative base,
     where numpy gives a real result for integer exponents.
     """
-    b = _as_tensor(base, "power")
+    b = as_tensor(base, "power")
     if not isinstance(exponent, Tensor):
         p = float(exponent)
         if p == 0:  # 1 everywhere, NaN and inf included (numpy's rule)

@@ -16,22 +16,22 @@ import numpy as np
 
 from .. import _abi
 from ..core.device import Device, default_device
-from ..dtypes import DType, _float_of, _promote
+from ..dtypes import DType, float_of, promote
 from ..kernels import ops
 from .elementwise import add, gelu, relu
 from .tensor import (
     Tensor,
-    _alloc,
-    _as_tensor,
-    _broadcast,
-    _bufs,
-    _cast,
-    _check_shape,
-    _empty,
-    _launch,
-    _upload,
+    alloc,
+    as_tensor,
+    broadcast_shapes,
+    buffers_of,
+    cast_to,
+    check_shape,
+    empty_tensor,
+    launch,
     register_operator,
     tensor,
+    upload,
 )
 
 __all__ = [
@@ -54,8 +54,8 @@ _logger = logging.getLogger("npu.tensor")
 
 def _gemm_layout(t: Tensor) -> tuple[bool, int] | None:
     """``(transposed, ld)`` if GEMM can read the 2-D view directly, else None."""
-    rows, cols = t._shape
-    s0, s1 = t._strides
+    rows, cols = t.shape
+    s0, s1 = t.strides
     if (cols == 1 or s1 == 1) and (rows == 1 or s0 >= cols):
         ld = s0 if rows > 1 else cols
         return (False, ld) if ld <= _abi.NPU_MAX_LD else None
@@ -66,20 +66,20 @@ def _gemm_layout(t: Tensor) -> tuple[bool, int] | None:
 
 
 def _gemm_operand(t: Tensor, batch: list[ops.AnyOp]) -> tuple[Tensor, bool, int]:
-    if t._dtype is not DType.FP32:
-        t = _cast(t, DType.FP32, batch)
+    if t.npu_dtype is not DType.FP32:
+        t = cast_to(t, DType.FP32, batch)
     layout = _gemm_layout(t)
     if layout is None:
-        copy = _alloc(t._device, DType.FP32, t._shape)
-        batch.append(ops.convert(t._ref(), copy._ref(), _bufs(t, copy)))
+        copy = alloc(t.device, DType.FP32, t.shape)
+        batch.append(ops.convert(t.tensor_ref(), copy.tensor_ref(), buffers_of(t, copy)))
         t = copy
-        layout = (False, t._shape[1])
+        layout = (False, t.shape[1])
     return t, layout[0], layout[1]
 
 
 def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` of 2-D tensors as a v1 fp32 GEMM (devices without ``Cap.MATMUL``)."""
-    dev = a._device
+    dev = a.device
     (m, k), (_, n) = a.shape, b.shape
     for name, dim in (("m", m), ("n", n), ("k", k)):
         if dim > _abi.NPU_MAX_DIM:
@@ -87,13 +87,13 @@ def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
     batch: list[ops.AnyOp] = []
     ga, trans_a, lda = _gemm_operand(a, batch)
     gb, trans_b, ldb = _gemm_operand(b, batch)
-    out = _alloc(dev, DType.FP32, (m, n))
-    assert ga._buffer is not None and gb._buffer is not None and out._buffer is not None
+    out = alloc(dev, DType.FP32, (m, n))
+    assert ga.buffer is not None and gb.buffer is not None and out.buffer is not None
     batch.append(
         ops.gemm(
-            ga._buffer,
-            gb._buffer,
-            out._buffer,
+            ga.buffer,
+            gb.buffer,
+            out.buffer,
             m,
             n,
             k,
@@ -102,12 +102,12 @@ def _gemm_2d(a: Tensor, b: Tensor) -> Tensor:
             n,
             trans_a,
             trans_b,
-            a_offset=ga._offset * 4,
-            b_offset=gb._offset * 4,
-            c_offset=out._offset * 4,
+            a_offset=ga.offset * 4,
+            b_offset=gb.offset * 4,
+            c_offset=out.offset * 4,
         )
     )
-    return _launch(batch, out, a, b)
+    return launch(batch, out, a, b)
 
 
 _ACTIVATIONS: Final[dict[str, _abi.ActKind]] = {
@@ -130,7 +130,7 @@ def _activation(activation: str | _abi.ActKind | None, what: str) -> _abi.ActKin
 def _matmul_operand(value: Any, dev: Device, what: str) -> Tensor:
     """``value`` as a tensor on ``dev`` of rank >= 1 (non-tensors uploaded)."""
     if isinstance(value, Tensor):
-        if value._device is not dev:
+        if value.device is not dev:
             raise ValueError(f"{what}: operands live on different devices")
         t = value
     else:
@@ -158,50 +158,52 @@ def _fused(
     ``squeeze`` drops the M (first) and N (second) axis of the result, for
     1-D operands promoted the numpy way. ``bias`` has shape ``(N,)``.
     """
-    (m, k), (k2, n) = a._shape[-2:], b._shape[-2:]
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     if k != k2:
         raise ValueError(
-            f"{what}: shapes {a._shape} and {b._shape} are not aligned: K={k} in a, {k2} in b"
+            f"{what}: shapes {a.shape} and {b.shape} are not aligned: K={k} in a, {k2} in b"
         )
-    batch_shape = _broadcast(a._shape[:-2], b._shape[:-2], what)
+    batch_shape = broadcast_shapes(a.shape[:-2], b.shape[:-2], what)
     shape = (*batch_shape, m, n)
-    _check_shape(shape, what)
+    check_shape(shape, what)
     final = tuple(
         d
         for i, d in enumerate(shape)
         if not (squeeze[0] and i == len(shape) - 2) and not (squeeze[1] and i == len(shape) - 1)
     )
-    dev = a._device
+    dev = a.device
     if math.prod(shape) == 0:
-        return _empty(dev, dtype, final)
+        return empty_tensor(dev, dtype, final)
     batch: list[ops.AnyOp] = []
     if k == 0:  # no products: act(0 + bias), without the device op
-        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        out = upload(np.zeros(shape, np.float32), dtype, dev)
         if bias is not None:
             out = add(out, bias.astype(dtype, copy=False))
         if act is _abi.ActKind.RELU:
             out = relu(out)
         elif act is _abi.ActKind.GELU:
             out = gelu(out)
-        return out if final == shape else out._view_as(final)
-    ca, cb = _cast(a, dtype, batch), _cast(b, dtype, batch)
-    out = _alloc(dev, dtype, shape)
+        return out if final == shape else out.view(final)
+    ca, cb = cast_to(a, dtype, batch), cast_to(b, dtype, batch)
+    out = alloc(dev, dtype, shape)
     rank = len(shape)
     if bias is None:
-        op = ops.matmul_op(ca._ref(rank), cb._ref(rank), out._ref(), act, _bufs(ca, cb, out))
+        op = ops.matmul_op(
+            ca.tensor_ref(rank), cb.tensor_ref(rank), out.tensor_ref(), act, buffers_of(ca, cb, out)
+        )
     else:
-        cbias = _cast(bias, dtype, batch)
+        cbias = cast_to(bias, dtype, batch)
         op = ops.linear_op(
-            ca._ref(rank),
-            cb._ref(rank),
-            cbias._ref(rank),
-            out._ref(),
+            ca.tensor_ref(rank),
+            cb.tensor_ref(rank),
+            cbias.tensor_ref(rank),
+            out.tensor_ref(),
             act,
-            _bufs(ca, cb, cbias, out),
+            buffers_of(ca, cb, cbias, out),
         )
     batch.append(op)
-    _launch(batch, out, *inputs)
-    return out if final == shape else out._view_as(final)
+    launch(batch, out, *inputs)
+    return out if final == shape else out.view(final)
 
 
 @register_operator("matmul")
@@ -228,10 +230,10 @@ def matmul(x: Any, y: Any) -> Tensor:
     tx = x if isinstance(x, Tensor) else None
     ty = y if isinstance(y, Tensor) else None
     anchor = tx if tx is not None else ty
-    dev = anchor._device if anchor is not None else default_device()
+    dev = anchor.device if anchor is not None else default_device()
     a = _matmul_operand(x, dev, what)
     b = _matmul_operand(y, dev, what)
-    dtype = _promote(a._dtype, b._dtype)
+    dtype = promote(a.npu_dtype, b.npu_dtype)
     # int8 @ int8: the integer MATMUL (exact int32 sums, int8 wrap-around).
     if not dtype.is_float and not (dtype is DType.INT8 and dev.info.has(_abi.Cap.QUANT)):
         dtype = DType.FP32
@@ -240,14 +242,14 @@ def matmul(x: Any, y: Any) -> Tensor:
             raise ValueError(
                 f"{what}: the device has no MATMUL op, and the v1 GEMM takes 2-D operands only"
             )
-        if a._shape[1] != b._shape[0]:
+        if a.shape[1] != b.shape[0]:
             raise ValueError(f"{what}: shapes {a.shape} and {b.shape} are not aligned")
-        if 0 in a._shape or 0 in b._shape:
+        if 0 in a.shape or 0 in b.shape:
             return _fused(what, a, b, None, _abi.ActKind.NONE, DType.FP32, (False, False), ())
         return _gemm_2d(a, b)
     squeeze = (a.ndim == 1, b.ndim == 1)
-    a2 = a._view((1, *a._shape), (0, *a._strides)) if squeeze[0] else a
-    b2 = b._view((*b._shape, 1), (*b._strides, 0)) if squeeze[1] else b
+    a2 = a.as_strided((1, *a.shape), (0, *a.strides)) if squeeze[0] else a
+    b2 = b.as_strided((*b.shape, 1), (*b.strides, 0)) if squeeze[1] else b
     return _fused(what, a2, b2, None, _abi.ActKind.NONE, dtype, squeeze, (a, b))
 
 
@@ -274,31 +276,31 @@ def linear(
     what = "linear"
     act = _activation(activation, what)
     anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
-    dev = anchor._device if anchor is not None else default_device()
+    dev = anchor.device if anchor is not None else default_device()
     if not dev.info.has(_abi.Cap.MATMUL):
         raise ValueError(f"{what}: the device has no MATMUL/LINEAR ops (Cap.MATMUL)")
     t = _matmul_operand(x, dev, what)
     w = _matmul_operand(weight, dev, what)
     if w.ndim != 2:
         raise ValueError(f"{what}: weight must be 2-D [out_features, in_features], not {w.shape}")
-    n, k = w._shape
-    if t._shape[-1] != k:
+    n, k = w.shape
+    if t.shape[-1] != k:
         raise ValueError(
-            f"{what}: x {t.shape} has {t._shape[-1]} features, weight {w.shape} takes {k}"
+            f"{what}: x {t.shape} has {t.shape[-1]} features, weight {w.shape} takes {k}"
         )
-    dtype = _promote(t._dtype, w._dtype)
+    dtype = promote(t.npu_dtype, w.npu_dtype)
     inputs = [t, w]
     b: Tensor | None = None
     if bias is not None:
         b = _matmul_operand(bias, dev, what)
-        if b._shape != (n,):
+        if b.shape != (n,):
             raise ValueError(f"{what}: bias shape must be ({n},), not {b.shape}")
-        dtype = _promote(dtype, b._dtype)
+        dtype = promote(dtype, b.npu_dtype)
         inputs.append(b)
     if not dtype.is_float:
         dtype = DType.FP32
     squeeze = t.ndim == 1
-    a2 = t._view((1, *t._shape), (0, *t._strides)) if squeeze else t
+    a2 = t.as_strided((1, *t.shape), (0, *t.strides)) if squeeze else t
     return _fused(what, a2, w.T, b, act, dtype, (squeeze, False), tuple(inputs))
 
 
@@ -315,7 +317,7 @@ _ZERO_BIAS: weakref.WeakKeyDictionary[Device, dict[tuple[int, DType], Tensor]] =
 )
 
 
-def _pair(value: PairArg, what: str, lo: int) -> tuple[int, int]:
+def pair(value: PairArg, what: str, lo: int) -> tuple[int, int]:
     """An int or a pair of ints as ``(h, w)``, each ``>= lo`` (ValueError/TypeError)."""
     if isinstance(value, Sequence):
         if len(value) != 2:
@@ -340,7 +342,7 @@ def _pair(value: PairArg, what: str, lo: int) -> tuple[int, int]:
 def _nchw(value: Any, dev: Device, what: str, name: str) -> Tensor:
     """``value`` as a tensor on ``dev`` (non-tensors uploaded)."""
     if isinstance(value, Tensor):
-        if value._device is not dev:
+        if value.device is not dev:
             raise ValueError(f"{what}: operands live on different devices")
         return value
     try:
@@ -360,7 +362,7 @@ def _zero_bias(dev: Device, out_channels: int, dtype: DType) -> Tensor:
     key = (out_channels, dtype)
     bias = cache.get(key)
     if bias is None:
-        bias = _upload(np.zeros((1, out_channels, 1, 1), np.float32), dtype, dev)
+        bias = upload(np.zeros((1, out_channels, 1, 1), np.float32), dtype, dev)
         cache[key] = bias
         _logger.debug("conv2d: cached a zero bias of %d %s channels", out_channels, dtype.name)
     return bias
@@ -398,23 +400,23 @@ def conv2d(
     what = "conv2d"
     act = _activation(activation, what)
     anchor = next((v for v in (x, weight, bias) if isinstance(v, Tensor)), None)
-    dev = anchor._device if anchor is not None else default_device()
+    dev = anchor.device if anchor is not None else default_device()
     _need_conv(dev, what)
     t = _nchw(x, dev, what, "input")
     w = _nchw(weight, dev, what, "weight")
     unbatched = t.ndim == 3
     if unbatched:
-        t = t._view((1, *t._shape), (0, *t._strides))
+        t = t.as_strided((1, *t.shape), (0, *t.strides))
     if t.ndim != 4:
         raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
     if w.ndim != 4:
         raise ValueError(f"{what}: weight must be [O, C / groups, KH, KW], not {w.shape}")
-    sh, sw = _pair(stride, f"{what}: stride", 1)
-    ph, pw = _pair(padding, f"{what}: padding", 0)
-    dh, dw = _pair(dilation, f"{what}: dilation", 1)
-    g = _pair(groups, f"{what}: groups", 1)[0]
-    n, c, h, wd = t._shape
-    o, cg, kh, kw = w._shape
+    sh, sw = pair(stride, f"{what}: stride", 1)
+    ph, pw = pair(padding, f"{what}: padding", 0)
+    dh, dw = pair(dilation, f"{what}: dilation", 1)
+    g = pair(groups, f"{what}: groups", 1)[0]
+    n, c, h, wd = t.shape
+    o, cg, kh, kw = w.shape
     if c % g or o % g or cg != c // g:
         raise ValueError(
             f"{what}: input {t.shape} and weight {w.shape} do not match with groups={g} "
@@ -428,49 +430,49 @@ def conv2d(
             f"{what}: the {kh}x{kw} kernel (dilation ({dh}, {dw})) does not fit the "
             f"{h}x{wd} input padded by ({ph}, {pw})"
         )
-    dtype = _promote(t._dtype, w._dtype)
+    dtype = promote(t.npu_dtype, w.npu_dtype)
     inputs = [t, w]
     b: Tensor | None = None
     if bias is not None:
         b = _nchw(bias, dev, what, "bias")
-        if b._shape != (o,):
+        if b.shape != (o,):
             raise ValueError(f"{what}: bias shape must be ({o},), not {b.shape}")
-        dtype = _promote(dtype, b._dtype)
+        dtype = promote(dtype, b.npu_dtype)
         inputs.append(b)
     if not dtype.is_float:
         dtype = DType.FP32
     shape = (n, o, oh, ow)
     final = shape[1:] if unbatched else shape
     if n == 0 or o == 0:
-        return _empty(dev, dtype, final)
+        return empty_tensor(dev, dtype, final)
     if c == 0:  # no products: act(bias) everywhere, without the device op
-        out = _upload(np.zeros(shape, np.float32), dtype, dev)
+        out = upload(np.zeros(shape, np.float32), dtype, dev)
         if b is not None:
             out = add(out, b.astype(dtype, copy=False).reshape(1, o, 1, 1))
         if act is not _abi.ActKind.NONE:
             out = relu(out) if act is _abi.ActKind.RELU else gelu(out)
-        return out._view_as(final) if unbatched else out
+        return out.view(final) if unbatched else out
     batch: list[ops.AnyOp] = []
-    cx, cw = _cast(t, dtype, batch), _cast(w, dtype, batch)
-    cb = _zero_bias(dev, o, dtype) if b is None else _cast(b, dtype, batch)
-    bias_ref = cb._view((1, o, 1, 1), (0, cb._strides[-1], 0, 0)) if cb.ndim == 1 else cb
-    out = _alloc(dev, dtype, shape)
+    cx, cw = cast_to(t, dtype, batch), cast_to(w, dtype, batch)
+    cb = _zero_bias(dev, o, dtype) if b is None else cast_to(b, dtype, batch)
+    bias_ref = cb.as_strided((1, o, 1, 1), (0, cb.strides[-1], 0, 0)) if cb.ndim == 1 else cb
+    out = alloc(dev, dtype, shape)
     batch.append(
         ops.conv2d_op(
-            cx._ref(),
-            cw._ref(),
-            bias_ref._ref(),
-            out._ref(),
+            cx.tensor_ref(),
+            cw.tensor_ref(),
+            bias_ref.tensor_ref(),
+            out.tensor_ref(),
             (sh, sw),
             (ph, pw),
             (dh, dw),
             g,
             act,
-            _bufs(cx, cw, cb, out),
+            buffers_of(cx, cw, cb, out),
         )
     )
-    _launch(batch, out, *inputs)
-    return out._view_as(final) if unbatched else out
+    launch(batch, out, *inputs)
+    return out.view(final) if unbatched else out
 
 
 def _pool(
@@ -482,49 +484,49 @@ def _pool(
     count_include_pad: bool,
     what: str,
 ) -> Tensor:
-    t = _as_tensor(x, what)
-    dev = t._device
+    t = as_tensor(x, what)
+    dev = t.device
     _need_conv(dev, what)
     unbatched = t.ndim == 3
     if unbatched:
-        t = t._view((1, *t._shape), (0, *t._strides))
+        t = t.as_strided((1, *t.shape), (0, *t.strides))
     if t.ndim != 4:
         raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
-    kh, kw = _pair(kernel_size, f"{what}: kernel_size", 1)
-    sh, sw = (kh, kw) if stride is None else _pair(stride, f"{what}: stride", 1)
-    ph, pw = _pair(padding, f"{what}: padding", 0)
+    kh, kw = pair(kernel_size, f"{what}: kernel_size", 1)
+    sh, sw = (kh, kw) if stride is None else pair(stride, f"{what}: stride", 1)
+    ph, pw = pair(padding, f"{what}: padding", 0)
     if ph >= kh or pw >= kw:
         raise ValueError(
             f"{what}: padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})"
         )
-    n, c, h, wd = t._shape
+    n, c, h, wd = t.shape
     oh, ow = ops.window_out(h, kh, sh, ph), ops.window_out(wd, kw, sw, pw)
     if not oh or not ow:
         raise ValueError(
             f"{what}: the {kh}x{kw} window does not fit the {h}x{wd} input padded by ({ph}, {pw})"
         )
-    dtype = _float_of(t._dtype)
+    dtype = float_of(t.npu_dtype)
     shape = (n, c, oh, ow)
     final = shape[1:] if unbatched else shape
     if n == 0 or c == 0:
-        return _empty(dev, dtype, final)
+        return empty_tensor(dev, dtype, final)
     batch: list[ops.AnyOp] = []
-    src = _cast(t, dtype, batch)
-    out = _alloc(dev, dtype, shape)
+    src = cast_to(t, dtype, batch)
+    out = alloc(dev, dtype, shape)
     batch.append(
         ops.pool2d_op(
             kind,
-            src._ref(),
-            out._ref(),
+            src.tensor_ref(),
+            out.tensor_ref(),
             (kh, kw),
             (sh, sw),
             (ph, pw),
             count_include_pad,
-            _bufs(src, out),
+            buffers_of(src, out),
         )
     )
-    _launch(batch, out, t)
-    return out._view_as(final) if unbatched else out
+    launch(batch, out, t)
+    return out.view(final) if unbatched else out
 
 
 def max_pool2d(
@@ -576,10 +578,10 @@ def global_avg_pool2d(x: Any) -> Tensor:
         ValueError: bad rank, an empty H or W, or a device without ``Cap.CONV``.
     """
     what = "global_avg_pool2d"
-    t = _as_tensor(x, what)
+    t = as_tensor(x, what)
     if t.ndim not in (3, 4):
         raise ValueError(f"{what}: input must be [N, C, H, W] or [C, H, W], not {t.shape}")
-    h, w = t._shape[-2:]
+    h, w = t.shape[-2:]
     if not h or not w:
         raise ValueError(f"{what}: H and W must not be empty, got {t.shape}")
     return _pool(_abi.PoolKind.AVG, t, (h, w), 1, 0, True, what)

@@ -29,16 +29,16 @@ import numpy as np
 
 from .. import _abi
 from ..core.device import Device, default_device
-from ..dtypes import DType, DTypeArg, _dtype
+from ..dtypes import DType, DTypeArg, dtype_of
 from ..kernels import ops
-from .nn import PairArg, _pair
-from .tensor import Tensor, _alloc, _broadcast, _bufs, _check_shape, _launch, _upload
+from .nn import PairArg, pair
+from .tensor import Tensor, alloc, broadcast_shapes, buffers_of, check_shape, launch, upload
 
 __all__ = ["quantized_conv2d", "quantized_linear", "quantized_matmul"]
 
 
 def _device_of(values: Sequence[Any], what: str) -> Device:
-    dev = next((v._device for v in values if isinstance(v, Tensor)), None)
+    dev = next((v.device for v in values if isinstance(v, Tensor)), None)
     dev = dev if dev is not None else default_device()
     if not dev.info.has(_abi.Cap.QUANT):
         raise ValueError(f"{what}: the device has no int8 MATMUL/CONV2D and REQUANT (Cap.QUANT)")
@@ -48,9 +48,9 @@ def _device_of(values: Sequence[Any], what: str) -> Device:
 def _int_operand(value: Any, dev: Device, dtype: DType, what: str, name: str) -> Tensor:
     """``value`` as a ``dtype`` (INT8 or INT32) tensor on ``dev``; no silent wrap-around."""
     if isinstance(value, Tensor):
-        if value._device is not dev:
+        if value.device is not dev:
             raise ValueError(f"{what}: operands live on different devices")
-        if value._dtype is not dtype:
+        if value.npu_dtype is not dtype:
             raise ValueError(f"{what}: {name} must be {dtype.name.lower()}, not {value.dtype}")
         return value
     arr = np.asarray(value)
@@ -59,7 +59,7 @@ def _int_operand(value: Any, dev: Device, dtype: DType, what: str, name: str) ->
     info = np.iinfo(np.int8 if dtype is DType.INT8 else np.int32)
     if arr.size and (int(arr.min()) < info.min or int(arr.max()) > info.max):
         raise ValueError(f"{what}: {name} values do not fit {dtype.name.lower()}")
-    return _upload(arr.astype(info.dtype), dtype, dev)
+    return upload(arr.astype(info.dtype), dtype, dev)
 
 
 def _zero_point(value: SupportsIndex, what: str, name: str) -> int:
@@ -85,7 +85,7 @@ def _out_dtype(out_dtype: DTypeArg | None, scale: Any, what: str) -> DType:
     want = DType.INT32 if scale is None else DType.INT8
     if out_dtype is None:
         return want
-    dt = _dtype(out_dtype)
+    dt = dtype_of(out_dtype)
     if dt is not want:
         raise ValueError(
             f"{what}: out_dtype={dt.name.lower()} needs "
@@ -99,12 +99,12 @@ def _scale_tensor(scale: Any, dev: Device, channels: int, shape: tuple[int, ...]
     """The FP32 scale operand broadcasting to ``shape``: per tensor or per channel on ``axis``."""
     rank = len(shape)
     if isinstance(scale, Tensor):
-        if scale._device is not dev:
+        if scale.device is not dev:
             raise ValueError(f"{what}: operands live on different devices")
         if (
-            scale._dtype is not DType.FP32
+            scale.npu_dtype is not DType.FP32
             or scale.ndim != 1
-            or scale._shape[0] not in (1, channels)
+            or scale.shape[0] not in (1, channels)
         ):
             raise ValueError(
                 f"{what}: a scale tensor must be float32 of shape (1,) or ({channels},), "
@@ -121,13 +121,13 @@ def _scale_tensor(scale: Any, dev: Device, channels: int, shape: tuple[int, ...]
         f32 = arr.astype(np.float32)
         if not np.all(np.isfinite(f32) & (f32 > 0)):
             raise ValueError(f"{what}: every scale must be finite and > 0 in float32")
-        t = _upload(f32, DType.FP32, dev)
+        t = upload(f32, DType.FP32, dev)
     dims = [1] * rank
     strides = [0] * rank
-    if t._shape[0] > 1:
+    if t.shape[0] > 1:
         dims[axis] = channels
-        strides[axis] = t._strides[0]
-    return t._view(tuple(dims), tuple(strides))
+        strides[axis] = t.strides[0]
+    return t.as_strided(tuple(dims), tuple(strides))
 
 
 def _finish(batch: list[ops.AnyOp], acc: Tensor, scale: Any, dev: Device, channels: int,
@@ -135,11 +135,15 @@ def _finish(batch: list[ops.AnyOp], acc: Tensor, scale: Any, dev: Device, channe
             what: str) -> Tensor:  # fmt: skip
     """Append the REQUANT of ``acc`` (unless ``scale`` is None) and launch the batch."""
     if scale is None:
-        return _launch(batch, acc, *inputs)
-    s = _scale_tensor(scale, dev, channels, acc._shape, axis, what)
-    out = _alloc(dev, DType.INT8, acc._shape)
-    batch.append(ops.requant_op(acc._ref(), s._ref(), out._ref(), zp_out, act, _bufs(acc, s, out)))
-    return _launch(batch, out, *inputs, s)
+        return launch(batch, acc, *inputs)
+    s = _scale_tensor(scale, dev, channels, acc.shape, axis, what)
+    out = alloc(dev, DType.INT8, acc.shape)
+    batch.append(
+        ops.requant_op(
+            acc.tensor_ref(), s.tensor_ref(), out.tensor_ref(), zp_out, act, buffers_of(acc, s, out)
+        )
+    )
+    return launch(batch, out, *inputs, s)
 
 
 def _gemm(what: str, a: Tensor, b: Tensor, bias: Tensor | None, scale: Any, zp_in: int,
@@ -149,28 +153,41 @@ def _gemm(what: str, a: Tensor, b: Tensor, bias: Tensor | None, scale: Any, zp_i
     _out_dtype(out_dtype, scale, what)
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"{what}: operands must have rank 2..4, not {a.shape} and {b.shape}")
-    (m, k), (k2, n) = a._shape[-2:], b._shape[-2:]
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     if k != k2:
         raise ValueError(f"{what}: K differs: {a.shape} @ {b.shape}")
-    if bias is not None and bias._shape != (n,):
+    if bias is not None and bias.shape != (n,):
         raise ValueError(f"{what}: bias shape must be ({n},), not {bias.shape}")
-    shape = (*_broadcast(a._shape[:-2], b._shape[:-2], what), m, n)
-    _check_shape(shape, what)
-    dev = a._device
+    shape = (*broadcast_shapes(a.shape[:-2], b.shape[:-2], what), m, n)
+    check_shape(shape, what)
+    dev = a.device
     # Requantised results run REQUANT on exact int32 accumulators; without a
     # scale the int32 accumulators (after the bias and RELU) are the result.
     acc_act = act if scale is None else _abi.ActKind.NONE
     if math.prod(shape) == 0 or k == 0:
         raise ValueError(f"{what}: empty operands ({a.shape} @ {b.shape}) are not supported")
     rank = len(shape)
-    acc = _alloc(dev, DType.INT32, shape)
+    acc = alloc(dev, DType.INT32, shape)
     batch: list[ops.AnyOp] = []
     if bias is None:
-        op = ops.matmul_op(a._ref(rank), b._ref(rank), acc._ref(), acc_act, _bufs(a, b, acc),
-                           input_zero_point=zp_in)  # fmt: skip
+        op = ops.matmul_op(
+            a.tensor_ref(rank),
+            b.tensor_ref(rank),
+            acc.tensor_ref(),
+            acc_act,
+            buffers_of(a, b, acc),
+            input_zero_point=zp_in,
+        )
     else:
-        op = ops.linear_op(a._ref(rank), b._ref(rank), bias._ref(rank), acc._ref(), acc_act,
-                           _bufs(a, b, bias, acc), input_zero_point=zp_in)  # fmt: skip
+        op = ops.linear_op(
+            a.tensor_ref(rank),
+            b.tensor_ref(rank),
+            bias.tensor_ref(rank),
+            acc.tensor_ref(),
+            acc_act,
+            buffers_of(a, b, bias, acc),
+            input_zero_point=zp_in,
+        )
     batch.append(op)
     return _finish(batch, acc, scale, dev, n, rank - 1, zp_out, act, inputs, what)
 
@@ -255,9 +272,9 @@ def quantized_linear(
     tbias = None if bias is None else _int_operand(bias, dev, DType.INT32, what, "bias")
     inputs = tuple(t for t in (tx, tw, tbias) if t is not None)
     squeeze = tx.ndim == 1
-    a = tx._view((1, *tx._shape), (0, *tx._strides)) if squeeze else tx
+    a = tx.as_strided((1, *tx.shape), (0, *tx.strides)) if squeeze else tx
     out = _gemm(what, a, tw.T, tbias, scale, zp_in, zp_out, out_dtype, act, inputs)
-    return out._view_as(out._shape[1:]) if squeeze else out
+    return out.view(out.shape[1:]) if squeeze else out
 
 
 def quantized_conv2d(
@@ -299,44 +316,44 @@ def quantized_conv2d(
     w = _int_operand(weight, dev, DType.INT8, what, "weight")
     unbatched = t.ndim == 3
     if unbatched:
-        t = t._view((1, *t._shape), (0, *t._strides))
+        t = t.as_strided((1, *t.shape), (0, *t.strides))
     if t.ndim != 4 or w.ndim != 4:
         raise ValueError(f"{what}: x must be [N, C, H, W] and weight [O, C / groups, KH, KW]")
-    sh, sw = _pair(stride, f"{what}: stride", 1)
-    ph, pw = _pair(padding, f"{what}: padding", 0)
-    dh, dw = _pair(dilation, f"{what}: dilation", 1)
-    g = _pair(groups, f"{what}: groups", 1)[0]
-    n, c, h, wd = t._shape
-    o, cg, kh, kw = w._shape
+    sh, sw = pair(stride, f"{what}: stride", 1)
+    ph, pw = pair(padding, f"{what}: padding", 0)
+    dh, dw = pair(dilation, f"{what}: dilation", 1)
+    g = pair(groups, f"{what}: groups", 1)[0]
+    n, c, h, wd = t.shape
+    o, cg, kh, kw = w.shape
     if c % g or o % g or cg != c // g:
         raise ValueError(f"{what}: x {t.shape} and weight {w.shape} do not match with groups={g}")
     oh, ow = ops.window_out(h, kh, sh, ph, dh), ops.window_out(wd, kw, sw, pw, dw)
     if not oh or not ow or not n or not o or not c:
         raise ValueError(f"{what}: no window fits, or an empty dimension: {t.shape}, {w.shape}")
     if bias is None:
-        tbias = _upload(np.zeros(o, np.int32), DType.INT32, dev)
+        tbias = upload(np.zeros(o, np.int32), DType.INT32, dev)
     else:
         tbias = _int_operand(bias, dev, DType.INT32, what, "bias")
-        if tbias._shape != (o,):
+        if tbias.shape != (o,):
             raise ValueError(f"{what}: bias shape must be ({o},), not {tbias.shape}")
-    bias4 = tbias._view((1, o, 1, 1), (0, tbias._strides[0], 0, 0))
+    bias4 = tbias.as_strided((1, o, 1, 1), (0, tbias.strides[0], 0, 0))
     shape = (n, o, oh, ow)
-    acc = _alloc(dev, DType.INT32, shape)
+    acc = alloc(dev, DType.INT32, shape)
     acc_act = act if scale is None else _abi.ActKind.NONE
     batch: list[ops.AnyOp] = [
         ops.conv2d_op(
-            t._ref(),
-            w._ref(),
-            bias4._ref(),
-            acc._ref(),
+            t.tensor_ref(),
+            w.tensor_ref(),
+            bias4.tensor_ref(),
+            acc.tensor_ref(),
             (sh, sw),
             (ph, pw),
             (dh, dw),
             g,
             acc_act,
-            _bufs(t, w, tbias, acc),
+            buffers_of(t, w, tbias, acc),
             input_zero_point=zp_in,
         )
     ]
     out = _finish(batch, acc, scale, dev, o, 1, zp_out, act, (t, w, tbias), what)
-    return out._view_as(shape[1:]) if unbatched else out
+    return out.view(shape[1:]) if unbatched else out

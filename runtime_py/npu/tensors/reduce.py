@@ -23,14 +23,14 @@ from ..dtypes import DType
 from .tensor import (
     AxisArg,
     Tensor,
-    _alloc,
-    _as_tensor,
-    _bufs,
-    _cast,
-    _empty,
-    _launch,
-    _upload,
+    alloc,
+    as_tensor,
+    buffers_of,
+    cast_to,
+    empty_tensor,
+    launch,
     register_operator,
+    upload,
 )
 
 __all__ = [
@@ -66,25 +66,25 @@ def _axes(axis: AxisArg, ndim: int, what: str) -> tuple[int, ...]:
 
 
 def _reduce(kind: _abi.ReduceKind, x: Any, axis: AxisArg, keepdims: bool, what: str) -> Tensor:
-    t = _as_tensor(x, what)
+    t = as_tensor(x, what)
     axes = _axes(axis, t.ndim, what)
-    dtype = t._dtype
+    dtype = t.npu_dtype
     if kind is _abi.ReduceKind.SUM and not dtype.is_float:
         dtype = DType.INT32  # numpy: int64; the device accumulates and wraps in int32
     elif kind is _abi.ReduceKind.MEAN and not dtype.is_float:
         dtype = DType.FP32  # numpy: float64
-    keep = tuple(1 if d in axes else n for d, n in enumerate(t._shape))
-    shape = keep if keepdims else tuple(n for d, n in enumerate(t._shape) if d not in axes)
+    keep = tuple(1 if d in axes else n for d, n in enumerate(t.shape))
+    shape = keep if keepdims else tuple(n for d, n in enumerate(t.shape) if d not in axes)
     if not axes:  # axis=() or a rank-0 tensor: no reduction, only the dtype rule
         return t.astype(dtype)
     if t.size == 0:
         return _reduce_empty(kind, t, dtype, shape, what)
     batch: list[ops.AnyOp] = []
-    src = _cast(t, dtype, batch)
-    out = _alloc(t._device, dtype, keep)
-    batch.append(ops.reduce(kind, src._ref(), out._ref(), axes, _bufs(src, out)))
-    _launch(batch, out, t)
-    return out if keepdims else out._view_as(shape)
+    src = cast_to(t, dtype, batch)
+    out = alloc(t.device, dtype, keep)
+    batch.append(ops.reduce(kind, src.tensor_ref(), out.tensor_ref(), axes, buffers_of(src, out)))
+    launch(batch, out, t)
+    return out if keepdims else out.view(shape)
 
 
 def _reduce_empty(
@@ -92,12 +92,12 @@ def _reduce_empty(
 ) -> Tensor:
     """A reduction of an empty tensor, on the host (numpy's results)."""
     if math.prod(shape) == 0:
-        return _empty(t._device, dtype, shape)
+        return empty_tensor(t.device, dtype, shape)
     if kind is _abi.ReduceKind.SUM:
-        return _upload(np.zeros(shape, np.float32), dtype, t._device)
+        return upload(np.zeros(shape, np.float32), dtype, t.device)
     if kind is _abi.ReduceKind.MEAN:
         _logger.warning("%s: mean of an empty slice is NaN", what)
-        return _upload(np.full(shape, np.nan, np.float32), dtype, t._device)
+        return upload(np.full(shape, np.nan, np.float32), dtype, t.device)
     raise ValueError(f"zero-size array to reduction operation {what} which has no identity")
 
 
@@ -140,16 +140,16 @@ def min(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
 
 
 def _softmax(kind: _abi.SoftmaxKind, x: Any, axis: SupportsIndex, what: str) -> Tensor:
-    t = _as_tensor(x, what)
+    t = as_tensor(x, what)
     ax = _axis(axis, builtins.max(1, t.ndim), what)  # rank 0 is stored as (1,)
-    dtype = t._dtype if t._dtype.is_float else DType.FP32
+    dtype = t.npu_dtype if t.npu_dtype.is_float else DType.FP32
     if t.size == 0:
-        return _empty(t._device, dtype, t._shape)
+        return empty_tensor(t.device, dtype, t.shape)
     batch: list[ops.AnyOp] = []
-    src = _cast(t, dtype, batch)
-    out = _alloc(t._device, dtype, t._shape)
-    batch.append(ops.softmax(kind, src._ref(), out._ref(), ax, _bufs(src, out)))
-    return _launch(batch, out, t)
+    src = cast_to(t, dtype, batch)
+    out = alloc(t.device, dtype, t.shape)
+    batch.append(ops.softmax(kind, src.tensor_ref(), out.tensor_ref(), ax, buffers_of(src, out)))
+    return launch(batch, out, t)
 
 
 @register_operator("softmax")
@@ -172,15 +172,15 @@ def _norm_param(
 ) -> Tensor:
     """weight/bias as a tensor of shape ``norm`` in ``dtype`` (uploaded if not a Tensor)."""
     if value is None:
-        return _upload(np.full(norm, default, np.float32), dtype, t._device)
+        return upload(np.full(norm, default, np.float32), dtype, t.device)
     if isinstance(value, Tensor):
-        if value._device is not t._device:
+        if value.device is not t.device:
             raise ValueError(f"{what}: operands live on different devices")
         p = value
     else:
-        p = _upload(np.asarray(value, dtype=np.float32), dtype, t._device)
-    if p._shape != norm:
-        raise ValueError(f"{what}: shape {p._shape} is not normalized_shape {norm}")
+        p = upload(np.asarray(value, dtype=np.float32), dtype, t.device)
+    if p.shape != norm:
+        raise ValueError(f"{what}: shape {p.shape} is not normalized_shape {norm}")
     return p
 
 
@@ -206,36 +206,36 @@ def layer_norm(
             trailing dims of ``x``, a weight/bias shape differs, or a bad eps.
     """
     what = "layer_norm"
-    t = _as_tensor(x, what)
+    t = as_tensor(x, what)
     seq: Sequence[SupportsIndex] = (
         normalized_shape if isinstance(normalized_shape, Sequence) else (normalized_shape,)
     )
     norm = tuple(operator.index(d) for d in seq)
-    if not norm or len(norm) > t.ndim or t._shape[t.ndim - len(norm) :] != norm:
+    if not norm or len(norm) > t.ndim or t.shape[t.ndim - len(norm) :] != norm:
         raise ValueError(
-            f"{what}: normalized_shape {norm} does not match the trailing dims of {t._shape}"
+            f"{what}: normalized_shape {norm} does not match the trailing dims of {t.shape}"
         )
     if not math.isfinite(eps) or eps <= 0 or ops.f32_bits(eps) & 0x7FFFFFFF == 0:
         raise ValueError(f"{what}: eps={eps} must be positive and finite in float32")
-    dtype = t._dtype if t._dtype.is_float else DType.FP32
+    dtype = t.npu_dtype if t.npu_dtype.is_float else DType.FP32
     if t.size == 0:
-        return _empty(t._device, dtype, t._shape)
+        return empty_tensor(t.device, dtype, t.shape)
     batch: list[ops.AnyOp] = []
-    gamma = _cast(_norm_param(weight, 1.0, dtype, norm, t, what), dtype, batch)
-    beta = _cast(_norm_param(bias, 0.0, dtype, norm, t, what), dtype, batch)
-    src = _cast(t, dtype, batch)
-    out = _alloc(t._device, dtype, t._shape)
+    gamma = cast_to(_norm_param(weight, 1.0, dtype, norm, t, what), dtype, batch)
+    beta = cast_to(_norm_param(bias, 0.0, dtype, norm, t, what), dtype, batch)
+    src = cast_to(t, dtype, batch)
+    out = alloc(t.device, dtype, t.shape)
     rank = t.ndim
     batch.append(
         ops.layernorm(
-            src._ref(),
-            gamma._ref(rank),
-            beta._ref(rank),
-            out._ref(),
+            src.tensor_ref(),
+            gamma.tensor_ref(rank),
+            beta.tensor_ref(rank),
+            out.tensor_ref(),
             len(norm),
             eps,
-            _bufs(src, gamma, beta, out),
+            buffers_of(src, gamma, beta, out),
         )
     )
     inputs = [t] + [p for p in (weight, bias) if isinstance(p, Tensor)]
-    return _launch(batch, out, *inputs)
+    return launch(batch, out, *inputs)

@@ -84,20 +84,20 @@ from ..core.device import (
 )
 from ..core.stream import Stream, StreamKey, current_user_stream, failures
 from ..dtypes import (
-    _FROM_NUMPY,
-    _INT_RANGE,
-    _NUMPY,
+    FROM_NUMPY,
+    INT_RANGE,
+    NUMPY,
     BFloat16Type,
     DType,
     DTypeArg,
     TensorDType,
-    _dtype,
-    _infer,
-    _public,
-    _storage,
-    _to_storage,
     bf16_to_float32,
     bfloat16,
+    dtype_of,
+    infer_dtype,
+    public_dtype,
+    storage_dtype,
+    to_storage,
 )
 from ..errors import NpuDeviceError, NpuError
 from ..kernels import ops
@@ -180,7 +180,7 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _check_shape(shape: tuple[int, ...], what: str) -> None:
+def check_shape(shape: tuple[int, ...], what: str) -> None:
     if len(shape) > _abi.NPU_MAX_RANK:
         raise ValueError(f"{what}: rank {len(shape)} > NPU_MAX_RANK={_abi.NPU_MAX_RANK}")
     if math.prod(shape) > _abi.NPU_MAX_ELEMS:
@@ -236,7 +236,7 @@ class Tensor:
         # the ops of other user streams it was computed from.
         self._stream = stream
         self._deps = deps
-        # _ref() results by rank (a tensor's layout never changes).
+        # tensor_ref() results by rank (a tensor's layout never changes).
         self._refs: dict[int | None, ops.TensorRef] | None = None
         # The ops that read this tensor: stream (its StreamKey, which does not
         # keep it alive; None: the driver's queue 0) -> the last such fence.
@@ -261,7 +261,7 @@ class Tensor:
     @property
     def dtype(self) -> TensorDType:
         """``np.dtype`` (float32, float16, int8, int32) or :data:`npu.bfloat16`."""
-        return _public(self._dtype)
+        return public_dtype(self._dtype)
 
     @property
     def npu_dtype(self) -> _abi.DType:
@@ -390,11 +390,11 @@ class Tensor:
             NpuDeviceError, NpuTimeoutError: see :meth:`wait`.
         """
         self.wait(timeout_s)
-        out_dtype = np.dtype(np.float32) if self._dtype is DType.BF16 else _NUMPY[self._dtype]
+        out_dtype = np.dtype(np.float32) if self._dtype is DType.BF16 else NUMPY[self._dtype]
         if self._buffer is None:
             return np.zeros(self._shape, dtype=out_dtype)
         item = self.itemsize
-        flat = self._buffer.numpy(_storage(self._dtype))
+        flat = self._buffer.numpy(storage_dtype(self._dtype))
         view = np.lib.stride_tricks.as_strided(
             flat[self._offset :],
             shape=self._shape,
@@ -439,13 +439,13 @@ class Tensor:
         if self._buffer is None:
             return self
         item = self.itemsize
-        flat = self._buffer.numpy(_storage(self._dtype))
+        flat = self._buffer.numpy(storage_dtype(self._dtype))
         view = np.lib.stride_tricks.as_strided(
             flat[self._offset :],
             shape=self._shape,
             strides=tuple(st * item for st in self._strides),
         )
-        view[...] = _to_storage(np.ascontiguousarray(data), self._dtype).reshape(self._shape)
+        view[...] = to_storage(np.ascontiguousarray(data), self._dtype).reshape(self._shape)
         return self
 
     def __array__(
@@ -489,6 +489,44 @@ class Tensor:
             self._stream,
             self._deps,
         )
+
+    def as_strided(self, size: Sequence[int], stride: Sequence[int]) -> Tensor:
+        """A view of this tensor's memory with ``size`` and ``stride`` (in elements), as
+        ``torch.as_strided`` from this tensor's offset; no device work.
+
+        Strides may be 0 (a broadcast view).
+
+        Raises:
+            ValueError: the ranks differ, a size or stride is negative, the
+                rank exceeds 4, or an element lies outside the buffer.
+        """
+        shape = tuple(operator.index(d) for d in size)
+        strides = tuple(operator.index(s) for s in stride)
+        if len(shape) != len(strides) or any(d < 0 for d in shape) or any(s < 0 for s in strides):
+            raise ValueError(f"as_strided: invalid size {shape} with stride {strides}")
+        check_shape(shape, "as_strided")
+        if math.prod(shape):
+            last = self._offset + builtins.sum(
+                (d - 1) * s for d, s in zip(shape, strides, strict=True)
+            )
+            room = 0 if self._buffer is None else self._buffer.size // self.itemsize
+            if last >= room:
+                raise ValueError(
+                    f"as_strided: size {shape} with stride {strides} reaches element {last}"
+                    f" of a buffer of {room}"
+                )
+        return self._view(shape, strides)
+
+    def view(self, *shape: SupportsIndex | Sequence[SupportsIndex]) -> Tensor:
+        """This contiguous tensor with another shape of the same size, as ``torch.view``.
+
+        Raises:
+            ValueError: the tensor is not contiguous (use :meth:`reshape`) or
+                the sizes differ.
+        """
+        if not self.is_contiguous:
+            raise ValueError(f"view: a tensor of strides {self._strides} is not contiguous")
+        return self.reshape(*shape)
 
     def _view_as(self, shape: tuple[int, ...]) -> Tensor:
         """A contiguous view of a contiguous tensor with another shape of equal size."""
@@ -536,8 +574,8 @@ class Tensor:
     def clone(self) -> Tensor:
         """A contiguous copy in new device memory, made by the device (no wait)."""
         if self.size == 0:
-            return _empty(self._device, self._dtype, self._shape)
-        return _device_copy(self, _alloc(self._device, self._dtype, self._shape))
+            return empty_tensor(self._device, self._dtype, self._shape)
+        return _device_copy(self, alloc(self._device, self._dtype, self._shape))
 
     def contiguous(self) -> Tensor:
         """Return ``self`` if row-major and dense, else a contiguous copy (one CONVERT)."""
@@ -567,7 +605,7 @@ class Tensor:
         new_shape = tuple(dims)
         if math.prod(new_shape) != self.size:
             raise ValueError(f"reshape: cannot reshape {self._shape} into {new_shape}")
-        _check_shape(new_shape, "reshape")
+        check_shape(new_shape, "reshape")
         base = self.contiguous()
         return Tensor(
             base._device,
@@ -590,14 +628,14 @@ class Tensor:
         range; with ``copy=False`` a tensor that already has ``dtype`` is
         returned as is.
         """
-        target = _dtype(dtype)
+        target = dtype_of(dtype)
         if target is self._dtype and not copy:
             return self
         if self.size == 0:
-            return _empty(self._device, target, self._shape)
-        out = _alloc(self._device, target, self._shape)
-        op = ops.convert(self._ref(), out._ref(), _bufs(self, out))
-        return _launch([op], out, self)
+            return empty_tensor(self._device, target, self._shape)
+        out = alloc(self._device, target, self._shape)
+        op = ops.convert(self.tensor_ref(), out.tensor_ref(), buffers_of(self, out))
+        return launch([op], out, self)
 
     def to(self, target: DeviceArg | DTypeArg, dtype: DTypeArg | None = None) -> Tensor:
         """This tensor on another device and/or with another dtype, as PyTorch's ``to``.
@@ -613,14 +651,14 @@ class Tensor:
             if device is not self._device:
                 values = self.numpy()
                 data = values.astype(np.float32) if self._dtype is DType.BF16 else values
-                moved = _upload(data, self._dtype, device)
+                moved = upload(data, self._dtype, device)
             return moved if dtype is None else moved.astype(dtype, copy=False)
         return self.astype(cast("DTypeArg", target), copy=False)
 
     # -- device operands -----------------------------------------------------
 
-    def _ref(self, rank: int | None = None) -> ops.TensorRef:
-        """This tensor as an operand, optionally aligned to ``rank`` for broadcasting.
+    def tensor_ref(self, rank: int | None = None) -> ops.TensorRef:
+        """This tensor as an op operand (:class:`npu.TensorRef`), optionally aligned to ``rank``.
 
         Leading dims of size 1 are prepended; every dim of size 1 gets stride 0.
         """
@@ -713,7 +751,7 @@ class Tensor:
         return OPERATORS["power"](self, exponent)
 
     def __rpow__(self, base: Any) -> Tensor:
-        return OPERATORS["power"](_as_tensor(base, "pow", self._device), self)
+        return OPERATORS["power"](as_tensor(base, "pow", self._device), self)
 
     # In place, as PyTorch's ``+=``: the result is written into this tensor's
     # memory (views see it), with this tensor's dtype.
@@ -764,7 +802,7 @@ class Tensor:
         if len(shape) > _abi.NPU_MAX_RANK:
             raise ValueError(f"indexing: rank {len(shape)} is above {_abi.NPU_MAX_RANK}")
         if math.prod(shape) == 0:
-            return _empty(self._device, self._dtype, shape)
+            return empty_tensor(self._device, self._dtype, shape)
         view = self._view(shape, strides)
         view._offset = offset
         return view
@@ -847,11 +885,11 @@ def _index(t: Tensor, key: Any) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return tuple(shape), tuple(strides), offset
 
 
-def _bufs(*tensors: Tensor) -> tuple[Buffer, ...]:
+def buffers_of(*tensors: Tensor) -> tuple[Buffer, ...]:
     return tuple(t._buffer for t in tensors if t._buffer is not None)
 
 
-def _empty(device: Device, dtype: DType, shape: tuple[int, ...]) -> Tensor:
+def empty_tensor(device: Device, dtype: DType, shape: tuple[int, ...]) -> Tensor:
     return Tensor(device, None, dtype, shape)
 
 
@@ -907,18 +945,16 @@ def _wait_recording_failures(device: Device, queue: int | Timeline, fence: int) 
         return
 
 
-def _alloc(
-    device: Device, dtype: DType, shape: tuple[int, ...], host_write: bool = False
-) -> Tensor:
+def alloc(device: Device, dtype: DType, shape: tuple[int, ...], host_write: bool = False) -> Tensor:
     """A new contiguous tensor with uninitialised data (an empty one has no buffer).
 
     The memory comes from the device's caching allocator; ``host_write``
     says the host fills it (an upload), so a reused block is first waited for.
     """
-    _check_shape(shape, "tensor")
+    check_shape(shape, "tensor")
     size = math.prod(shape)
     if size == 0:
-        return _empty(device, dtype, shape)
+        return empty_tensor(device, dtype, shape)
     stream = None if host_write else current_user_stream(device)
     graph = recorder(device)
     mem = allocator(device).allocate(
@@ -937,7 +973,7 @@ def _alloc(
     )
 
 
-def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
+def launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     """Launch ``batch`` on the current stream (no wait); ``out`` is produced by its last op.
 
     While an :class:`npu.Graph` captures, the batch is recorded instead.
@@ -948,24 +984,21 @@ def _launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
         graph.record(batch, out, inputs)
         return out
     stream = current_user_stream(device)
-    after, deps, since = _dependencies(stream, inputs, out)
+    after, deps, since = dependencies(stream, inputs, out)
     if stream is None:
         fence = device.submit(batch)
         first = fence - len(batch) + 1
     else:
         first, fence = stream.run_ops(batch, after)
-    _note_reads(inputs, stream, fence)
-    out._readers = None  # this write is ordered after them
-    out._stream = stream
-    out._fence = fence
-    out._since = first if since is None else builtins.min(since, first)
-    out._deps = _merge_deps(deps) if deps else ()
+    note_reads(inputs, stream, fence)
+    first = first if since is None else builtins.min(since, first)
+    note_write(out, stream, first, fence, merge_deps(deps) if deps else ())
     if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
 
 
-def _dependencies(
+def dependencies(
     stream: Stream | None, inputs: Iterable[Tensor], out: Tensor | None = None
 ) -> tuple[list[tuple[Stream, int]], list[_Dep], int | None]:
     """Order work about to go to ``stream`` (None: the default stream) after the
@@ -996,11 +1029,30 @@ def _dependencies(
             deps.append((src, t._since if t._since is not None else t._fence, t._fence))
         deps.extend(t._deps)
     if out is not None:
-        _order_write(out, stream, after)
+        order_write(out, stream, after)
     return after, deps, since
 
 
-def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, int]]) -> None:
+def has_readers(t: Tensor) -> bool:
+    """True if ops that read ``t`` may still be pending (see :func:`order_write`)."""
+    return bool(t._readers)
+
+
+def note_write(
+    out: Tensor, stream: Stream | None, since: int, fence: int, deps: Sequence[_Dep] = ()
+) -> None:
+    """``out`` is now made by ops up to ``fence`` on ``stream`` (None: the driver's
+    queue 0), the oldest not waited for being ``since``, from the ops of other
+    streams in ``deps`` (merged: one entry per stream, see :func:`merge_deps`);
+    the write is ordered after its earlier readers."""
+    out._readers = None
+    out._stream = stream
+    out._fence = fence
+    out._since = since
+    out._deps = tuple(deps)
+
+
+def order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, int]]) -> None:
     """Order a write into ``out`` on ``stream`` after the pending ops that
     produce it and those that read it on other timelines (device-side WAITs
     added to ``after`` between user streams, host waits across the default
@@ -1031,7 +1083,7 @@ def _order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, i
             after.append((reader, fence))
 
 
-def _note_reads(inputs: Iterable[Tensor], stream: Stream | None, fence: int) -> None:
+def note_reads(inputs: Iterable[Tensor], stream: Stream | None, fence: int) -> None:
     """Remember that ``inputs`` are read by ops up to ``fence`` of ``stream``."""
     key = None if stream is None else stream.key
     for t in inputs:
@@ -1042,7 +1094,7 @@ def _note_reads(inputs: Iterable[Tensor], stream: Stream | None, fence: int) -> 
             readers[key] = fence
 
 
-def _merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:
+def merge_deps(deps: list[_Dep]) -> tuple[_Dep, ...]:
     """One (stream, lowest, highest fence) per stream."""
     merged: dict[Stream, tuple[int, int]] = {}
     for stream, lo, hi in deps:
@@ -1059,12 +1111,12 @@ LAUNCH_BLOCKING_ENV = "NPU_LAUNCH_BLOCKING"
 _launch_blocking = os.environ.get(LAUNCH_BLOCKING_ENV, "") == "1"
 
 
-def _upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:
+def upload(data: npt.NDArray[Any], dtype: DType, device: Device) -> Tensor:
     shape = tuple(int(d) for d in data.shape)
-    _check_shape(shape, "tensor")
-    out = _alloc(device, dtype, shape, host_write=True)
+    check_shape(shape, "tensor")
+    out = alloc(device, dtype, shape, host_write=True)
     if out._buffer is not None:
-        out._buffer.write(_to_storage(data, dtype), out._offset * dtype.itemsize)
+        out._buffer.write(to_storage(data, dtype), out._offset * dtype.itemsize)
     return out
 
 
@@ -1089,11 +1141,11 @@ def tensor(x: Any, dtype: DTypeArg | None = None, device: DeviceArg = None) -> T
     dev = resolve_device(device)
     if dtype is None:
         data = np.asarray(x)
-        target = _infer(data)
+        target = infer_dtype(data)
     else:
-        target = _dtype(dtype)
-        data = np.asarray(x, dtype=np.float32 if target is DType.BF16 else _NUMPY[target])
-    return _upload(data, target, dev)
+        target = dtype_of(dtype)
+        data = np.asarray(x, dtype=np.float32 if target is DType.BF16 else NUMPY[target])
+    return upload(data, target, dev)
 
 
 def from_numpy(array: npt.NDArray[Any], device: DeviceArg = None) -> Tensor:
@@ -1116,11 +1168,11 @@ def from_numpy(array: npt.NDArray[Any], device: DeviceArg = None) -> Tensor:
     dev = resolve_device(device)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy() takes an ndarray, not {type(array).__name__}")
-    if array.dtype not in _FROM_NUMPY:
+    if array.dtype not in FROM_NUMPY:
         raise TypeError(f"from_numpy(): unsupported dtype {array.dtype}")
-    target = _FROM_NUMPY[array.dtype]
+    target = FROM_NUMPY[array.dtype]
     shape = tuple(int(d) for d in array.shape)
-    _check_shape(shape, "from_numpy")
+    check_shape(shape, "from_numpy")
     if array.size == 0:
         raise ValueError("from_numpy(): the array is empty")
     item = array.itemsize
@@ -1137,16 +1189,18 @@ def _scalar_dtype(value: Any, other: DType | None) -> DType | None:
         if other is None:
             return DType.INT32
         if not other.is_float:
-            lo, hi = _INT_RANGE[other]
+            lo, hi = INT_RANGE[other]
             if not lo <= int(value) <= hi:
-                raise OverflowError(f"Python integer {value} out of bounds for {_public(other)}")
+                raise OverflowError(
+                    f"Python integer {value} out of bounds for {public_dtype(other)}"
+                )
         return other
     if isinstance(value, float) and not isinstance(value, np.generic):
         return other if other is not None and other.is_float else DType.FP32
     return None
 
 
-def _operands(x: Any, y: Any, what: str) -> tuple[Tensor, Tensor]:
+def operands(x: Any, y: Any, what: str) -> tuple[Tensor, Tensor]:
     """Both operands as tensors of one device (Python scalars weak, the rest uploaded)."""
     tx = x if isinstance(x, Tensor) else None
     ty = y if isinstance(y, Tensor) else None
@@ -1160,7 +1214,7 @@ def _operands(x: Any, y: Any, what: str) -> tuple[Tensor, Tensor]:
             return value
         weak = _scalar_dtype(value, other._dtype if other is not None else None)
         if weak is not None:
-            return _upload(np.asarray(value), weak, dev)
+            return upload(np.asarray(value), weak, dev)
         try:
             return tensor(value, device=dev)
         except TypeError as exc:
@@ -1176,23 +1230,23 @@ def _operands(x: Any, y: Any, what: str) -> tuple[Tensor, Tensor]:
     return convert(x, ty), convert(y, tx)
 
 
-def _cast(t: Tensor, dtype: DType, batch: list[ops.AnyOp]) -> Tensor:
+def cast_to(t: Tensor, dtype: DType, batch: list[ops.AnyOp]) -> Tensor:
     """``t`` in ``dtype``, appending the CONVERT to ``batch`` if one is needed."""
     if t._dtype is dtype:
         return t
-    out = _alloc(t._device, dtype, t._shape)
-    batch.append(ops.convert(t._ref(), out._ref(), _bufs(t, out)))
+    out = alloc(t._device, dtype, t._shape)
+    batch.append(ops.convert(t.tensor_ref(), out.tensor_ref(), buffers_of(t, out)))
     return out
 
 
-def _broadcast(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, ...]:
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, ...]:
     if a == b:  # a tensor's shape was checked when it was made
         return a
     try:
         shape = tuple(int(d) for d in np.broadcast_shapes(a, b))
     except ValueError:
         raise ValueError(f"{what}: shapes {a} and {b} cannot be broadcast together") from None
-    _check_shape(shape, what)
+    check_shape(shape, what)
     return shape
 
 
@@ -1200,7 +1254,7 @@ def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
     """Queue the copy of ``src`` (broadcast to ``dst``'s shape) into ``dst``."""
     if src._device is not dst._device:
         raise ValueError("copy_: the tensors live on different devices")
-    shape = _broadcast(src._shape, dst._shape, "copy_")
+    shape = broadcast_shapes(src._shape, dst._shape, "copy_")
     if shape != dst._shape:
         raise ValueError(f"copy_: shape {src._shape} does not broadcast to {dst._shape}")
     if dst.size == 0:
@@ -1225,7 +1279,7 @@ def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
         op = ops.copy(src._buffer, dst._buffer, nbytes, src_at, dst_at)
     else:
         rank = len(dst._shape) or 1
-        ref = src._ref(rank)
+        ref = src.tensor_ref(rank)
         dims = dst._shape or (1,)
         wide = ops.TensorRef(
             ref.handle,
@@ -1234,16 +1288,16 @@ def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
             dims,
             tuple(0 if d == 1 else st for d, st in zip(ref.shape, ref.strides, strict=True)),
         )
-        op = ops.convert(wide, dst._ref(), _bufs(src, dst))
-    return _launch([op], dst, src)
+        op = ops.convert(wide, dst.tensor_ref(), buffers_of(src, dst))
+    return launch([op], dst, src)
 
 
-def _as_tensor(x: Any, what: str, device: Device | None = None) -> Tensor:
+def as_tensor(x: Any, what: str, device: Device | None = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if device is not None:
         return tensor(x, device=device)
-    return _operands(x, 0, what)[0]
+    return operands(x, 0, what)[0]
 
 
 def permute(x: Tensor, axes: Iterable[SupportsIndex] | None = None) -> Tensor:
