@@ -68,7 +68,7 @@ def matmul(
     If ``a`` or ``b`` is a :class:`npu.Tensor` one MATMUL op runs on the
     device-resident data with ``np.matmul`` semantics (ranks 1..4, batch
     broadcasting) and the result is a :class:`npu.Tensor` of the operands'
-    common float dtype (not waited for; see :func:`npu.nn.matmul`). ``device`` must then be
+    common float dtype (not waited for; see :func:`npu.tensors.nn.matmul`). ``device`` must then be
     ``None`` or the tensors' device, and ``timeout_s`` is not used.
 
     ``a`` (``m x k``) and ``b`` (``k x n``) are converted with

@@ -22,7 +22,7 @@ Rules, as for CUDA graphs:
   :meth:`npu.Tensor.copy_` (or use :func:`npu.from_numpy` tensors and change
   the array), never while a replay runs. A replay is ordered after inputs
   still being computed on another stream, as an eager op is (see
-  :mod:`npu.tensor`), after reads of its outputs still pending on other
+  :mod:`npu.tensors.tensor`), after reads of its outputs still pending on other
   streams, and after the graph's previous replay when that ran on another
   stream (both use the graph's memory).
 - No waiting inside a capture: ``.numpy()``, ``.wait()`` and ``.item()``

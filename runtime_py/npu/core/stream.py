@@ -11,7 +11,7 @@ the producer reaches the marker, without a host round trip.
 
 :class:`npu.Tensor` ops (``y = x + 1``, ``a @ b``, ...) go to the thread's
 current stream: inside ``with stream:`` they are launched on it, ordered
-after inputs still being produced on other streams (see :mod:`npu.tensor`).
+after inputs still being produced on other streams (see :mod:`npu.tensors.tensor`).
 Ops built by hand (``npu.ops.eltwise`` ... ``npu.ops.requant_op``) are
 launched with :meth:`Stream.launch`. Either way the stream writes each op's
 ``struct npu_tensor_params`` (operands as device virtual addresses) into a

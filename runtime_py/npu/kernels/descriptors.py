@@ -2,7 +2,7 @@
 
 They mirror ``struct npu_tensor_ref`` and ``struct npu_tensor_op`` and check
 their own fields' ranges; what an op means (which shapes and dtypes go
-together) is checked by :mod:`npu.validate`, and the builders live in
+together) is checked by :mod:`npu.kernels.validate`, and the builders live in
 :mod:`npu.ops`. This module imports nothing of the runtime but the ABI.
 """
 

@@ -11,7 +11,7 @@ Tensor operands are :class:`TensorRef` (handle, dtype, byte offset, shape and
 strides in elements), built with :func:`tensor_ref`;
 :func:`check_tensor_op` applies the rules of ``include/npu_tensor.h``
 (:func:`window_out` is ``npu_window_out``, :func:`tensor_op_supported` is
-``npu_tensor_op_supported``); they live in :mod:`npu.validate` and are
+``npu_tensor_op_supported``); they live in :mod:`npu.kernels.validate` and are
 re-exported here.
 
 Buffers are passed as anything with integer ``handle`` and ``size``

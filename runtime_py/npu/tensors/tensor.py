@@ -48,10 +48,13 @@ exceptions):
   on NCHW tensors in the common float dtype, one CONV2D/POOL2D op each;
 - empty tensors (a dimension of 0) are handled in Python without the device.
 
-This module holds :class:`Tensor`, :func:`tensor` and the helpers the op
-modules share (allocation, launching, operand conversion); the ops live in
-:mod:`npu.elementwise`, :mod:`npu.reduce` and :mod:`npu.nn`, the dtypes in
-:mod:`npu.dtypes`.
+This module holds :class:`Tensor`, :func:`tensor` and the launch interface
+the op modules and :mod:`npu.graph` share (allocation, launching, operand
+conversion, dependency tracking: public names left out of ``npu``'s
+namespace); the ops live in :mod:`npu.tensors.elementwise`,
+:mod:`npu.tensors.reduce`, :mod:`npu.tensors.nn` and
+:mod:`npu.tensors.quant`, which register the operators' functions
+(:func:`register_operator`); the dtypes live in :mod:`npu.dtypes`.
 
 bfloat16 has no numpy dtype: :data:`bfloat16` is a sentinel dtype object;
 bfloat16 data is stored as ``uint16`` words (the top half of an IEEE float32)
