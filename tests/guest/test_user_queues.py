@@ -371,7 +371,10 @@ def test_interrupts_of_a_burst_that_each_ask_for_one_are_coalesced_by_count(
     burst = 256
     moderation(1, 0)  # every completion signalled
     every = burst_interrupts(dev, burst)
-    moderation(16, 2000)  # one per 16 while busy; the delay never ends a wait first
+    # One per 16 while busy. The timer (50 ms from the first held completion)
+    # is only the backstop: 16 FILLs take well under it even on a loaded host
+    # (at 2 ms, CI once saw 40 interrupts: the device thread was descheduled).
+    moderation(16, 50_000)
     coalesced = burst_interrupts(dev, burst)
     assert 1 <= coalesced <= burst // 16 + 4, f"{coalesced} interrupts for {burst} commands"
     assert every > coalesced, f"without moderation {every}, with {coalesced}"
