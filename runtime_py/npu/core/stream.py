@@ -29,6 +29,12 @@ tensor ops use outside any ``with stream:``; ``with stream:`` makes
 ``stream`` the current stream of the thread (:func:`current_stream`) for
 tensor ops, :meth:`npu.Graph.replay`, :meth:`npu.Event.record` without an
 argument and the ``stream=None`` defaults of the calls here.
+
+This module also holds :class:`Event` (a marker in a timeline: a stream
+records and waits on events, an event asks its stream whether it is
+reached, so the two live together), :func:`synchronize` (every timeline of
+a device) and :func:`failures` (the device errors waits met, which tensors
+computed from a failed op look up).
 """
 
 from __future__ import annotations
