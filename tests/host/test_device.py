@@ -230,3 +230,19 @@ def test_close_frees_the_buffers_still_allocated(driver: CpuBackend) -> None:
     dev.close()
     assert buf.freed
     assert driver.handles == set()
+
+
+def test_an_attachment_is_made_once_per_factory_and_dropped_at_close() -> None:
+    made: list[object] = []
+
+    def factory(device: npu.Device) -> object:
+        made.append(object())
+        return made[-1]
+
+    dev = npu.Device("cpu")
+    first = dev.attachment(factory)
+    assert dev.attachment(factory) is first
+    assert dev.attachment(lambda d: "other") == "other"
+    dev.close()
+    assert dev.attachment(factory) is not first
+    assert len(made) == 2

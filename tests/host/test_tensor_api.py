@@ -238,3 +238,13 @@ def test_as_strided_past_the_end_of_the_buffer_is_a_value_error(t: npu.Tensor) -
     room = t.buffer.size // 4  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="reaches element"):
         t.as_strided((2,), (room,))
+
+
+@pytest.mark.parametrize(
+    ("size", "stride"), [((2, 2), (1,)), ((2,), (-1,)), ((-1,), (1,)), ((1, 1, 1, 1, 2), (0,) * 5)]
+)
+def test_as_strided_with_a_bad_size_or_stride_is_a_value_error(
+    t: npu.Tensor, size: tuple[int, ...], stride: tuple[int, ...]
+) -> None:
+    with pytest.raises(ValueError):
+        t.as_strided(size, stride)

@@ -34,27 +34,32 @@ if TYPE_CHECKING:
 
     from ..hal import Backend
 
-__all__ = ["Buffer", "BufferOwner", "UserBuffer"]
+__all__ = ["BackendOwner", "Buffer", "BufferOwner", "UserBuffer"]
 
 log = logging.getLogger(__name__)
 
 
-class BufferOwner(Protocol):
-    """What a buffer needs of its device (an :class:`npu.Device`).
+class BackendOwner(Protocol):
+    """An open device as the layers below it see it: a backend while not closed.
 
-    The buffer layer sits below the device, so it names the device by this
-    protocol rather than importing it.
+    Buffers and user queues sit below :class:`npu.Device`, so they name it by
+    protocols (this one, :class:`BufferOwner`, ``npu.core.userqueue.QueueOwner``)
+    rather than importing it.
     """
 
     @property
     def closed(self) -> bool:
-        """True once the device is closed (its buffers are gone with it)."""
+        """True once the device is closed (its buffers and queues are gone with it)."""
         ...
 
     @property
     def backend(self) -> Backend:
-        """The device's backend (maps and destroys buffer objects)."""
+        """The device's backend."""
         ...
+
+
+class BufferOwner(BackendOwner, Protocol):
+    """What a buffer needs of its device (an :class:`npu.Device`)."""
 
     def bo_destroy(self, handle: int) -> None:
         """Destroy the buffer object ``handle`` (BO_DESTROY)."""

@@ -43,7 +43,7 @@ from .._closing import Closing
 from ..errors import DEFAULT_TIMEOUT_S, NpuDeviceError, NpuError, NpuTimeoutError
 from ..hal import Backend, WaitFailed
 from ..kernels.descriptors import check_range as _check_range
-from .buffer import Buffer
+from .buffer import BackendOwner, Buffer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,22 +55,8 @@ __all__ = ["DEFAULT_SPIN_S", "Completion", "UserQueue"]
 log = logging.getLogger(__name__)
 
 
-class QueueOwner(Protocol):
-    """What a user queue needs of its device (an :class:`npu.Device`).
-
-    The queue layer sits below the device, so it names the device by this
-    protocol rather than importing it.
-    """
-
-    @property
-    def closed(self) -> bool:
-        """True once the device is closed (its queues are gone with it)."""
-        ...
-
-    @property
-    def backend(self) -> Backend:
-        """The device's backend (creates, maps and destroys queues)."""
-        ...
+class QueueOwner(BackendOwner, Protocol):
+    """What a user queue needs of its device (an :class:`npu.Device`)."""
 
     def register_queue(self, queue: UserQueue) -> None:
         """Add a new queue to the device's list."""
