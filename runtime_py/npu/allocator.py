@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from .core.device import Device, Timeline, default_device
+from .core.eager import EagerQueue, eager_queue
 from .errors import NpuError
 
 if TYPE_CHECKING:
@@ -108,16 +109,21 @@ _ALL_POOLS: Final = ("all", *_POOLS)
 _STATS: Final = ("allocation", "segment", "allocated_bytes", "reserved_bytes", "requested_bytes")
 
 
-def _matters(queue: int | Timeline, on: int | Timeline | None) -> bool:
+def _matters(queue: int | Timeline, on: Timeline | None) -> bool:
     """Must ops launched on ``queue`` complete before memory is used on ``on``?
 
-    Not on ``on`` itself (it runs in order), and not on the driver's queues
-    other than 0 for device work (tensor ops never go there); for the host
-    (``on`` None), every timeline matters.
+    Not on ``on`` itself (it runs in order), not the driver's queue 0 for
+    the default stream's ops (its eager queue submits there, in order), and
+    not the driver's queues other than 0 for device work (tensor ops never
+    go there); for the host (``on`` None), every timeline matters.
     """
-    if queue == on:
+    if queue is on:
         return False
-    return on is None or not isinstance(queue, int) or queue == 0
+    if on is None:
+        return True
+    if isinstance(queue, int):
+        return queue == 0 and not isinstance(on, EagerQueue)
+    return True
 
 
 def _round_up(value: int, step: int) -> int:
@@ -296,9 +302,9 @@ class CachingAllocator:
         rounded = _round_up(size, ALIGN)
         pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
         # The timeline the memory is used on first; None: the host.
-        on: int | Timeline | None = (
-            None if host_write or any_timeline else (0 if stream is None else stream)
-        )
+        on: Timeline | None = None
+        if not (host_write or any_timeline):
+            on = eager_queue(self.device) if stream is None else stream
         fences: dict[int | Timeline, int] = {}
         with self._lock:
             self._drain()
@@ -349,7 +355,7 @@ class CachingAllocator:
                 queue.wait(fence)
 
     def _take_free(
-        self, pool: str, size: int, on: int | Timeline | None, busy_ok: bool = False
+        self, pool: str, size: int, on: Timeline | None, busy_ok: bool = False
     ) -> _Block | None:
         """Best fit from the pool's free list, split if worth it (lock held).
 
@@ -391,7 +397,7 @@ class CachingAllocator:
             return self.device.completed(queue, fence)
         return queue.completed(fence)
 
-    def _usable(self, block: _Block, on: int | Timeline | None) -> bool:
+    def _usable(self, block: _Block, on: Timeline | None) -> bool:
         """True if every op launched before the block was freed has completed,
         except those on timeline ``on``, which will run before ops ``on`` it."""
         for queue, fence in block.fences.items():

@@ -41,6 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .core.device import DEFAULT_TIMEOUT_S, DeviceArg, PackedOps, resolve_device
+from .core.eager import eager_queue
 from .core.stream import Program, Stream, current_stream
 from .kernels import ops
 from .tensors.tensor import (
@@ -150,8 +151,7 @@ class Graph:
             else:
                 after.append((last_stream, last))
         if target is None:
-            fence = self.device.submit_packed(self._packed)
-            first = fence - len(self._ops) + 1
+            first, fence = eager_queue(self.device).submit_packed(self._packed)
         else:
             if self._program is None:
                 self._program = target.build_program(self._ops)
@@ -171,7 +171,7 @@ class Graph:
         if self._stream is not None:
             self._stream.wait_fence(self._fence, timeout_s)
         else:
-            self.device.wait(self._fence, timeout_s=timeout_s)
+            eager_queue(self.device).wait(self._fence, timeout_s)
 
     # -- called by npu.tensor while capturing ---------------------------------
 

@@ -20,15 +20,29 @@ def test_a_timing_event_records_a_nop_marker(
     assert e.fence == default_device.submitted_fences()[0]
 
 
-def test_a_plain_event_records_the_last_fence_without_submitting(
+def test_a_plain_event_records_the_last_fence_without_a_marker_op(
     default_device: npu.Device, driver: CpuBackend
 ) -> None:
     npu.relu(npu.tensor([1.0, -2.0]))
-    calls = len(driver.calls)
     e = npu.Event()
     e.record()
-    assert len(driver.calls) == calls
+    assert driver.submits[-1][1] == 1, "only the relu, flushed from its batch"
     assert e.fence == default_device.submitted_fences()[0]
+
+
+def test_a_plain_event_is_after_the_eager_ops_still_held_back(
+    default_device: npu.Device, driver: CpuBackend
+) -> None:
+    x = npu.tensor(np.ones(4, np.float32))
+    npu.synchronize()
+    before = len(driver.submitted_tensor)
+    y = npu.exp(x)
+    assert len(driver.submitted_tensor) == before, "exp is held in the eager batch"
+    e = npu.Event()
+    e.record()
+    assert len(driver.submitted_tensor) == before + 1
+    e.synchronize()
+    np.testing.assert_allclose(y.numpy(), np.exp(np.ones(4, np.float32)), rtol=1e-6)
 
 
 def test_query_is_true_once_synchronized(default_device: npu.Device) -> None:

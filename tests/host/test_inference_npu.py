@@ -31,8 +31,10 @@ def test_digits_cnn_runs_entirely_on_the_npu(device: npu.Device, driver: CpuBack
     model = digits_cnn()
     with npu.InferenceSession(model, device=device) as sess:
         assert sess.fallbacks == []
+        device.flush_deferred()
         before = len(driver.submitted_tensor)
         (got,) = sess.run(None, {"x": x})
+        device.flush_deferred()
         assert len(driver.submitted_tensor) - before == 7  # one per node; Flatten is a view
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
@@ -52,8 +54,10 @@ def test_resnet_runs_with_one_submit_per_run(device: npu.Device, driver: CpuBack
     x = rnd(np.random.default_rng(2), 2, 3, 32, 32)
     with npu.InferenceSession(model, device=device) as sess:
         sess.run(None, {"x": x})
+        device.flush_deferred()
         before = len(driver.submits)
         (got,) = sess.run(None, {"x": x})
+        device.flush_deferred()
         assert len(driver.submits) - before == 1
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
 

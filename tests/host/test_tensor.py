@@ -49,6 +49,11 @@ def waits(driver: CpuBackend) -> int:
     return [call.name for call in driver.calls].count("wait")
 
 
+def flush() -> None:
+    """Submit the default device's eager batch: what a test of the submitted ops reads."""
+    npu.default_device().flush_deferred()
+
+
 # -- dtypes and promotion ------------------------------------------------------
 
 
@@ -270,6 +275,7 @@ def test_submit_splits_mixed_op_kinds_into_consecutive_submits(
     t_op = ops.unary(npu.UnaryKind.ABS, ref, out, (buf,))
     fence = device.submit([ops.nop(), ops.nop(), t_op, t_op, ops.nop(), t_op])
     tsize, vsize = ctypes.sizeof(_abi.NpuTensorOp), ctypes.sizeof(_abi.NpuOp)
+    flush()
     assert driver.submits == [(vsize, 2), (tsize, 2), (vsize, 1), (tsize, 1)]
     assert fence == 6
     device.wait(fence)
@@ -470,6 +476,7 @@ def test_broadcast_operand_gets_leading_ones_and_zero_strides(driver: CpuBackend
     a = npu.tensor(np.ones((4,), np.float32))
     b = npu.tensor(np.ones((2, 3, 1), np.float32))
     (a + b).numpy()
+    flush()
     op = driver.submitted_tensor[-1]
     shapes = [list(op.t[i].shape) for i in range(3)]
     strides = [list(op.t[i].strides) for i in range(3)]
@@ -487,6 +494,7 @@ def test_promotion_inserts_convert_ops_in_the_same_submit(driver: CpuBackend) ->
     b = npu.tensor(np.array([0.5, 0.25, 2], np.float16))
     r = a * b
     assert r.dtype == np.float16
+    flush()
     assert [op.opcode for op in driver.submitted_tensor[-2:]] == [
         _abi.NPU_OP_CONVERT,
         _abi.NPU_OP_ELTWISE,
@@ -500,13 +508,16 @@ def test_promotion_inserts_convert_ops_in_the_same_submit(driver: CpuBackend) ->
 def test_transpose_is_a_free_view_and_contiguous_materialises(driver: CpuBackend) -> None:
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     t = npu.tensor(x)
+    flush()
     before = len(driver.submitted_tensor)
     v = t.transpose(2, 0, 1)
     assert v.strides == (1, 12, 4) and v.buffer is t.buffer
+    flush()
     assert len(driver.submitted_tensor) == before
     np.testing.assert_array_equal(v.numpy(), x.transpose(2, 0, 1))
     np.testing.assert_array_equal(t.T.numpy(), x.T)
     c = v.contiguous()
+    flush()
     assert c.is_contiguous and len(driver.submitted_tensor) == before + 1
     np.testing.assert_array_equal(c.numpy(), x.transpose(2, 0, 1))
     np.testing.assert_array_equal(npu.permute(t, (1, 2, 0)).numpy(), x.transpose(1, 2, 0))
@@ -575,6 +586,7 @@ def test_matmul_on_tensors_without_cap_matmul_uses_gemm_transpose_flags() -> Non
     ta, tb = npu.tensor(a), npu.tensor(b)
     c = npu.matmul(ta, tb.T)
     assert isinstance(c, npu.Tensor) and c.shape == (5, 4)
+    flush()
     gemm = driver.submitted[-1]
     assert gemm.opcode == _abi.NPU_OP_GEMM and gemm.params[7] == _abi.NPU_GEMM_TRANS_B
     np.testing.assert_allclose(c.numpy(), a @ b.T, rtol=1e-5)

@@ -26,7 +26,7 @@ import pytest
 import npu
 from npu import _abi, ops
 from npu.hal import CpuBackend
-from test_tensor import PUBLIC, REPO, FakeBuf, _as_params, _c_check, host, rand, waits
+from test_tensor import PUBLIC, REPO, FakeBuf, _as_params, _c_check, flush, host, rand, waits
 
 D = npu.DType
 A = npu.ActKind
@@ -318,11 +318,13 @@ def test_conv2d_reads_strided_input_and_unbatched() -> None:
 
 def test_conv2d_zero_bias_is_cached_per_device_channels_and_dtype(driver: CpuBackend) -> None:
     def bias_at() -> tuple[int, int]:
+        flush()
         ref = driver.submitted_tensor[-1].t[2]
         return (ref.handle, ref.offset)  # tensors share segments: the place is both
 
     x, w = npu.tensor(rand((1, 2, 4, 4), 1)), npu.tensor(rand((3, 2, 1, 1), 2))
     y1 = npu.conv2d(x, w)
+    flush()
     first = driver.submitted_tensor[-1].t[2]
     assert tuple(first.shape) == (1, 3, 1, 1) and tuple(first.strides) == (0, 1, 0, 0)
     cached = bias_at()

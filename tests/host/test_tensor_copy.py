@@ -9,6 +9,7 @@ import pytest
 import npu
 from npu import _abi
 from npu.hal import CpuBackend
+from test_tensor import flush
 
 
 def test_clone_is_a_copy_in_new_memory_by_the_dma_engine(
@@ -16,6 +17,7 @@ def test_clone_is_a_copy_in_new_memory_by_the_dma_engine(
 ) -> None:
     t = npu.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     c = t.clone()
+    flush()
     assert driver.submitted[-1].opcode == _abi.NPU_OP_COPY
     assert c.buffer is not None and t.buffer is not None
     assert (c.buffer.handle, c.offset) != (t.buffer.handle, t.offset)
@@ -27,6 +29,7 @@ def test_copy_from_a_tensor_of_another_dtype_converts(
 ) -> None:
     dst = npu.tensor(np.zeros((2, 2), np.float16))
     dst.copy_(npu.tensor(np.array([[1.5, -2.0], [3.25, 4.0]], np.float32)))
+    flush()
     assert driver.submitted_tensor[-1].opcode == _abi.NPU_OP_CONVERT
     np.testing.assert_array_equal(dst.numpy(), np.float16([[1.5, -2.0], [3.25, 4.0]]))
 

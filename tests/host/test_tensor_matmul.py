@@ -20,7 +20,7 @@ import pytest
 import npu
 from npu import _abi, ops
 from npu.hal import CpuBackend
-from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, host, rand, waits
+from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, flush, host, rand, waits
 
 D = npu.DType
 A = npu.ActKind
@@ -148,6 +148,7 @@ def test_matmul_follows_numpy_for_ranks_1_to_4(
     before = waits(driver)
     got = npu.tensor(a, dtype=PUBLIC[dt]) @ npu.tensor(b, dtype=PUBLIC[dt])
     assert waits(driver) == before  # submitted, not waited for
+    flush()
     assert driver.submitted_tensor[-1].opcode == _abi.NPU_OP_MATMUL
     want = np.matmul(host(dt, a), host(dt, b))
     close(got, want, dt, sa[-1])
@@ -156,9 +157,12 @@ def test_matmul_follows_numpy_for_ranks_1_to_4(
 def test_matmul_reads_transposed_views_in_place(driver: CpuBackend) -> None:
     a, b = rand((6, 4), 3), rand((5, 4), 4)
     ta, tb = npu.tensor(a), npu.tensor(b)
+    flush()
     n = len(driver.submitted_tensor)
     c = npu.matmul(ta, tb.T)
+    flush()
     assert len(driver.submitted_tensor) == n + 1  # no CONVERT of the view
+    flush()
     op = driver.submitted_tensor[-1]
     assert list(op.t[1].strides[:2]) == [1, 4]
     close(c, a.astype(np.float64) @ b.T, D.FP32, 4)
@@ -232,11 +236,14 @@ def test_linear_is_torch_linear_plus_activation(
     x, w, b = rand((2, 3, 6), 1), rand((5, 6), 2), rand((5,), 3)
     tx, tw = npu.tensor(x, dtype=PUBLIC[dt]), npu.tensor(w, dtype=PUBLIC[dt])
     tb = npu.tensor(b, dtype=PUBLIC[dt]) if with_bias else None
+    flush()
     n = len(driver.submitted_tensor)
     before = waits(driver)
     got = npu.linear(tx, tw, tb, activation=act)
     assert waits(driver) == before
+    flush()
     assert len(driver.submitted_tensor) == n + 1  # one fused op, weight.T not copied
+    flush()
     op = driver.submitted_tensor[-1]
     assert op.opcode == (_abi.NPU_OP_LINEAR if with_bias else _abi.NPU_OP_MATMUL)
     assert op.kind == {None: 0, "relu": 1, "gelu": 2}[act]

@@ -16,7 +16,7 @@ import pytest
 import npu
 from npu import _abi, ops
 from npu.hal import CpuBackend
-from test_tensor import FakeBuf, _as_params, _c_check
+from test_tensor import FakeBuf, _as_params, _c_check, flush
 
 D = npu.DType
 A = npu.ActKind
@@ -199,8 +199,10 @@ def test_quantized_linear_and_a_requant_in_one_submit(driver: CpuBackend) -> Non
     x, w = i8(rng, 3, 16), i8(rng, 10, 16)
     bias = rng.integers(-500, 500, 10).astype(np.int32)
     scales = (rng.random(10) * 0.01 + 0.001).astype(np.float32)
+    flush()
     before = len(driver.submits)
     got = npu.quantized_linear(x, w, bias, scales, input_zero_point=4, output_zero_point=-2)
+    flush()
     assert len(driver.submits) == before + 1 and driver.submits[-1][1] == 2  # LINEAR + REQUANT
     acc = wrap32((x.astype(np.int64) - 4) @ w.T.astype(np.int64) + bias)
     np.testing.assert_array_equal(got.numpy(), requant_ref(acc, scales, -2, False))

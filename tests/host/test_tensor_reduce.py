@@ -18,7 +18,7 @@ import pytest
 import npu
 from npu import _abi, ops
 from npu.hal import CpuBackend
-from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, waits
+from test_tensor import PUBLIC, FakeBuf, _as_params, _c_check, flush, waits
 
 D = npu.DType
 ALL = [D.FP32, D.FP16, D.BF16, D.INT8, D.INT32]
@@ -315,6 +315,7 @@ def test_layer_norm_accepts_an_int_shape_and_tensors_of_other_dtypes(driver: Cpu
     w = npu.tensor(np.linspace(0.5, 1.5, 6, dtype=np.float32))  # fp32: converted to fp16
     y = npu.layer_norm(x, 6, w)
     assert y.dtype == np.float16
+    flush()
     lo = driver.submitted_tensor[-1]
     assert lo.opcode == _abi.NPU_OP_LAYERNORM and lo.t[1].ndim == 2
     assert list(lo.t[1].shape[:2]) == [1, 6]

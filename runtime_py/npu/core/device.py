@@ -42,6 +42,7 @@ from ..errors import (
 )
 from ..hal import Backend, CpuBackend, DriverBackend, WaitFailed
 from ..kernels.ops import AnyOp, Op, TensorOp
+from ..kernels.template import BoundOp
 from .buffer import Buffer, UserBuffer
 from .userqueue import UserQueue
 
@@ -95,6 +96,20 @@ class Timeline(Protocol):
 
     def wait(self, fence: int, timeout_s: float | None = ...) -> None:
         """Wait for ``fence``; device errors raise."""
+        ...
+
+
+class Deferred(Protocol):
+    """Work held back from the driver's queue 0 (the default stream's batch of
+    eager ops, ``npu.core.eager.EagerQueue``): flushed before any other SUBMIT
+    so that queue 0 keeps program order, and at :meth:`Device.close`."""
+
+    def flush(self) -> None:
+        """Submit what is held back."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then stop holding work back."""
         ...
 
 
@@ -298,6 +313,8 @@ class Device(Closing):
         # default stream), by factory; guarded by _attach_lock, dropped at close.
         self._attachments: dict[Callable[[Device], object], object] = {}
         self._attach_lock = threading.RLock()
+        # What holds eager ops back from queue 0, if anything (set once).
+        self._deferred: Deferred | None = None
         log.debug("opened %s (%s backend)", self.path, backend.kind)
 
     # -- lifetime -----------------------------------------------------------
@@ -335,6 +352,12 @@ class Device(Closing):
         """Close its user queues, free its buffers and close the file. Idempotent."""
         if self.closed:
             return
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            try:
+                deferred.close()
+            except NpuError as exc:
+                log.warning("flushing eager ops while closing %s failed: %s", self.path, exc)
         with self._attach_lock:
             self._attachments.clear()
         for queue in list(self._queues):
@@ -401,6 +424,21 @@ class Device(Closing):
                 found = factory(self)
                 self._attachments[factory] = found
         return cast("_T", found)
+
+    def defer_to(self, deferred: Deferred) -> None:
+        """Let ``deferred`` hold work back from queue 0 (see :class:`Deferred`).
+
+        Raises:
+            RuntimeError: another object does already.
+        """
+        if self._deferred is not None and self._deferred is not deferred:
+            raise RuntimeError("defer_to: the device already defers to another object")
+        self._deferred = deferred
+
+    def flush_deferred(self) -> None:
+        """Submit the work held back from queue 0 (see :class:`Deferred`), if any."""
+        if self._deferred is not None:
+            self._deferred.flush()
 
     def note_timeline(self, timeline: Timeline, fence: int) -> None:
         """``fence`` is the last one launched on ``timeline`` (called by npu.Stream)."""
@@ -536,6 +574,8 @@ class Device(Closing):
                 f"submit: {len(batch)} ops, at most {_abi.NPU_SUBMIT_MAX_OPS} per submission"
             )
         queue = _check_u(f"SUBMIT queue={queue}", queue, _abi.U32_MAX)
+        if self._deferred is not None:
+            self._deferred.flush()  # queue 0 in program order
         for op in batch:
             if not isinstance(op, Op | TensorOp):
                 raise TypeError(f"submit: {op!r} is not an npu.ops.Op or npu.ops.TensorOp")
@@ -612,10 +652,35 @@ class Device(Closing):
         for run in packed:
             for buf in run.buffers:
                 buf.handle  # noqa: B018 - raises NpuError(EBADF) if freed
+        if self._deferred is not None:
+            self._deferred.flush()  # queue 0 in program order
         fence = 0
         for run in packed:
             fence = self._submit_one_kind(run.ops, queue, run.tensor, run.raw)
         return fence
+
+    def submit_records(
+        self, data: bytes | ctypes.Array[Any], count: int, tensor: bool, ops: Sequence[object]
+    ) -> int:
+        """SUBMIT ``count`` packed descriptors to queue 0 as they are (no flush of
+        deferred work: the deferring object calls this); the last fence.
+
+        ``data`` holds ``struct npu_tensor_op`` records (``tensor``) or
+        ``struct npu_op`` ones, made from checked ops (a
+        :class:`npu.kernels.template.Template`); ``ops`` name them in errors
+        (an op, or a :class:`npu.kernels.template.BoundOp`).
+
+        Raises:
+            ValueError: ``count`` is not in 1..NPU_SUBMIT_MAX_OPS or ``data``
+                is not ``count`` records.
+            NpuError: the driver refused the submission.
+        """
+        struct: type[ctypes.Structure] = _abi.NpuTensorOp if tensor else _abi.NpuOp
+        size = ctypes.sizeof(data) if isinstance(data, ctypes.Array) else len(data)
+        if not 1 <= count <= _abi.NPU_SUBMIT_MAX_OPS or size != count * ctypes.sizeof(struct):
+            raise ValueError(f"submit_records: {size} bytes are not {count} records")
+        raw = data if isinstance(data, ctypes.Array) else (struct * count).from_buffer_copy(data)
+        return self._submit_one_kind(tuple(ops), 0, tensor, raw)  # type: ignore[arg-type]
 
     def _submit_one_kind(
         self,
@@ -882,7 +947,8 @@ class Device(Closing):
         with self._lock:
             for sub in self._inflight.get(queue, ()):
                 if sub.first_fence <= fence <= sub.last_fence:
-                    return sub.ops[fence - sub.first_fence]
+                    found: object = sub.ops[fence - sub.first_fence]
+                    return found.op() if isinstance(found, BoundOp) else cast("AnyOp", found)
         return None
 
 

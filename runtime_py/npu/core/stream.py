@@ -43,7 +43,6 @@ import collections
 import ctypes
 import errno
 import logging
-import struct
 import threading
 import weakref
 from collections import deque
@@ -56,6 +55,7 @@ import numpy as np
 from .. import _abi
 from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
 from ..kernels import ops
+from ..kernels.template import PARAMS_SIZE, BoundOp, Template, pack_tensor_params
 from ..kernels.validate import check_tensor_op
 from .buffer import Buffer
 from .device import DEFAULT_TIMEOUT_S, Device, DeviceArg, Timeline, resolve_device
@@ -78,13 +78,7 @@ log = logging.getLogger(__name__)
 
 #: Ring entries of a stream's queue unless asked otherwise.
 DEFAULT_ENTRIES: Final = 256
-_PARAMS_SIZE: Final = ctypes.sizeof(_abi.NpuTensorParams)  # 256
-_RANK: Final = _abi.NPU_MAX_RANK
-_OPERAND_FMT: Final = "QII" + f"{_RANK}I" * 2
-_PARAMS: Final = struct.Struct(
-    "<" + _OPERAND_FMT * _abi.NPU_TENSOR_OPERANDS + f"{_abi.NPU_TENSOR_PARAMS}I"
-)
-_EMPTY_OPERAND: Final = (0,) * (3 + 2 * _RANK)
+_PARAMS_SIZE: Final = PARAMS_SIZE  # 256
 _OP_NOP: Final = int(_abi.Opcode.NOP)
 _OP_COPY: Final = int(_abi.Opcode.COPY)
 _OP_FILL: Final = int(_abi.Opcode.FILL)
@@ -98,32 +92,6 @@ _SLOT_BYTES: Final = 8
 # u64 words of a descriptor and of a parameter block.
 _CMD_WORDS: Final = ctypes.sizeof(_abi.NpuCmd) // 8
 _PARAMS_WORDS: Final = _PARAMS_SIZE // 8
-
-
-def pack_tensor_params(op: ops.TensorOp, vas: Sequence[int]) -> bytes:
-    """The 256-byte ``struct npu_tensor_params`` of ``op`` with operand ``i`` at ``vas[i]``.
-
-    ``vas`` are the device virtual addresses of element ``[0, ..., 0]`` of
-    each operand (buffer VA + the operand's byte offset). Unused operands and
-    params are zero, as the device requires.
-
-    Raises:
-        ValueError: ``len(vas)`` differs from the number of operands, or an
-            address is not a u64.
-    """
-    if len(vas) != len(op.operands):
-        raise ValueError(f"{op.opcode.name}: {len(op.operands)} operands, {len(vas)} addresses")
-    values: list[int] = []
-    for ref, va in zip(op.operands, vas, strict=True):
-        if not 0 <= va <= _abi.U64_MAX:
-            raise ValueError(f"{op.opcode.name}: operand address {va:#x} is not a u64")
-        pad = (0,) * (_RANK - ref.ndim)
-        values += (va, int(ref.dtype), ref.ndim, *ref.shape, *pad, *ref.strides, *pad)
-    for _ in range(len(op.operands), _abi.NPU_TENSOR_OPERANDS):
-        values += _EMPTY_OPERAND
-    values += op.params
-    values += (0,) * (_abi.NPU_TENSOR_PARAMS - len(op.params))
-    return _PARAMS.pack(*values)
 
 
 # ---------------------------------------------------------------------------
@@ -735,6 +703,37 @@ class Stream:
             self.device.note_timeline(self._key, fence)
             return first, fence
 
+    def run_template(
+        self,
+        bound: BoundOp,
+        template: Template,
+        vas: Sequence[int],
+        bufs: tuple[Buffer, ...],
+        after: Sequence[tuple[Stream, int]],
+    ) -> int:
+        """Launch one tensor op of a checked signature (the tensor layer's fast
+        path, :class:`npu.kernels.template.Template`) with its operands at the
+        device addresses ``vas``, after the fences ``after`` of other streams;
+        return its fence. ``bufs`` are kept alive until its slot is reused;
+        ``bound`` names it in errors."""
+        waits = self._signals_for(after) if after else ()
+        with self._lock:
+            q = self._live("launch")
+            if waits:
+                self._push_waits(q, waits)
+            view = self._arena_view
+            if view is None:
+                view = self._make_arena()
+            ring_off = q.claim(self._timeout_s)
+            slot = q.tail & self._mask
+            off = slot * _PARAMS_SIZE
+            view[off : off + _PARAMS_SIZE] = template.block(vas)
+            fence = q.put(ring_off, template.opcode, self._arena_va + off, template.kind, 0)
+            self._ops[slot] = (fence, bound, bufs)
+            q.kick()
+            self.device.note_timeline(self._key, fence)
+            return fence
+
     def _signals_for(self, after: Sequence[tuple[Stream, int]]) -> list[tuple[Stream, int]]:
         """For each (stream, fence): the counter value its stream stores once the
         fence is done (a SIGNAL pushed there if needed); done fences drop out.
@@ -874,7 +873,8 @@ class Stream:
     def _op_of(self, fence: int) -> object | None:
         entry = self._ops[(fence - 1) & self._mask]
         if entry is not None and entry[0] == fence:
-            return entry[1]
+            found = entry[1]
+            return found.op() if isinstance(found, BoundOp) else found
         for first, last, op_list in self._replays:
             if first <= fence <= last:
                 return op_list[fence - first]
@@ -1228,6 +1228,7 @@ class Event:
         else:
             if self.device.capturing is not None:
                 raise RuntimeError("Event.record: not while a graph is capturing")
+            self.device.flush_deferred()  # the eager ops so far are before the marker
             self._fence = self.device.submitted_fences().get(_QUEUE, 0)
 
     def query(self) -> bool:

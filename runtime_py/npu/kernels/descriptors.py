@@ -17,7 +17,7 @@ from typing import Protocol, SupportsIndex
 
 from .. import _abi
 
-__all__ = ["BufferLike", "TensorOp", "TensorRef", "check_range"]
+__all__ = ["REF_SIZE", "BufferLike", "TensorOp", "TensorRef", "check_range"]
 
 # The C layouts of struct npu_tensor_ref and struct npu_tensor_op, packed by
 # the struct module (one C call per operand, no ctypes field setting).
@@ -25,6 +25,8 @@ _REF = struct.Struct(f"<IIQII{_abi.NPU_MAX_RANK}I{_abi.NPU_MAX_RANK}IQ")
 _OP_HEAD = struct.Struct("<HHI")
 _OP_TAIL = struct.Struct(f"<{_abi.TENSOR_OP_PARAMS}IQ")
 _NO_REF = bytes(_REF.size)
+#: Bytes of one ``struct npu_tensor_ref``.
+REF_SIZE = _REF.size
 assert _REF.size == ctypes.sizeof(_abi.NpuTensorRef)
 assert _OP_HEAD.size + _abi.NPU_TENSOR_OPERANDS * _REF.size + _OP_TAIL.size == ctypes.sizeof(
     _abi.NpuTensorOp

@@ -68,6 +68,7 @@ import logging
 import math
 import operator
 import os
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, SupportsIndex, TypeAlias, TypeVar, cast
 
@@ -85,6 +86,7 @@ from ..core.device import (
     default_device,
     resolve_device,
 )
+from ..core.eager import EagerQueue, eager_queue
 from ..core.stream import Stream, StreamKey, current_user_stream, failures
 from ..dtypes import (
     FROM_NUMPY,
@@ -104,6 +106,7 @@ from ..dtypes import (
 )
 from ..errors import NpuDeviceError, NpuError
 from ..kernels import ops
+from ..kernels.template import BoundOp, Template
 
 # BFloat16Type, bfloat16, DTypeArg and TensorDType are re-exported from
 # npu.dtypes (they were defined here; pickles of npu.bfloat16 name npu.tensor).
@@ -373,6 +376,8 @@ class Tensor:
         """
         if self._device.capturing is not None:
             raise RuntimeError("cannot wait for a tensor while a graph is capturing")
+        if _aliased_writes and self._buffer is not None:
+            _wait_aliased_writes(self, timeout_s)
         if self._fence is None:
             return
         lo = self._since if self._since is not None else self._fence
@@ -915,7 +920,7 @@ def _wait_fences(
                 raise failure
         try:
             if stream is None:
-                device.wait(hi, timeout_s=timeout_s)
+                eager_queue(device).wait(hi, timeout_s)
             else:
                 stream.wait_fence(hi, timeout_s)
         except NpuDeviceError as exc:
@@ -931,7 +936,8 @@ def _wait_recording_failures(device: Device, queue: int | Timeline, fence: int) 
     """Wait for ``fence`` of a timeline (a driver queue or a stream); a device
     error met on the way is kept for the tensors it concerns."""
     history = failures(device)
-    key = None if isinstance(queue, int) else queue
+    # The default stream's ops (the eager queue's) and raw ones of queue 0: None.
+    key = None if isinstance(queue, int | EagerQueue) else queue
     while True:
         try:
             if isinstance(queue, int):
@@ -989,8 +995,14 @@ def launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     stream = current_user_stream(device)
     after, deps, since = dependencies(stream, inputs, out)
     if stream is None:
-        fence = device.submit(batch)
-        first = fence - len(batch) + 1
+        eager = eager_queue(device)
+        first = 0
+        for op in batch:
+            if isinstance(op, ops.TensorOp):
+                fence = eager.launch(op.to_bytes(), True, op)
+            else:
+                fence = eager.launch(bytes(op.pack()), False, op)
+            first = first or fence
     else:
         first, fence = stream.run_ops(batch, after)
     note_reads(inputs, stream, fence)
@@ -998,6 +1010,72 @@ def launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     note_write(out, stream, first, fence, merge_deps(deps) if deps else ())
     if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
+    return out
+
+
+class Plan:
+    """An eager op's signature, checked once: its result's dtype and shape, and
+    the :class:`npu.kernels.template.Template` of its descriptor.
+
+    The op modules make one from the first op of a signature (built and
+    checked the slow way) and keep it by the signature of its inputs
+    (:func:`signature`); :func:`run_plan` then launches the op again with
+    only the operands' addresses patched.
+    """
+
+    __slots__ = ("dtype", "shape", "template")
+
+    def __init__(self, op: ops.TensorOp, dtype: DType, shape: tuple[int, ...]) -> None:
+        self.template = Template(op)
+        self.dtype = dtype
+        self.shape = shape
+
+
+def signature(t: Tensor) -> tuple[object, ...] | None:
+    """What an op's plan depends on of input ``t``: its device, dtype, shape and
+    strides; None if ``t`` cannot take the fast path (empty, no buffer)."""
+    if t._buffer is None:
+        return None
+    return (t._device, t._dtype, t._shape, t._strides)
+
+
+def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
+    """Launch ``plan``'s op on ``inputs`` (of the plan's signature) into a new
+    tensor; None when the slow path must (a graph captures).
+
+    Each operand's buffer must still be live and its extent fit the buffer
+    (checked here per call); the rest was checked when the plan was made.
+    """
+    device = inputs[0]._device
+    if device.capturing is not None:
+        return None
+    template = plan.template
+    out = alloc(device, plan.dtype, plan.shape)
+    stream = current_user_stream(device)
+    after, deps, since = dependencies(stream, inputs)
+    tensors = (*inputs, out)
+    bufs = buffers_of(*tensors)
+    handles = []
+    offsets = []
+    for t, buf, extent in zip(tensors, bufs, template.extents, strict=True):
+        offset = t._offset * t._dtype.itemsize
+        if offset + extent > buf.size:
+            raise ValueError(f"{template.opcode.name}: operand {t!r} does not fit {buf!r}")
+        handles.append(buf.handle)  # raises NpuError(EBADF) if freed
+        offsets.append(offset)
+    bound = BoundOp(template, tuple(handles), tuple(offsets))
+    if stream is None:
+        fence = eager_queue(device).launch(template.record(handles, offsets), True, bound)
+    else:
+        vas = [buf.va + off for buf, off in zip(bufs, offsets, strict=True)]
+        fence = stream.run_template(bound, template, vas, bufs, after)
+    note_reads(inputs, stream, fence)
+    note_write(
+        out, stream, fence if since is None else builtins.min(since, fence), fence,
+        merge_deps(deps) if deps else (),
+    )  # fmt: skip
+    if _launch_blocking:
+        out.wait()
     return out
 
 
@@ -1018,6 +1096,14 @@ def dependencies(
     deps: list[_Dep] = []
     since: int | None = None
     for t in inputs:
+        if _aliased_writes and t._buffer is not None:
+            for src, _lo, hi in _aliased_writes.get(t._buffer, ()):
+                if src is stream:
+                    continue  # in order on this timeline
+                if src is None or stream is None:
+                    _wait_aliased_writes(t, DEFAULT_TIMEOUT_S)
+                    break
+                after.append((src, hi))
         if t._fence is None:
             continue
         src = t._stream
@@ -1073,9 +1159,10 @@ def order_write(out: Tensor, stream: Stream | None, after: list[tuple[Stream, in
     for key, fence in readers.items():
         if key is own:
             continue
-        if key is None:  # read on the driver's queue 0
-            if not device.completed(0, fence):
-                _wait_recording_failures(device, 0, fence)
+        if key is None:  # read on the default stream
+            eager = eager_queue(device)
+            if not eager.completed(fence):
+                _wait_recording_failures(device, eager, fence)
             continue
         reader = key.stream
         if reader is None or key.completed(fence):
@@ -1253,6 +1340,32 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple
     return shape
 
 
+# Writes into memory that other tensors may view (copy_ into a view, in-place
+# operators, __setitem__), by buffer: the (stream, first, last fence) of each
+# not waited for yet. A view's write does not change the fence of the other
+# tensors of its memory, so their waits and readers on other timelines look
+# here. Usually empty: fresh results are not entered.
+_aliased_writes: weakref.WeakKeyDictionary[Buffer, list[tuple[Stream | None, int, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _note_aliased_write(dst: Tensor) -> None:
+    if dst._buffer is None or dst._fence is None:
+        return
+    since = dst._since if dst._since is not None else dst._fence
+    _aliased_writes.setdefault(dst._buffer, []).append((dst._stream, since, dst._fence))
+
+
+def _wait_aliased_writes(t: Tensor, timeout_s: float | None) -> None:
+    """Wait for the writes into ``t``'s buffer through views (then forget them)."""
+    assert t._buffer is not None
+    writes = _aliased_writes.pop(t._buffer, None)
+    if writes:
+        for stream, lo, hi in writes:
+            _wait_fences(t._device, stream, lo, hi, timeout_s, t)
+
+
 def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
     """Queue the copy of ``src`` (broadcast to ``dst``'s shape) into ``dst``."""
     if src._device is not dst._device:
@@ -1292,7 +1405,9 @@ def _device_copy(src: Tensor, dst: Tensor) -> Tensor:
             tuple(0 if d == 1 else st for d, st in zip(ref.shape, ref.strides, strict=True)),
         )
         op = ops.convert(wide, dst.tensor_ref(), buffers_of(src, dst))
-    return launch([op], dst, src)
+    launch([op], dst, src)
+    _note_aliased_write(dst)
+    return dst
 
 
 def as_tensor(x: Any, what: str, device: Device | None = None) -> Tensor:
