@@ -467,6 +467,13 @@ enum npu_eltwise_kind {
 	NPU_ELTWISE_DIV		= 3,	/* float dtypes only */
 	NPU_ELTWISE_MAX		= 4,
 	NPU_ELTWISE_MIN		= 5,
+	/* Comparisons: out is NPU_DTYPE_BOOL, 1 where the relation holds, else 0 */
+	NPU_ELTWISE_EQ		= 6,
+	NPU_ELTWISE_NE		= 7,	/* NaN != x holds, as in IEEE 754 */
+	NPU_ELTWISE_LT		= 8,
+	NPU_ELTWISE_LE		= 9,
+	NPU_ELTWISE_GT		= 10,
+	NPU_ELTWISE_GE		= 11,
 	NPU_ELTWISE_COUNT,
 };
 
@@ -493,13 +500,18 @@ enum npu_unary_kind {
 #define NPU_GEMM_TRANS_B	(1u << 1)
 #define NPU_GEMM_F_MASK		(NPU_GEMM_TRANS_A | NPU_GEMM_TRANS_B)
 
-/* Element types. GEMM takes FP32 only; tensor ops take all of them. */
+/*
+ * Element types. GEMM takes FP32 only; tensor ops take all of them but
+ * BOOL, which only the ELTWISE comparisons (any operand) and CONVERT (either
+ * side: nonzero is 1, and 1 converts to 1) take.
+ */
 enum npu_dtype {
 	NPU_DTYPE_FP32	= 0,
 	NPU_DTYPE_FP16	= 1,	/* IEEE 754 binary16 */
 	NPU_DTYPE_BF16	= 2,	/* bfloat16: the top half of an fp32 */
 	NPU_DTYPE_INT8	= 3,
 	NPU_DTYPE_INT32	= 4,
+	NPU_DTYPE_BOOL	= 5,	/* one byte, 0 or 1 */
 	NPU_DTYPE_COUNT,
 };
 

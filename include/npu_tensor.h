@@ -24,10 +24,17 @@ static inline __u32 npu_dtype_size(__u32 dtype)
 	case NPU_DTYPE_BF16:
 		return 2;
 	case NPU_DTYPE_INT8:
+	case NPU_DTYPE_BOOL:
 		return 1;
 	default:
 		return 0;
 	}
+}
+
+/* Does ELTWISE @kind compare (out BOOL) rather than compute? */
+static inline int npu_eltwise_is_compare(__u32 kind)
+{
+	return kind >= NPU_ELTWISE_EQ && kind < NPU_ELTWISE_COUNT;
 }
 
 static inline int npu_dtype_is_float(__u32 dtype)
@@ -377,11 +384,18 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 	out = &p->t[n - 1];
 	if (!npu_tensor_is_contiguous(out))
 		return NPU_ST_BAD_ARGS;
+	/* BOOL: a comparison's operands and output, and CONVERT's, only. */
+	if (opcode != NPU_OP_CONVERT &&
+	    !(opcode == NPU_OP_ELTWISE && npu_eltwise_is_compare(kind)))
+		for (i = 0; i < n; i++)
+			if (p->t[i].dtype == NPU_DTYPE_BOOL)
+				return NPU_ST_BAD_ARGS;
 
 	switch (opcode) {
 	case NPU_OP_ELTWISE:
-		if (kind >= NPU_ELTWISE_COUNT ||
-		    p->t[0].dtype != out->dtype || p->t[1].dtype != out->dtype ||
+		if (kind >= NPU_ELTWISE_COUNT || p->t[0].dtype != p->t[1].dtype ||
+		    out->dtype != (npu_eltwise_is_compare(kind) ? (__u32)NPU_DTYPE_BOOL :
+								    p->t[0].dtype) ||
 		    !npu_tensor_broadcasts_to(&p->t[0], out) ||
 		    !npu_tensor_broadcasts_to(&p->t[1], out) ||
 		    (kind == NPU_ELTWISE_DIV && !npu_dtype_is_float(out->dtype)))

@@ -131,6 +131,11 @@ const float *npu_load_f32(const uint8_t *src, uint64_t stride,
             tmp[i] = (int8_t)src[i * stride];
         }
         break;
+    case NPU_DTYPE_BOOL:            /* any nonzero byte is true */
+        for (i = 0; i < n; i++) {
+            tmp[i] = src[i * stride] != 0;
+        }
+        break;
     default: /* NPU_DTYPE_BF16 */
         for (i = 0; i < n; i++) {
             tmp[i] = npu_bf16_to_f32(lduw_le_p(src + i * stride * 2));
@@ -149,6 +154,12 @@ const int32_t *npu_load_i32(const uint8_t *src, uint64_t stride,
     if (dtype == NPU_DTYPE_INT8) {
         for (i = 0; i < n; i++) {
             tmp[i] = (int8_t)src[i * stride];
+        }
+        return tmp;
+    }
+    if (dtype == NPU_DTYPE_BOOL) {
+        for (i = 0; i < n; i++) {
+            tmp[i] = src[i * stride] != 0;
         }
         return tmp;
     }
@@ -203,6 +214,11 @@ void npu_store_f32(uint8_t *dst, uint32_t dtype, const float *v,
             dst[i] = (uint8_t)npu_f32_to_i8(v[i]);
         }
         break;
+    case NPU_DTYPE_BOOL:            /* NaN is nonzero: true */
+        for (i = 0; i < n; i++) {
+            dst[i] = v[i] != 0.0f;
+        }
+        break;
     default: /* NPU_DTYPE_INT32 */
         for (i = 0; i < n; i++) {
             stl_le_p(dst + i * 4, npu_f32_to_i32(v[i]));
@@ -237,6 +253,11 @@ void npu_store_i32(uint8_t *dst, uint32_t dtype, const int32_t *v,
     case NPU_DTYPE_INT8:
         for (i = 0; i < n; i++) {
             dst[i] = (uint8_t)v[i];
+        }
+        break;
+    case NPU_DTYPE_BOOL:
+        for (i = 0; i < n; i++) {
+            dst[i] = v[i] != 0;
         }
         break;
     default: /* NPU_DTYPE_INT32 */

@@ -200,6 +200,49 @@ static inline float npu_divf(float a, float b)
     return a / b;
 }
 
+/* Comparisons as in C (and IEEE 754: only != holds with a NaN). */
+#define NPU_COMPARE(kind, o, a, b, n, one, zero) do {                  \
+        size_t i_;                                                      \
+                                                                        \
+        for (i_ = 0; i_ < (n); i_++) {                                  \
+            bool r_;                                                    \
+                                                                        \
+            switch (kind) {                                             \
+            case NPU_ELTWISE_EQ:                                        \
+                r_ = (a)[i_] == (b)[i_];                                \
+                break;                                                  \
+            case NPU_ELTWISE_NE:                                        \
+                r_ = (a)[i_] != (b)[i_];                                \
+                break;                                                  \
+            case NPU_ELTWISE_LT:                                        \
+                r_ = (a)[i_] < (b)[i_];                                 \
+                break;                                                  \
+            case NPU_ELTWISE_LE:                                        \
+                r_ = (a)[i_] <= (b)[i_];                                \
+                break;                                                  \
+            case NPU_ELTWISE_GT:                                        \
+                r_ = (a)[i_] > (b)[i_];                                 \
+                break;                                                  \
+            default: /* NPU_ELTWISE_GE */                               \
+                r_ = (a)[i_] >= (b)[i_];                                \
+                break;                                                  \
+            }                                                           \
+            (o)[i_] = r_ ? (one) : (zero);                              \
+        }                                                               \
+    } while (0)
+
+static void npu_compare_f32(uint32_t kind, float *o, const float *a,
+                            const float *b, size_t n)
+{
+    NPU_COMPARE(kind, o, a, b, n, 1.0f, 0.0f);
+}
+
+static void npu_compare_i32(uint32_t kind, int32_t *o, const int32_t *a,
+                            const int32_t *b, size_t n)
+{
+    NPU_COMPARE(kind, o, a, b, n, 1, 0);
+}
+
 /* o[i] = a[i] <op> b[i]: vector body, scalar tail. */
 #define NPU_F32_BINARY(vop, sop) do {                                   \
         for (i = 0; i + NPU_V4 <= n; i += NPU_V4) {                     \
@@ -231,8 +274,11 @@ static void npu_eltwise_f32(uint32_t kind, float *o, const float *a,
     case NPU_ELTWISE_MAX:
         NPU_F32_BINARY(npu_v4f_max, npu_maxf);
         break;
-    default: /* NPU_ELTWISE_MIN */
+    case NPU_ELTWISE_MIN:
         NPU_F32_BINARY(npu_v4f_min, npu_minf);
+        break;
+    default: /* comparisons: 1 or 0, stored as BOOL */
+        npu_compare_f32(kind, o, a, b, n);
         break;
     }
 }
@@ -269,8 +315,11 @@ static void npu_eltwise_i32(uint32_t kind, int32_t *o, const int32_t *a,
             o[i] = a[i] < b[i] ? a[i] : b[i];
         }
         break;
-    default: /* DIV: rejected by npu_tensor_op_check() */
+    case NPU_ELTWISE_DIV: /* rejected by npu_tensor_op_check() */
         memset(o, 0, n * sizeof(*o));
+        break;
+    default: /* comparisons: 1 or 0, stored as BOOL */
+        npu_compare_i32(kind, o, a, b, n);
         break;
     }
 }

@@ -81,13 +81,19 @@ from .tensors.elementwise import (
     abs,
     add,
     divide,
+    equal,
     exp,
     gelu,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
     log,
     maximum,
     minimum,
     multiply,
     negative,
+    not_equal,
     power,
     relu,
     sigmoid,
@@ -111,6 +117,9 @@ float32: Final = np.dtype(np.float32)
 float16: Final = np.dtype(np.float16)
 int8: Final = np.dtype(np.int8)
 int32: Final = np.dtype(np.int32)
+bool_: Final = np.dtype(np.bool_)
+#: ``npu.bool``, as ``torch.bool`` (``npu.bool_`` is the numpy spelling).
+bool = bool_
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -152,6 +161,8 @@ __all__ = [
     "avg_pool2d",
     "bf16_to_float32",
     "bfloat16",
+    "bool",
+    "bool_",
     "close_default_device",
     "conv2d",
     "copy_array",
@@ -161,6 +172,7 @@ __all__ = [
     "devices",
     "divide",
     "empty_cache",
+    "equal",
     "exp",
     "fill",
     "float16",
@@ -169,9 +181,13 @@ __all__ = [
     "from_numpy",
     "gelu",
     "global_avg_pool2d",
+    "greater",
+    "greater_equal",
     "int8",
     "int32",
     "layer_norm",
+    "less",
+    "less_equal",
     "linear",
     "log",
     "log_softmax",
@@ -187,6 +203,7 @@ __all__ = [
     "minimum",
     "multiply",
     "negative",
+    "not_equal",
     "open_device",
     "ops",
     "permute",

@@ -124,7 +124,13 @@ NPU_ELTWISE_MUL: Final = 2
 NPU_ELTWISE_DIV: Final = 3
 NPU_ELTWISE_MAX: Final = 4
 NPU_ELTWISE_MIN: Final = 5
-NPU_ELTWISE_COUNT: Final = 6
+NPU_ELTWISE_EQ: Final = 6
+NPU_ELTWISE_NE: Final = 7
+NPU_ELTWISE_LT: Final = 8
+NPU_ELTWISE_LE: Final = 9
+NPU_ELTWISE_GT: Final = 10
+NPU_ELTWISE_GE: Final = 11
+NPU_ELTWISE_COUNT: Final = 12
 
 NPU_UNARY_RELU: Final = 0
 NPU_UNARY_GELU: Final = 1
@@ -149,7 +155,8 @@ NPU_DTYPE_FP16: Final = 1
 NPU_DTYPE_BF16: Final = 2
 NPU_DTYPE_INT8: Final = 3
 NPU_DTYPE_INT32: Final = 4
-NPU_DTYPE_COUNT: Final = 5
+NPU_DTYPE_BOOL: Final = 5
+NPU_DTYPE_COUNT: Final = 6
 
 NPU_MAX_RANK: Final = 4
 NPU_TENSOR_OPERANDS: Final = 4
@@ -244,6 +251,17 @@ class EltwiseKind(enum.IntEnum):
     DIV = NPU_ELTWISE_DIV
     MAX = NPU_ELTWISE_MAX
     MIN = NPU_ELTWISE_MIN
+    EQ = NPU_ELTWISE_EQ
+    NE = NPU_ELTWISE_NE
+    LT = NPU_ELTWISE_LT
+    LE = NPU_ELTWISE_LE
+    GT = NPU_ELTWISE_GT
+    GE = NPU_ELTWISE_GE
+
+    @property
+    def is_compare(self) -> bool:
+        """True for EQ..GE: the output is BOOL (``npu_eltwise_is_compare``)."""
+        return self >= EltwiseKind.EQ
 
 
 class UnaryKind(enum.IntEnum):
@@ -359,6 +377,7 @@ class DType(enum.IntEnum):
     BF16 = NPU_DTYPE_BF16
     INT8 = NPU_DTYPE_INT8
     INT32 = NPU_DTYPE_INT32
+    BOOL = NPU_DTYPE_BOOL
 
     @property
     def itemsize(self) -> int:
@@ -371,7 +390,14 @@ class DType(enum.IntEnum):
         return self in (DType.FP32, DType.FP16, DType.BF16)
 
 
-_DTYPE_SIZES: Final = {DType.FP32: 4, DType.FP16: 2, DType.BF16: 2, DType.INT8: 1, DType.INT32: 4}
+_DTYPE_SIZES: Final = {
+    DType.FP32: 4,
+    DType.FP16: 2,
+    DType.BF16: 2,
+    DType.INT8: 1,
+    DType.INT32: 4,
+    DType.BOOL: 1,
+}
 
 
 def status_name(status: int) -> str:

@@ -76,6 +76,7 @@ NUMPY: Final[dict[DType, np.dtype[Any]]] = {
     DType.FP16: np.dtype(np.float16),
     DType.INT8: np.dtype(np.int8),
     DType.INT32: np.dtype(np.int32),
+    DType.BOOL: np.dtype(np.bool_),
 }
 FROM_NUMPY: Final[dict[np.dtype[Any], DType]] = {v: k for k, v in NUMPY.items()}
 INT_RANGE: Final = {
@@ -100,7 +101,8 @@ def dtype_of(arg: DTypeArg) -> DType:
         return FROM_NUMPY[dt]
     except KeyError:
         raise TypeError(
-            f"unsupported tensor dtype {dt}: use float32, float16, npu.bfloat16, int8 or int32"
+            f"unsupported tensor dtype {dt}: use float32, float16, npu.bfloat16, int8, int32 "
+            "or bool"
         ) from None
 
 
@@ -115,6 +117,8 @@ def storage_dtype(dtype: DType) -> np.dtype[Any]:
 def promote(a: DType, b: DType) -> DType:
     if a is b:
         return a
+    if a is DType.BOOL or b is DType.BOOL:  # numpy: bool with any x -> x
+        return b if a is DType.BOOL else a
     if a.is_float and b.is_float:
         return DType.FP32  # fp16/bf16 mixes and anything with fp32
     if not a.is_float and not b.is_float:
@@ -142,7 +146,7 @@ def float_of(dtype: DType) -> DType:
     """The float dtype numpy computes float-only functions of ``dtype`` in."""
     if dtype.is_float:
         return dtype
-    return DType.FP16 if dtype is DType.INT8 else DType.FP32
+    return DType.FP16 if dtype in (DType.INT8, DType.BOOL) else DType.FP32
 
 
 def float32_to_bf16(x: npt.ArrayLike) -> npt.NDArray[np.uint16]:
@@ -181,13 +185,11 @@ def infer_dtype(array: npt.NDArray[Any]) -> DType:
     if dt == np.float64:
         _logger.debug("float64 data is stored as float32")
         return DType.FP32
-    if dt == np.bool_:
-        return DType.INT8
     if dt.kind in "iu":
         if array.size and (array.min() < INT_RANGE[DType.INT32][0] or array.max() > 2**31 - 1):
             raise ValueError(f"{dt} values do not fit int32, the widest tensor integer dtype")
         _logger.debug("%s data is stored as int32", dt)
         return DType.INT32
     raise TypeError(
-        f"unsupported dtype {dt}: tensors hold float32, float16, bfloat16, int8 or int32"
+        f"unsupported dtype {dt}: tensors hold float32, float16, bfloat16, int8, int32 or bool"
     )

@@ -62,6 +62,40 @@ __all__ = ["Graph"]
 log = logging.getLogger(__name__)
 
 
+class _TensorSet:
+    """Tensors by identity, held weakly. (A ``weakref.WeakSet`` compares its
+    members with ``==``, which is element-wise for tensors.)"""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Tensor]] = {}
+
+    def add(self, t: Tensor) -> None:
+        key = id(t)
+        old = self._refs.get(key)
+        if old is not None and old() is t:
+            return
+        refs = self._refs
+
+        def gone(ref: weakref.ref[Tensor], key: int = key) -> None:
+            if refs.get(key) is ref:
+                del refs[key]
+
+        refs[key] = weakref.ref(t, gone)
+
+    def __contains__(self, t: object) -> bool:
+        ref = self._refs.get(id(t))
+        return ref is not None and ref() is t
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for ref in list(self._refs.values()):
+            t = ref()
+            if t is not None:
+                yield t
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Graph:
     """A recorded sequence of tensor ops of one device (see the module documentation).
 
@@ -75,9 +109,9 @@ class Graph:
         self._ops: list[ops.AnyOp] = []
         self._packed: list[PackedOps] = []
         self._memory: list[Allocation] = []
-        self._outputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        self._outputs = _TensorSet()
         # Tensors made before the capture that its ops read or overwrite.
-        self._inputs: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        self._inputs = _TensorSet()
         self._captured = False
         self._fence: int | None = None
         # The user stream of the last replay (None: the default stream).

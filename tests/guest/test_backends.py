@@ -67,6 +67,12 @@ BINARY: dict[str, Callable[[npu.Tensor, npu.Tensor], npu.Tensor]] = {
     "divide": npu.divide,
     "maximum": npu.maximum,
     "minimum": npu.minimum,
+    "equal": npu.equal,
+    "not_equal": npu.not_equal,
+    "less": npu.less,
+    "less_equal": npu.less_equal,
+    "greater": npu.greater,
+    "greater_equal": npu.greater_equal,
 }
 UNARY: dict[str, tuple[Callable[[npu.Tensor], npu.Tensor], bool]] = {
     "relu": (npu.relu, False),

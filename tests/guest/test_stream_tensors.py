@@ -82,11 +82,13 @@ def test_tensor_ops_inside_with_stream_run_on_that_streams_queue(
     dev: npu.Device, s1: npu.Stream
 ) -> None:
     x = upload(dev)
+    dev.flush_deferred()  # eager ops held back count as submitted
     kernel_before = dev.submitted_fences().get(0, 0)
     launched_before = s1.last_fence
     with s1:
         y = (x * 2 + 1).sum()
     assert s1.last_fence > launched_before
+    dev.flush_deferred()  # eager ops held back count as submitted
     assert dev.submitted_fences().get(0, 0) == kernel_before
     assert y.item() == pytest.approx(float((X * 2 + 1).sum()), rel=1e-6)
 
@@ -95,9 +97,11 @@ def test_tensor_ops_outside_any_with_block_go_to_the_default_stream(
     dev: npu.Device, s1: npu.Stream
 ) -> None:
     x = upload(dev)
+    dev.flush_deferred()  # eager ops held back count as submitted
     kernel_before = dev.submitted_fences().get(0, 0)
     launched_before = s1.last_fence
     y = x - 1
+    dev.flush_deferred()  # eager ops held back count as submitted
     assert dev.submitted_fences()[0] > kernel_before
     assert s1.last_fence == launched_before
     np.testing.assert_array_equal(y.numpy(), X - 1)
@@ -407,6 +411,7 @@ def test_a_graph_replays_on_the_current_user_stream_without_the_kernel_path(
     g = npu.Graph(dev)
     with g.capture():
         w = x * 3 + 1
+    dev.flush_deferred()  # eager ops held back count as submitted
     kernel_before = dev.submitted_fences().get(0, 0)
     for value in (1.0, 2.0):
         x.copy_(X * value)
@@ -415,6 +420,7 @@ def test_a_graph_replays_on_the_current_user_stream_without_the_kernel_path(
             g.replay()
         assert s1.last_fence - before == g.num_ops
         np.testing.assert_array_equal(w.numpy(), X * value * 3 + 1)
+    dev.flush_deferred()  # eager ops held back count as submitted
     assert dev.submitted_fences().get(0, 0) == kernel_before
 
 

@@ -20,9 +20,11 @@ np = pytest.importorskip("numpy")
 
 FP32, FP16, BF16, INT8, INT32 = (hw.DTYPE_FP32, hw.DTYPE_FP16, hw.DTYPE_BF16,
                                  hw.DTYPE_INT8, hw.DTYPE_INT32)  # fmt: skip
+BOOL = hw.DTYPE_BOOL  # one byte, 0 or 1: a comparison's output
 FLOATS = (FP32, FP16, BF16)
-SIZE = {FP32: 4, FP16: 2, BF16: 2, INT8: 1, INT32: 4}
-STORAGE = {FP32: np.float32, FP16: np.float16, BF16: np.uint16, INT8: np.int8, INT32: np.int32}
+SIZE = {FP32: 4, FP16: 2, BF16: 2, INT8: 1, INT32: 4, BOOL: 1}
+STORAGE = {FP32: np.float32, FP16: np.float16, BF16: np.uint16, INT8: np.int8, INT32: np.int32,
+           BOOL: np.uint8}  # fmt: skip
 INT_RANGE = {INT8: (-(1 << 7), (1 << 7) - 1), INT32: (-(1 << 31), (1 << 31) - 1)}
 ULP = {FP32: 2.0**-22, FP16: 2.0**-9, BF16: 2.0**-6}
 TINY = {FP32: 2.0**-149, FP16: 2.0**-24, BF16: 2.0**-133}

@@ -35,6 +35,7 @@ from qtest import (
 )
 from qtest_tensor_ref import (
     BF16,
+    BOOL,
     FLOATS,
     FP16,
     FP32,
@@ -345,6 +346,64 @@ def test_convert_every_dtype_pair(rig: Rig, src_name: str, dst_name: str) -> Non
     out = Operand(dst, x.shape)
     got = rig.run(hw.OP_CONVERT, 0, [x, out])
     assert_matches(got, ref_convert(logical(x), src, dst), dst)
+
+
+# --------------------------------------------------------------------------
+# Comparisons and the BOOL dtype
+# --------------------------------------------------------------------------
+
+COMPARE = {"eq": (hw.ELTWISE_EQ, np.equal), "ne": (hw.ELTWISE_NE, np.not_equal),
+           "lt": (hw.ELTWISE_LT, np.less), "le": (hw.ELTWISE_LE, np.less_equal),
+           "gt": (hw.ELTWISE_GT, np.greater), "ge": (hw.ELTWISE_GE, np.greater_equal)}  # fmt: skip
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+@pytest.mark.parametrize("kname", COMPARE)
+def test_comparison_every_kind_and_dtype_writes_bool(rig: Rig, kname: str, dname: str) -> None:
+    kind, fn = COMPARE[kname]
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(300 + kind * 10 + dtype)
+    a = operand_from(rng, dtype, (5, 67))
+    b = operand_from(rng, dtype, (1, 67))
+    assert a.buf is not None and b.buf is not None
+    a.buf[20:40] = b.buf[20:40]  # equal pairs in row 0
+    got = rig.run(hw.OP_ELTWISE, kind, [a, b, Operand(BOOL, (5, 67))])
+    with np.errstate(invalid="ignore"):
+        want = fn(logical(a), logical(b)).astype(np.int64)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dname", DTYPES)
+def test_convert_to_bool_is_nonzero_and_from_bool_is_one_or_zero(rig: Rig, dname: str) -> None:
+    dtype = DTYPES[dname]
+    rng = np.random.default_rng(400 + dtype)
+    x = operand_from(rng, dtype, (3, 40))
+    assert x.buf is not None
+    x.buf[:4] = 0
+    got = rig.run(hw.OP_CONVERT, 0, [x, Operand(BOOL, x.shape)])
+    np.testing.assert_array_equal(got, (logical(x) != 0).astype(np.int64))  # NaN is true
+    m = Operand(BOOL, (2, 8), buf=np.array([0, 1, 2, 255, 0, 7, 1, 0] * 2, np.int64))
+    back = rig.run(hw.OP_CONVERT, 0, [m, Operand(dtype, m.shape)])
+    assert_matches(back, (logical(m) != 0).astype(np.float32 if dtype in FLOATS else np.int64),
+                   dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", ["add-of-bools", "compare-into-fp32", "relu-of-bool", "mixed-compare-inputs"]
+)
+def test_bool_outside_comparisons_and_convert_is_bad_args(rig: Rig, case: str) -> None:
+    shape = (2, 3)
+    opcode, kind, dtypes = {
+        "add-of-bools": (hw.OP_ELTWISE, hw.ELTWISE_ADD, (BOOL, BOOL, BOOL)),
+        "compare-into-fp32": (hw.OP_ELTWISE, hw.ELTWISE_LT, (FP32, FP32, FP32)),
+        "relu-of-bool": (hw.OP_UNARY, hw.UNARY_RELU, (BOOL, BOOL)),
+        "mixed-compare-inputs": (hw.OP_ELTWISE, hw.ELTWISE_EQ, (FP32, INT32, BOOL)),
+    }[case]
+    rng = np.random.default_rng(5)
+    ops = [operand_from(rng, d, shape) if d != BOOL else
+           Operand(BOOL, shape, buf=np.zeros(6, np.int64)) for d in dtypes]  # fmt: skip
+    rig.place(ops)
+    assert rig.submit(opcode, kind, tensor_params([op.desc() for op in ops])) == hw.ST_BAD_ARGS
 
 
 # --------------------------------------------------------------------------

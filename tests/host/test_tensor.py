@@ -308,7 +308,7 @@ def test_device_error_of_a_tensor_op_names_the_op(device: npu.Device, driver: Cp
         (np.ones(3, np.int32), np.int32),
         (np.ones(3), np.float32),  # float64 narrowed
         ([1, 2, 3], np.int32),  # int64 narrowed
-        (np.array([True, False]), np.int8),
+        (np.array([True, False]), np.bool_),
         (np.arange(3, dtype=np.uint16), np.int32),
         (2.5, np.float32),
     ],

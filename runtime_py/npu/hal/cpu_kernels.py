@@ -139,12 +139,21 @@ class Executor:
             return tuple(t.shape[: t.ndim])
 
         is_float = out.dtype in _FLOATS
+        compare = op.opcode == _abi.NPU_OP_ELTWISE and op.kind >= _abi.NPU_ELTWISE_EQ
+        bool_ok = compare or op.opcode == _abi.NPU_OP_CONVERT  # BOOL's only ops
+        if not bool_ok and any(op.t[i].dtype == _abi.NPU_DTYPE_BOOL for i in range(n)):
+            raise _err(errno.EINVAL)
         if op.opcode == _abi.NPU_OP_ELTWISE:
-            ok = op.kind < _abi.NPU_ELTWISE_COUNT and all(
-                t.dtype == out.dtype
-                and t.ndim == out.ndim
-                and all(a in (b, 1) for a, b in zip(shape(t), shape(out), strict=True))
-                for t in ins
+            want_out = _abi.NPU_DTYPE_BOOL if compare else ins[0].dtype
+            ok = (
+                op.kind < _abi.NPU_ELTWISE_COUNT
+                and out.dtype == want_out
+                and all(
+                    t.dtype == ins[0].dtype
+                    and t.ndim == out.ndim
+                    and all(a in (b, 1) for a, b in zip(shape(t), shape(out), strict=True))
+                    for t in ins
+                )
             )
             ok = ok and (op.kind != _abi.NPU_ELTWISE_DIV or is_float)
         elif op.opcode == _abi.NPU_OP_UNARY:
@@ -246,6 +255,9 @@ class Executor:
 
     def _load(self, t: _abi.NpuTensorRef) -> np.ndarray[Any, Any]:
         raw = self._tensor(t)
+        if t.dtype == _abi.NPU_DTYPE_BOOL:  # any nonzero byte is true
+            mask: np.ndarray[Any, Any] = (raw != 0).astype(np.int64)
+            return mask
         if t.dtype == _abi.NPU_DTYPE_BF16:
             return (raw.astype(np.uint32) << 16).view(np.float32)
         if t.dtype in _FLOATS:
@@ -254,6 +266,9 @@ class Executor:
 
     def _store(self, t: _abi.NpuTensorRef, values: np.ndarray[Any, Any]) -> None:
         dst = self._tensor(t)
+        if t.dtype == _abi.NPU_DTYPE_BOOL:  # NaN is nonzero: true
+            dst[...] = (values != 0).astype(np.uint8)
+            return
         if t.dtype in _FLOATS:
             with np.errstate(over="ignore"):  # out of range rounds to +-inf, as on the device
                 f = values.astype(np.float32)
@@ -530,6 +545,7 @@ _DTYPE_SIZE = {
     _abi.NPU_DTYPE_BF16: 2,
     _abi.NPU_DTYPE_INT8: 1,
     _abi.NPU_DTYPE_INT32: 4,
+    _abi.NPU_DTYPE_BOOL: 1,
 }
 _STORAGE: dict[int, np.dtype[Any]] = {
     _abi.NPU_DTYPE_FP32: np.dtype(np.float32),
@@ -537,6 +553,7 @@ _STORAGE: dict[int, np.dtype[Any]] = {
     _abi.NPU_DTYPE_BF16: np.dtype(np.uint16),
     _abi.NPU_DTYPE_INT8: np.dtype(np.int8),
     _abi.NPU_DTYPE_INT32: np.dtype(np.int32),
+    _abi.NPU_DTYPE_BOOL: np.dtype(np.uint8),
 }
 _INT_RANGE = {_abi.NPU_DTYPE_INT8: (-128, 127), _abi.NPU_DTYPE_INT32: (-(2**31), 2**31 - 1)}
 _ELTWISE = {
@@ -546,6 +563,12 @@ _ELTWISE = {
     _abi.NPU_ELTWISE_DIV: np.divide,
     _abi.NPU_ELTWISE_MAX: np.maximum,
     _abi.NPU_ELTWISE_MIN: np.minimum,
+    _abi.NPU_ELTWISE_EQ: np.equal,
+    _abi.NPU_ELTWISE_NE: np.not_equal,
+    _abi.NPU_ELTWISE_LT: np.less,
+    _abi.NPU_ELTWISE_LE: np.less_equal,
+    _abi.NPU_ELTWISE_GT: np.greater,
+    _abi.NPU_ELTWISE_GE: np.greater_equal,
 }
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 _UNARY: dict[int, Callable[[Any], Any]] = {

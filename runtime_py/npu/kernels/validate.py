@@ -195,10 +195,16 @@ def _check_tensor_op(op: TensorOp) -> None:
     *inputs, out = op.operands
     if not out.contiguous:
         raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
+    compare = op.opcode is _abi.Opcode.ELTWISE and op.kind >= _abi.EltwiseKind.EQ
+    bool_ok = compare or op.opcode is _abi.Opcode.CONVERT
+    if not bool_ok and any(t.dtype is _abi.DType.BOOL for t in op.operands):
+        raise ValueError(f"{op}: BOOL operands are for comparisons and CONVERT only")
     if op.opcode is _abi.Opcode.ELTWISE:
         kind = _abi.EltwiseKind(op.kind)  # ValueError if out of range
+        if compare and out.dtype is not _abi.DType.BOOL:
+            raise ValueError(f"{op}: a comparison's output is BOOL")
         for t in inputs:
-            if t.dtype is not out.dtype:
+            if t.dtype is not (inputs[0].dtype if compare else out.dtype):
                 raise ValueError(f"{op}: ELTWISE inputs must have the output's dtype")
             if t.ndim != out.ndim or any(
                 d not in (o, 1) for d, o in zip(t.shape, out.shape, strict=True)

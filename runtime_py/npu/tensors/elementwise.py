@@ -37,13 +37,19 @@ __all__ = [
     "abs",
     "add",
     "divide",
+    "equal",
     "exp",
     "gelu",
+    "greater",
+    "greater_equal",
+    "less",
+    "less_equal",
     "log",
     "maximum",
     "minimum",
     "multiply",
     "negative",
+    "not_equal",
     "power",
     "relu",
     "sigmoid",
@@ -77,14 +83,18 @@ def _binary(kind: _abi.EltwiseKind, x: Any, y: Any, what: str) -> Tensor:
                     return done
     a, b = operands(x, y, what)
     dtype = promote(a.npu_dtype, b.npu_dtype)
+    compare = kind.is_compare
+    if dtype is DType.BOOL and not compare:
+        raise TypeError(f"{what}: not supported for two bool tensors; convert one with astype()")
     if kind is _abi.EltwiseKind.DIV and not dtype.is_float:
         dtype = DType.FP32
     shape = broadcast_shapes(a.shape, b.shape, what)
+    out_dtype = DType.BOOL if compare else dtype
     if math.prod(shape) == 0:
-        return empty_tensor(a.device, dtype, shape)
+        return empty_tensor(a.device, out_dtype, shape)
     batch: list[ops.AnyOp] = []
     ca, cb = cast_to(a, dtype, batch), cast_to(b, dtype, batch)
-    out = alloc(a.device, dtype, shape)
+    out = alloc(a.device, out_dtype, shape)
     rank = builtins.max(1, len(shape))
     op = ops.eltwise(
         kind, ca.tensor_ref(rank), cb.tensor_ref(rank), out.tensor_ref(), buffers_of(ca, cb, out)
@@ -108,6 +118,8 @@ def _unary(kind: _abi.UnaryKind, x: Any, what: str) -> Tensor:
                     return done
     t = x if isinstance(x, Tensor) else operands(x, 0, what)[0]
     dtype = t.npu_dtype
+    if dtype is DType.BOOL:
+        raise TypeError(f"{what}: not supported for bool tensors; convert with astype()")
     if _abi.UnaryKind.GELU <= kind <= _abi.UnaryKind.SQRT:
         dtype = float_of(dtype)
     if t.size == 0:
@@ -149,6 +161,42 @@ def multiply(x: Any, y: Any) -> Tensor:
 def divide(x: Any, y: Any) -> Tensor:
     """``x / y`` (true division); integer operands give float32 (numpy: float64)."""
     return _binary(_abi.EltwiseKind.DIV, x, y, "divide")
+
+
+@register_operator("equal")
+def equal(x: Any, y: Any) -> Tensor:
+    """``x == y`` element-wise: a bool tensor (ELTWISE EQ; NaN equals nothing)."""
+    return _binary(_abi.EltwiseKind.EQ, x, y, "equal")
+
+
+@register_operator("not_equal")
+def not_equal(x: Any, y: Any) -> Tensor:
+    """``x != y`` element-wise: a bool tensor (NaN differs from everything)."""
+    return _binary(_abi.EltwiseKind.NE, x, y, "not_equal")
+
+
+@register_operator("less")
+def less(x: Any, y: Any) -> Tensor:
+    """``x < y`` element-wise: a bool tensor."""
+    return _binary(_abi.EltwiseKind.LT, x, y, "less")
+
+
+@register_operator("less_equal")
+def less_equal(x: Any, y: Any) -> Tensor:
+    """``x <= y`` element-wise: a bool tensor."""
+    return _binary(_abi.EltwiseKind.LE, x, y, "less_equal")
+
+
+@register_operator("greater")
+def greater(x: Any, y: Any) -> Tensor:
+    """``x > y`` element-wise: a bool tensor."""
+    return _binary(_abi.EltwiseKind.GT, x, y, "greater")
+
+
+@register_operator("greater_equal")
+def greater_equal(x: Any, y: Any) -> Tensor:
+    """``x >= y`` element-wise: a bool tensor."""
+    return _binary(_abi.EltwiseKind.GE, x, y, "greater_equal")
 
 
 def maximum(x: Any, y: Any) -> Tensor:

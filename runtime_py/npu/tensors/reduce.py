@@ -69,6 +69,9 @@ def _reduce(kind: _abi.ReduceKind, x: Any, axis: AxisArg, keepdims: bool, what: 
     t = as_tensor(x, what)
     axes = _axes(axis, t.ndim, what)
     dtype = t.npu_dtype
+    if dtype is DType.BOOL and kind in (_abi.ReduceKind.MAX, _abi.ReduceKind.MIN):
+        # any() / all(), as numpy's max / min of bool: in int8, back to bool.
+        return _reduce(kind, t.astype(DType.INT8), axis, keepdims, what).astype(DType.BOOL)
     if kind is _abi.ReduceKind.SUM and not dtype.is_float:
         dtype = DType.INT32  # numpy: int64; the device accumulates and wraps in int32
     elif kind is _abi.ReduceKind.MEAN and not dtype.is_float:

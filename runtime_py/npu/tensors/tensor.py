@@ -742,6 +742,32 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor:
         return OPERATORS["divide"](other, self)
 
+    # Comparisons return bool tensors, as in numpy and PyTorch; a tensor
+    # stays hashable by identity (a dict key, a set member), as torch.Tensor.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
+        if not _comparable(other):
+            return NotImplemented
+        return OPERATORS["equal"](self, other)
+
+    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
+        if not _comparable(other):
+            return NotImplemented
+        return OPERATORS["not_equal"](self, other)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return OPERATORS["less"](self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return OPERATORS["less_equal"](self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return OPERATORS["greater"](self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return OPERATORS["greater_equal"](self, other)
+
     def __neg__(self) -> Tensor:
         return OPERATORS["negative"](self)
 
@@ -832,6 +858,12 @@ class Tensor:
 # ---------------------------------------------------------------------------
 # Creation and launching
 # ---------------------------------------------------------------------------
+
+
+def _comparable(other: object) -> bool:
+    """Can ``tensor == other`` compare element-wise? (Else Python's identity
+    fallback answers, as for ``t == None``.)"""
+    return isinstance(other, Tensor | np.ndarray | np.generic | int | float | list | tuple)
 
 
 def _names_device(arg: Any) -> bool:
