@@ -126,6 +126,53 @@ def _matters(queue: int | Timeline, on: Timeline | None) -> bool:
     return True
 
 
+def _count_block(counters: tuple[_Counter, ...], size: int, requested: int) -> None:
+    """An allocation of ``requested`` bytes in a block of ``size``: the pool's and
+    all pools' allocation, allocated_bytes and requested_bytes counters
+    (unrolled: this runs for every tensor an op makes)."""
+    n, b, r, n_all, b_all, r_all = counters
+    n.current += 1
+    n.allocated += 1
+    if n.current > n.peak:
+        n.peak = n.current
+    b.current += size
+    b.allocated += size
+    if b.current > b.peak:
+        b.peak = b.current
+    r.current += requested
+    r.allocated += requested
+    if r.current > r.peak:
+        r.peak = r.current
+    n_all.current += 1
+    n_all.allocated += 1
+    if n_all.current > n_all.peak:
+        n_all.peak = n_all.current
+    b_all.current += size
+    b_all.allocated += size
+    if b_all.current > b_all.peak:
+        b_all.peak = b_all.current
+    r_all.current += requested
+    r_all.allocated += requested
+    if r_all.current > r_all.peak:
+        r_all.peak = r_all.current
+
+
+def _uncount_block(counters: tuple[_Counter, ...], size: int, requested: int) -> None:
+    n, b, r, n_all, b_all, r_all = counters
+    n.current -= 1
+    n.freed += 1
+    b.current -= size
+    b.freed += size
+    r.current -= requested
+    r.freed += requested
+    n_all.current -= 1
+    n_all.freed += 1
+    b_all.current -= size
+    b_all.freed += size
+    r_all.current -= requested
+    r_all.freed += requested
+
+
 def _round_up(value: int, step: int) -> int:
     return (value + step - 1) // step * step
 
@@ -244,6 +291,7 @@ class CachingAllocator:
         )
         # Protects the pools, the segments and the counters.
         self._lock = threading.Lock()
+        self._eager: EagerQueue | None = None
         # Blocks freed by finalizers, processed under _lock by the next call.
         self._pending: collections.deque[tuple[_Block, dict[int | Timeline, int]]] = (
             collections.deque()
@@ -304,10 +352,11 @@ class CachingAllocator:
         # The timeline the memory is used on first; None: the host.
         on: Timeline | None = None
         if not (host_write or any_timeline):
-            on = eager_queue(self.device) if stream is None else stream
+            on = self._eager_queue() if stream is None else stream
         fences: dict[int | Timeline, int] = {}
         with self._lock:
-            self._drain()
+            if self._pending or self._doomed:
+                self._drain()
             block = self._take_free(pool, rounded, on) if self.caching else None
             if block is None and self.caching and self._coalesce(pool):
                 block = self._take_free(pool, rounded, on)
@@ -326,15 +375,17 @@ class CachingAllocator:
             block.allocated = True
             block.requested = size
             block.fences = {}
-            for c, amount in zip(
-                self._block_counters[pool], (1, block.size, size, 1, block.size, size), strict=True
-            ):
-                c.current += amount
-                c.allocated += amount
-                if c.current > c.peak:
-                    c.peak = c.current
-        self._wait_fences(fences, wait)
+            _count_block(self._block_counters[pool], block.size, size)
+        if fences:
+            self._wait_fences(fences, wait)
         return Allocation(self, block, block.segment.buffer, block.offset, size)
+
+    def _eager_queue(self) -> EagerQueue:
+        """The device's default-stream queue (looked up once)."""
+        eager = self._eager
+        if eager is None:
+            eager = self._eager = eager_queue(self.device)
+        return eager
 
     def _queue_free(self, block: _Block) -> None:
         """Finalizer of an :class:`Allocation`: no locks here, only a queue append."""
@@ -488,13 +539,7 @@ class CachingAllocator:
     def _free_block(self, block: _Block, fences: dict[int | Timeline, int]) -> None:
         pool = block.segment.pool
         block.allocated = False
-        for c, amount in zip(
-            self._block_counters[pool],
-            (1, block.size, block.requested, 1, block.size, block.requested),
-            strict=True,
-        ):
-            c.current -= amount
-            c.freed += amount
+        _uncount_block(self._block_counters[pool], block.size, block.requested)
         block.requested = 0
         block.fences = fences
         if block.segment.buffer.freed:

@@ -489,7 +489,7 @@ def test_incompatible_shapes_raise_value_error() -> None:
         npu.tensor(np.ones((2, 3))) + npu.tensor(np.ones((4,)))
 
 
-def test_promotion_inserts_convert_ops_in_the_same_submit(driver: CpuBackend) -> None:
+def test_promotion_inserts_convert_ops_before_the_op(driver: CpuBackend) -> None:
     a = npu.tensor(np.array([1, 2, 3], np.int8))
     b = npu.tensor(np.array([0.5, 0.25, 2], np.float16))
     r = a * b

@@ -194,16 +194,19 @@ def test_quantized_matmul_without_scale_returns_the_int32_accumulators() -> None
     np.testing.assert_array_equal(relu.numpy(), np.maximum(a.astype(np.int64) @ b, 0))
 
 
-def test_quantized_linear_and_a_requant_in_one_submit(driver: CpuBackend) -> None:
+def test_quantized_linear_is_a_linear_then_a_requant(driver: CpuBackend) -> None:
     rng = np.random.default_rng(3)
     x, w = i8(rng, 3, 16), i8(rng, 10, 16)
     bias = rng.integers(-500, 500, 10).astype(np.int32)
     scales = (rng.random(10) * 0.01 + 0.001).astype(np.float32)
     flush()
-    before = len(driver.submits)
+    before = len(driver.submitted_tensor)
     got = npu.quantized_linear(x, w, bias, scales, input_zero_point=4, output_zero_point=-2)
     flush()
-    assert len(driver.submits) == before + 1 and driver.submits[-1][1] == 2  # LINEAR + REQUANT
+    assert [op.opcode for op in driver.submitted_tensor[before:]] == [
+        _abi.NPU_OP_LINEAR,
+        _abi.NPU_OP_REQUANT,
+    ]
     acc = wrap32((x.astype(np.int64) - 4) @ w.T.astype(np.int64) + bias)
     np.testing.assert_array_equal(got.numpy(), requant_ref(acc, scales, -2, False))
     one = npu.quantized_linear(x[0], w, bias, scales)  # 1-D x

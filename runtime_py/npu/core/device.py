@@ -309,6 +309,8 @@ class Device(Closing):
         self._timelines: dict[Timeline, int] = {}
         # Per thread: what captures its work (an npu.Graph), if anything.
         self._capture = threading.local()
+        # How many threads capture now: 0 makes `capturing` free (eager ops ask it).
+        self._captures = 0
         # Per-device state of the layers above (the caching allocator, the
         # default stream), by factory; guarded by _attach_lock, dropped at close.
         self._attachments: dict[Callable[[Device], object], object] = {}
@@ -388,6 +390,8 @@ class Device(Closing):
         other threads issue meanwhile run as usual and are not recorded.
         While a thread captures, :meth:`submit` refuses its raw ops.
         """
+        if not self._captures:
+            return None
         graph: object | None = getattr(self._capture, "graph", None)
         return graph
 
@@ -399,12 +403,16 @@ class Device(Closing):
         """
         if self.capturing is not None:
             raise RuntimeError("Graph.capture: this thread already captures a graph on the device")
+        with self._lock:
+            self._captures += 1
         self._capture.graph = graph
 
     def end_capture(self, graph: object) -> None:
         """End the calling thread's capture of ``graph``."""
         if self.capturing is graph:
             self._capture.graph = None
+            with self._lock:
+                self._captures -= 1
 
     # -- state of the layers above ------------------------------------------------
 
@@ -455,9 +463,9 @@ class Device(Closing):
         each ``dict(d)`` copy is one step under the GIL.
         """
         fences: dict[int | Timeline, int] = {}
-        fences.update(dict(self._submitted).items())
-        if self._timelines:
-            fences.update(dict(self._timelines).items())
+        fences.update(cast("dict[int | Timeline, int]", self._submitted))  # one GIL step
+        if self._timelines:  # (keys hash in C: no Python code runs inside)
+            fences.update(cast("dict[int | Timeline, int]", self._timelines))
         return fences
 
     # -- backend calls -----------------------------------------------------------

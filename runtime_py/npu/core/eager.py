@@ -45,8 +45,14 @@ log = logging.getLogger(__name__)
 
 #: The most eager ops one SUBMIT carries.
 BATCH_MAX: Final = min(128, _abi.NPU_SUBMIT_MAX_OPS)
-#: Seconds an eager op waits at most for its batch to be submitted.
+#: Age in seconds at which the next launch submits the batch.
 FLUSH_S: Final = 0.002
+#: How often the flusher thread looks for a batch left behind (the program
+#: stopped launching without a synchronisation) while one is held, and
+#: while none is. It is not told of new batches: waking it would cost the
+#: launching thread a switch of the GIL per batch.
+FLUSHER_BUSY_S: Final = 0.008
+FLUSHER_IDLE_S: Final = 0.05
 # Submitted batches whose ticket -> driver fence mapping is kept until waited.
 _SEGMENTS_MAX: Final = 4096
 
@@ -61,8 +67,8 @@ class EagerQueue:
 
     def __init__(self, device: Device) -> None:
         self.device = device
-        # Guards every attribute below; the flusher thread waits on it.
-        self._cv = threading.Condition(threading.Lock())
+        # Guards every attribute below.
+        self._lock = threading.Lock()
         self._records: list[bytes] = []  # the batch: packed descriptors
         self._ops: list[object] = []  # what names each one in errors
         self._tensor = True  # the batch's descriptor format
@@ -105,19 +111,19 @@ class EagerQueue:
             NpuError: ``EBADF`` once the device closed, or the driver refused
                 the earlier batch this launch had to submit first.
         """
-        with self._cv:
+        with self._lock:
             if self._closed:
                 raise NpuError(errno.EBADF, "device is closed", f"Device({self.device.path})")
             records = self._records
-            if records and (self._tensor is not tensor or len(records) >= BATCH_MAX):
+            if records and (
+                self._tensor is not tensor or time.monotonic() - self._since >= FLUSH_S
+            ):
                 self._flush_locked()
             if not records:
                 self._since = time.monotonic()
                 self._tensor = tensor
                 if self._thread is None:
                     self._start_flusher()
-                else:
-                    self._cv.notify()
             records.append(record)
             self._ops.append(op)
             self._next += 1
@@ -140,7 +146,7 @@ class EagerQueue:
         for run in packed:
             for buf in run.buffers:
                 buf.handle  # noqa: B018 - raises NpuError(EBADF) if freed
-        with self._cv:
+        with self._lock:
             if self._closed:
                 raise NpuError(errno.EBADF, "device is closed", f"Device({self.device.path})")
             self._flush_locked()
@@ -167,14 +173,13 @@ class EagerQueue:
                 raise this too).
         """
         if self._records:
-            with self._cv:
+            with self._lock:
                 self._flush_locked()
 
     def close(self) -> None:
         """Flush, stop the flusher thread; later launches raise ``EBADF``."""
-        with self._cv:
+        with self._lock:
             self._closed = True
-            self._cv.notify()
             self._flush_locked()
 
     def _flush_locked(self) -> None:
@@ -209,24 +214,19 @@ class EagerQueue:
         self._thread = thread
         thread.start()
 
-    def flusher_tick(self) -> bool:
+    def flusher_tick(self) -> float | None:
         """One step of the flusher thread (which holds no strong reference to
-        the queue between steps); False once the queue closed."""
-        with self._cv:
+        the queue between steps): submit a batch older than :data:`FLUSH_S`;
+        the seconds to sleep until the next step, None once the queue closed."""
+        with self._lock:
             if self._closed:
-                return False
-            if not self._records:
-                self._cv.wait(0.5)
-                return not self._closed
-            delay = self._since + FLUSH_S - time.monotonic()
-            if delay > 0:
-                self._cv.wait(delay)
-                return True
-            try:
-                self._flush_locked()
-            except NpuError as exc:  # kept for the waits of the lost ops
-                log.warning("eager batch refused: %s", exc)
-        return True
+                return None
+            if self._records and time.monotonic() - self._since >= FLUSH_S:
+                try:
+                    self._flush_locked()
+                except NpuError as exc:  # kept for the waits of the lost ops
+                    log.warning("eager batch refused: %s", exc)
+            return FLUSHER_BUSY_S if self._records else FLUSHER_IDLE_S
 
     # -- fences ----------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class EagerQueue:
 
     def _ticket(self, driver: int) -> int:
         """This queue's fence of queue 0's fence ``driver``; 0 if none of its ops has it."""
-        with self._cv:
+        with self._lock:
             for first, last, last_driver in self._segments:
                 base = last_driver - (last - first)
                 if base <= driver <= last_driver:
@@ -272,7 +272,7 @@ class EagerQueue:
         return 0
 
     def _note_done(self, fence: int) -> None:
-        with self._cv:
+        with self._lock:
             if fence > self._done:
                 self._done = fence
                 done = bisect.bisect_right(self._firsts, fence) - 1  # not the one holding it
@@ -290,7 +290,7 @@ class EagerQueue:
             return True
         if fence > self._flushed:
             return False
-        with self._cv:
+        with self._lock:
             driver = self._driver_fence(fence, "completed")
         if driver is None or self.device.completed(0, driver):
             self._note_done(fence)
@@ -308,7 +308,7 @@ class EagerQueue:
         """
         if fence <= self._done:
             return
-        with self._cv:
+        with self._lock:
             driver = self._driver_fence(fence, "wait")
         if driver is not None:
             try:
@@ -330,9 +330,11 @@ def _flusher(ref: weakref.ReferenceType[EagerQueue]) -> None:
     """The flusher thread: submits a batch :data:`FLUSH_S` after its first op."""
     while True:
         queue = ref()
-        if queue is None or not queue.flusher_tick():
-            return
+        pause = None if queue is None else queue.flusher_tick()
         del queue
+        if pause is None:
+            return
+        time.sleep(pause)
 
 
 def eager_queue(device: Device) -> EagerQueue:

@@ -165,7 +165,8 @@ class Recorder(Protocol):
 
 def recorder(device: Device) -> Recorder | None:
     """The :class:`Recorder` capturing the calling thread's tensor ops on ``device``, if any."""
-    return cast("Recorder | None", device.capturing)
+    graph = device.capturing
+    return None if graph is None else cast("Recorder", graph)
 
 
 # A dependency on another stream's ops: (stream, first fence, last fence).
@@ -212,6 +213,24 @@ class Tensor:
     """
 
     __array_ufunc__ = None
+    # No __dict__: a tensor is made per op, and fewer tracked containers mean
+    # cheaper garbage collections (a third of an eager op's time in the guest).
+    __slots__ = (
+        "__weakref__",
+        "_allocation",
+        "_buffer",
+        "_deps",
+        "_device",
+        "_dtype",
+        "_fence",
+        "_offset",
+        "_readers",
+        "_refs",
+        "_shape",
+        "_since",
+        "_stream",
+        "_strides",
+    )
 
     def __init__(
         self,
@@ -1055,12 +1074,16 @@ class Plan:
     only the operands' addresses patched.
     """
 
-    __slots__ = ("dtype", "shape", "template")
+    __slots__ = ("dtype", "itemsizes", "nbytes", "shape", "strides", "template")
 
     def __init__(self, op: ops.TensorOp, dtype: DType, shape: tuple[int, ...]) -> None:
+        check_shape(shape, "tensor")
         self.template = Template(op)
         self.dtype = dtype
         self.shape = shape
+        self.strides = _contiguous_strides(shape)
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        self.itemsizes = tuple(r.dtype.itemsize for r in op.operands)
 
 
 def signature(t: Tensor) -> tuple[object, ...] | None:
@@ -1082,30 +1105,50 @@ def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
     if device.capturing is not None:
         return None
     template = plan.template
-    out = alloc(device, plan.dtype, plan.shape)
     stream = current_user_stream(device)
+    mem = allocator(device).allocate(
+        plan.nbytes,
+        wait=_wait_recording_failures,
+        stream=None if stream is None else stream.key,
+    )
+    item = plan.itemsizes[-1]
+    out = Tensor.__new__(Tensor)
+    out._device = device
+    out._allocation = mem
+    out._buffer = mem.buffer
+    out._dtype = plan.dtype
+    out._shape = plan.shape
+    out._strides = plan.strides
+    out._offset = mem.offset // item
+    out._refs = None
+    out._readers = None
     after, deps, since = dependencies(stream, inputs)
-    tensors = (*inputs, out)
-    bufs = buffers_of(*tensors)
     handles = []
     offsets = []
-    for t, buf, extent in zip(tensors, bufs, template.extents, strict=True):
-        offset = t._offset * t._dtype.itemsize
+    bufs = []
+    for t, extent, size in zip(inputs, template.extents, plan.itemsizes, strict=False):
+        buf = t._buffer
+        assert buf is not None
+        offset = t._offset * size
         if offset + extent > buf.size:
             raise ValueError(f"{template.opcode.name}: operand {t!r} does not fit {buf!r}")
         handles.append(buf.handle)  # raises NpuError(EBADF) if freed
         offsets.append(offset)
+        bufs.append(buf)
+    handles.append(mem.buffer.handle)
+    offsets.append(mem.offset)
+    bufs.append(mem.buffer)
     bound = BoundOp(template, tuple(handles), tuple(offsets))
     if stream is None:
         fence = eager_queue(device).launch(template.record(handles, offsets), True, bound)
     else:
         vas = [buf.va + off for buf, off in zip(bufs, offsets, strict=True)]
-        fence = stream.run_template(bound, template, vas, bufs, after)
+        fence = stream.run_template(bound, template, vas, tuple(bufs), after)
     note_reads(inputs, stream, fence)
-    note_write(
-        out, stream, fence if since is None else builtins.min(since, fence), fence,
-        merge_deps(deps) if deps else (),
-    )  # fmt: skip
+    out._stream = stream
+    out._fence = fence
+    out._since = fence if since is None else builtins.min(since, fence)
+    out._deps = merge_deps(deps) if deps else ()
     if _launch_blocking:
         out.wait()
     return out
@@ -1129,7 +1172,7 @@ def dependencies(
     since: int | None = None
     for t in inputs:
         if _aliased_writes and t._buffer is not None:
-            for src, _lo, hi in _aliased_writes.get(t._buffer, ()):
+            for src, _lo, hi in _aliased_writes_of(t._buffer):
                 if src is stream:
                     continue  # in order on this timeline
                 if src is None or stream is None:
@@ -1377,23 +1420,40 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple
 # not waited for yet. A view's write does not change the fence of the other
 # tensors of its memory, so their waits and readers on other timelines look
 # here. Usually empty: fresh results are not entered.
-_aliased_writes: weakref.WeakKeyDictionary[Buffer, list[tuple[Stream | None, int, int]]] = (
-    weakref.WeakKeyDictionary()
-)
+_AliasedWrites: TypeAlias = "list[tuple[Stream | None, int, int]]"
+_aliased_writes: dict[int, tuple[weakref.ref[Buffer], _AliasedWrites]] = {}
+
+
+def _aliased_writes_of(buf: Buffer) -> _AliasedWrites:
+    entry = _aliased_writes.get(id(buf))
+    return entry[1] if entry is not None and entry[0]() is buf else []
 
 
 def _note_aliased_write(dst: Tensor) -> None:
-    if dst._buffer is None or dst._fence is None:
+    buf = dst._buffer
+    if buf is None or dst._fence is None:
         return
     since = dst._since if dst._since is not None else dst._fence
-    _aliased_writes.setdefault(dst._buffer, []).append((dst._stream, since, dst._fence))
+    key = id(buf)
+    entry = _aliased_writes.get(key)
+    if entry is None or entry[0]() is not buf:
+
+        def gone(ref: weakref.ref[Buffer], key: int = key) -> None:
+            found = _aliased_writes.get(key)
+            if found is not None and found[0] is ref:
+                del _aliased_writes[key]
+
+        entry = _aliased_writes[key] = (weakref.ref(buf, gone), [])
+    entry[1].append((dst._stream, since, dst._fence))
 
 
 def _wait_aliased_writes(t: Tensor, timeout_s: float | None) -> None:
     """Wait for the writes into ``t``'s buffer through views (then forget them)."""
-    assert t._buffer is not None
-    writes = _aliased_writes.pop(t._buffer, None)
+    buf = t._buffer
+    assert buf is not None
+    writes = _aliased_writes_of(buf)
     if writes:
+        del _aliased_writes[id(buf)]
         for stream, lo, hi in writes:
             _wait_fences(t._device, stream, lo, hi, timeout_s, t)
 
