@@ -162,8 +162,15 @@ def test_a_template_patches_the_same_descriptor_the_op_packs() -> None:
         _abi.EltwiseKind.MUL, ref(7, (2, 8), 64), ref(8, (2, 8), 128), ref(9, (2, 8), 4096)
     )
     assert template.record((7, 8, 9), (64, 128, 4096)) == other.to_bytes()
+    batch = bytearray(b"head")
+    template.append_record(batch, (7, 8, 9), (64, 128, 4096))
+    assert bytes(batch) == b"head" + other.to_bytes()
     vas = (0x1000_0040, 0x2000_0080, 0x3000_1000)
     assert template.block(vas) == pack_tensor_params(other, vas)
+    arena = memoryview(bytearray(1024))
+    template.write_block(arena, 512, vas)
+    assert bytes(arena[512:768]) == pack_tensor_params(other, vas)
+    assert not any(arena[:512]) and not any(arena[768:])
     assert template.bind((7, 8, 9), (64, 128, 4096)) == other
 
 

@@ -37,6 +37,7 @@ from typing import Final
 
 from .. import _abi
 from ..errors import DEFAULT_TIMEOUT_S, NpuDeviceError, NpuError
+from ..kernels.template import Template
 from .device import Device, PackedOps
 
 __all__ = ["BATCH_MAX", "FLUSH_S", "EagerQueue", "eager_queue"]
@@ -69,7 +70,7 @@ class EagerQueue:
         self.device = device
         # Guards every attribute below.
         self._lock = threading.Lock()
-        self._records: list[bytes] = []  # the batch: packed descriptors
+        self._data = bytearray()  # the batch: its packed descriptors
         self._ops: list[object] = []  # what names each one in errors
         self._tensor = True  # the batch's descriptor format
         self._since = 0.0  # monotonic time of the batch's first op
@@ -112,24 +113,40 @@ class EagerQueue:
                 the earlier batch this launch had to submit first.
         """
         with self._lock:
-            if self._closed:
-                raise NpuError(errno.EBADF, "device is closed", f"Device({self.device.path})")
-            records = self._records
-            if records and (
-                self._tensor is not tensor or time.monotonic() - self._since >= FLUSH_S
-            ):
-                self._flush_locked()
-            if not records:
-                self._since = time.monotonic()
-                self._tensor = tensor
-                if self._thread is None:
-                    self._start_flusher()
-            records.append(record)
-            self._ops.append(op)
-            self._next += 1
-            fence = self._next
-            if len(records) >= BATCH_MAX:
-                self._flush_locked()
+            self._admit(tensor)
+            self._data += record
+            return self._admitted(op)
+
+    def launch_template(
+        self, template: Template, handles: Sequence[int], offsets: Sequence[int], op: object
+    ) -> int:
+        """:meth:`launch` of ``template``'s descriptor at these operands, packed
+        straight into the batch (:meth:`Template.append_record`)."""
+        with self._lock:
+            self._admit(True)
+            template.append_record(self._data, handles, offsets)
+            return self._admitted(op)
+
+    def _admit(self, tensor: bool) -> None:
+        """Make room in the batch for one descriptor of this format (lock held)."""
+        if self._closed:
+            raise NpuError(errno.EBADF, "device is closed", f"Device({self.device.path})")
+        ops_held = self._ops
+        if ops_held and (self._tensor is not tensor or time.monotonic() - self._since >= FLUSH_S):
+            self._flush_locked()
+        if not ops_held:
+            self._since = time.monotonic()
+            self._tensor = tensor
+            if self._thread is None:
+                self._start_flusher()
+
+    def _admitted(self, op: object) -> int:
+        """The descriptor just packed is in: its fence (lock held)."""
+        self._ops.append(op)
+        self._next += 1
+        fence = self._next
+        if len(self._ops) >= BATCH_MAX:
+            self._flush_locked()
         self.device.note_timeline(self, fence)
         return fence
 
@@ -172,7 +189,7 @@ class EagerQueue:
             NpuError: the driver refused it (its ops are lost; their waits
                 raise this too).
         """
-        if self._records:
+        if self._ops:
             with self._lock:
                 self._flush_locked()
 
@@ -183,13 +200,12 @@ class EagerQueue:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        records = self._records
-        if not records:
+        if not self._ops:
             return
         first, last = self._flushed + 1, self._next
-        data = b"".join(records)
+        data = bytes(self._data)
         op_list = tuple(self._ops)
-        records.clear()
+        self._data.clear()
         self._ops.clear()
         self._flushed = last
         try:
@@ -221,12 +237,12 @@ class EagerQueue:
         with self._lock:
             if self._closed:
                 return None
-            if self._records and time.monotonic() - self._since >= FLUSH_S:
+            if self._ops and time.monotonic() - self._since >= FLUSH_S:
                 try:
                     self._flush_locked()
                 except NpuError as exc:  # kept for the waits of the lost ops
                     log.warning("eager batch refused: %s", exc)
-            return FLUSHER_BUSY_S if self._records else FLUSHER_IDLE_S
+            return FLUSHER_BUSY_S if self._ops else FLUSHER_IDLE_S
 
     # -- fences ----------------------------------------------------------------
 

@@ -727,7 +727,7 @@ class Stream:
             ring_off = q.claim(self._timeout_s)
             slot = q.tail & self._mask
             off = slot * _PARAMS_SIZE
-            view[off : off + _PARAMS_SIZE] = template.block(vas)
+            template.write_block(view, off, vas)
             fence = q.put(ring_off, template.opcode, self._arena_va + off, template.kind, 0)
             self._ops[slot] = (fence, bound, bufs)
             q.kick()

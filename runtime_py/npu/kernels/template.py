@@ -130,6 +130,15 @@ class Template:
             at += REF_SIZE
         return bytes(rec)
 
+    def append_record(self, dst: bytearray, handles: Sequence[int], offsets: Sequence[int]) -> None:
+        """:meth:`record` appended to ``dst`` (a batch of descriptors) in place."""
+        at = len(dst) + _OP_REFS
+        dst += self._record
+        pack_into = _HANDLE_DTYPE_OFFSET.pack_into
+        for like, handle, offset in zip(self._like, handles, offsets, strict=True):
+            pack_into(dst, at, handle, like.dtype, offset)
+            at += REF_SIZE
+
     def block(self, vas: Sequence[int]) -> bytes:
         """The ``struct npu_tensor_params`` with operand ``i`` at device address ``vas[i]``."""
         blk = bytearray(self._block)
@@ -139,6 +148,15 @@ class Template:
             pack_into(blk, at, va)
             at += _OPERAND_SIZE
         return bytes(blk)
+
+    def write_block(self, dst: memoryview, at: int, vas: Sequence[int]) -> None:
+        """:meth:`block` written straight into ``dst[at:at + 256]`` (a stream's
+        parameter arena): one copy of the prebuilt bytes, then the addresses."""
+        dst[at : at + PARAMS_SIZE] = self._block
+        pack_into = _VA.pack_into
+        for va in vas:
+            pack_into(dst, at, va)
+            at += _OPERAND_SIZE
 
     def bind(
         self,

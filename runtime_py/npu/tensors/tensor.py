@@ -1140,7 +1140,7 @@ def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
     bufs.append(mem.buffer)
     bound = BoundOp(template, tuple(handles), tuple(offsets))
     if stream is None:
-        fence = eager_queue(device).launch(template.record(handles, offsets), True, bound)
+        fence = eager_queue(device).launch_template(template, handles, offsets, bound)
     else:
         vas = [buf.va + off for buf, off in zip(bufs, offsets, strict=True)]
         fence = stream.run_template(bound, template, vas, tuple(bufs), after)
