@@ -213,3 +213,22 @@ def test_the_fast_path_checks_that_an_operand_buffer_is_live(
     with pytest.raises(npu.NpuError) as info:
         t + t
     assert info.value.errno == errno.EBADF
+
+
+def test_many_in_place_writes_keep_one_range_per_timeline(default_device: npu.Device) -> None:
+    from npu.tensors import tensor as tensor_module
+
+    t = npu.tensor(np.zeros(8, np.float32))
+    for _ in range(50):
+        t += 1
+    writes = [w for _, w in tensor_module._aliased_writes.values()]
+    assert all(len(w) == 1 for w in writes)
+    np.testing.assert_array_equal(t.numpy(), np.full(8, 50, np.float32))
+
+
+def test_a_plan_made_on_one_device_launches_on_another_with_its_buffers() -> None:
+    with npu.Device("cpu") as a, npu.Device("cpu") as b:
+        for dev, value in ((a, 2.0), (b, 3.0), (a, 4.0)):
+            x = npu.tensor(np.full(32, value, np.float32), device=dev)
+            got = (x * x).numpy()
+            np.testing.assert_array_equal(got, np.full(32, value * value, np.float32))

@@ -6,14 +6,15 @@ for the op's Python). An :class:`EagerQueue` holds the packed descriptors of
 eager ops back instead and submits them together, in order, in one SUBMIT
 (up to :data:`BATCH_MAX` ops of one format) when
 
-- anything waits for or asks about one of them (a host synchronisation:
+- anything waits for one of them (a host synchronisation:
   ``Tensor.numpy()``, ``wait()``, ``npu.synchronize()``, the allocator
   letting the host write a reused block, ...);
 - the batch is full, or the next op has the other descriptor format;
 - any other SUBMIT goes to queue 0 (:meth:`npu.Device.submit`, a graph
   replay, an event): queue 0 keeps program order;
-- :data:`FLUSH_S` passed since the batch's first op (a background thread), so
-  work never waits for a synchronisation that does not come;
+- the next op finds the batch older than :data:`FLUSH_S`, or the flusher
+  thread (every :data:`FLUSHER_BUSY_S` while a batch is held) does, so work
+  never waits for a synchronisation that does not come;
 - the device closes.
 
 The queue's fences are its own (1, 2, ... per device), as a user stream's
@@ -343,7 +344,8 @@ class EagerQueue:
 
 
 def _flusher(ref: weakref.ReferenceType[EagerQueue]) -> None:
-    """The flusher thread: submits a batch :data:`FLUSH_S` after its first op."""
+    """The flusher thread: submits a batch older than :data:`FLUSH_S` that no
+    launch submitted (the program stopped launching without synchronising)."""
     while True:
         queue = ref()
         pause = None if queue is None else queue.flusher_tick()

@@ -74,7 +74,7 @@ def _binary(kind: _abi.EltwiseKind, x: Any, y: Any, what: str) -> Tensor:
     key: tuple[object, ...] | None = None
     if type(x) is Tensor and type(y) is Tensor:
         sx, sy = signature(x), signature(y)
-        if sx is not None and sy is not None and sx[0] is sy[0]:
+        if sx is not None and sy is not None and x.device is y.device:
             key = (kind, sx, sy)
             plan = _PLANS.get(key)
             if plan is not None:

@@ -1087,11 +1087,12 @@ class Plan:
 
 
 def signature(t: Tensor) -> tuple[object, ...] | None:
-    """What an op's plan depends on of input ``t``: its device, dtype, shape and
-    strides; None if ``t`` cannot take the fast path (empty, no buffer)."""
+    """What an op's plan depends on of input ``t``: its dtype, shape and strides
+    (a plan holds no device: the caller checks that the inputs share one);
+    None if ``t`` cannot take the fast path (empty, no buffer)."""
     if t._buffer is None:
         return None
-    return (t._device, t._dtype, t._shape, t._strides)
+    return (t._dtype, t._shape, t._strides)
 
 
 def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
@@ -1172,7 +1173,7 @@ def dependencies(
     since: int | None = None
     for t in inputs:
         if _aliased_writes and t._buffer is not None:
-            for src, _lo, hi in _aliased_writes_of(t._buffer):
+            for src, (_lo, hi) in _aliased_writes_of(t._buffer).items():
                 if src is stream:
                     continue  # in order on this timeline
                 if src is None or stream is None:
@@ -1416,17 +1417,19 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple
 
 
 # Writes into memory that other tensors may view (copy_ into a view, in-place
-# operators, __setitem__), by buffer: the (stream, first, last fence) of each
-# not waited for yet. A view's write does not change the fence of the other
-# tensors of its memory, so their waits and readers on other timelines look
-# here. Usually empty: fresh results are not entered.
-_AliasedWrites: TypeAlias = "list[tuple[Stream | None, int, int]]"
+# operators, __setitem__), by buffer: per timeline (None: the default
+# stream), the first and last fence of those not waited for yet (a timeline
+# runs in order, so one range per timeline covers them all and the entry
+# stays small however many writes a loop makes). A view's write does not
+# change the fence of the other tensors of its memory, so their waits and
+# readers on other timelines look here. Usually empty.
+_AliasedWrites: TypeAlias = "dict[Stream | None, tuple[int, int]]"
 _aliased_writes: dict[int, tuple[weakref.ref[Buffer], _AliasedWrites]] = {}
 
 
 def _aliased_writes_of(buf: Buffer) -> _AliasedWrites:
     entry = _aliased_writes.get(id(buf))
-    return entry[1] if entry is not None and entry[0]() is buf else []
+    return entry[1] if entry is not None and entry[0]() is buf else {}
 
 
 def _note_aliased_write(dst: Tensor) -> None:
@@ -1443,8 +1446,10 @@ def _note_aliased_write(dst: Tensor) -> None:
             if found is not None and found[0] is ref:
                 del _aliased_writes[key]
 
-        entry = _aliased_writes[key] = (weakref.ref(buf, gone), [])
-    entry[1].append((dst._stream, since, dst._fence))
+        entry = _aliased_writes[key] = (weakref.ref(buf, gone), {})
+    writes = entry[1]
+    old = writes.get(dst._stream)
+    writes[dst._stream] = (since if old is None else builtins.min(old[0], since), dst._fence)
 
 
 def _wait_aliased_writes(t: Tensor, timeout_s: float | None) -> None:
@@ -1454,7 +1459,7 @@ def _wait_aliased_writes(t: Tensor, timeout_s: float | None) -> None:
     writes = _aliased_writes_of(buf)
     if writes:
         del _aliased_writes[id(buf)]
-        for stream, lo, hi in writes:
+        for stream, (lo, hi) in writes.items():
             _wait_fences(t._device, stream, lo, hi, timeout_s, t)
 
 
