@@ -232,3 +232,17 @@ def test_a_plan_made_on_one_device_launches_on_another_with_its_buffers() -> Non
             x = npu.tensor(np.full(32, value, np.float32), device=dev)
             got = (x * x).numpy()
             np.testing.assert_array_equal(got, np.full(32, value * value, np.float32))
+
+
+@pytest.mark.parametrize(
+    "data,count",
+    [(b"", 0), (bytes(ctypes.sizeof(_abi.NpuTensorOp)), 2), (b"\0" * 7, 1)],
+    ids=["no-records", "fewer-bytes-than-records", "not-a-record"],
+)
+def test_submit_records_refuses_bytes_that_are_not_count_records(
+    device: npu.Device, driver: CpuBackend, data: bytes, count: int
+) -> None:
+    before = submits(driver)
+    with pytest.raises(ValueError, match="records"):
+        device.submit_records(data, count, True, [None] * count)
+    assert submits(driver) == before

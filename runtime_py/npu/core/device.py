@@ -267,7 +267,7 @@ class PackedOps:
 class _Submitted:
     first_fence: int
     last_fence: int
-    ops: tuple[AnyOp, ...]
+    ops: tuple[object, ...]  # AnyOp, or a BoundOp made into one when asked
 
 
 class Device(Closing):
@@ -688,11 +688,11 @@ class Device(Closing):
         if not 1 <= count <= _abi.NPU_SUBMIT_MAX_OPS or size != count * ctypes.sizeof(struct):
             raise ValueError(f"submit_records: {size} bytes are not {count} records")
         raw = data if isinstance(data, ctypes.Array) else (struct * count).from_buffer_copy(data)
-        return self._submit_one_kind(tuple(ops), 0, tensor, raw)  # type: ignore[arg-type]
+        return self._submit_one_kind(tuple(ops), 0, tensor, raw)
 
     def _submit_one_kind(
         self,
-        batch: tuple[AnyOp, ...],
+        batch: tuple[object, ...],
         queue: int,
         tensor: bool,
         raw_ops: ctypes.Array[Any] | None = None,
@@ -706,7 +706,7 @@ class Device(Closing):
             else:
                 raw_ops = (struct * len(batch))()
                 for i, op in enumerate(batch):
-                    raw_ops[i] = op.pack()
+                    raw_ops[i] = cast("Op", op).pack()
 
         def context() -> str:
             shown = ", ".join(str(op) for op in batch[:4])

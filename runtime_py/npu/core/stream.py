@@ -721,12 +721,7 @@ class Stream:
             q = self._live("launch")
             if waits:
                 self._push_waits(q, waits)
-            view = self._arena_view
-            if view is None:
-                view = self._make_arena()
-            ring_off = q.claim(self._timeout_s)
-            slot = q.tail & self._mask
-            off = slot * _PARAMS_SIZE
+            view, ring_off, slot, off = self._claim_slot(q)
             template.write_block(view, off, vas)
             fence = q.put(ring_off, template.opcode, self._arena_va + off, template.kind, 0)
             self._ops[slot] = (fence, bound, bufs)
@@ -953,17 +948,22 @@ class Stream:
                 if len(self._packed) >= _PACK_CACHE_MAX:
                     self._packed.clear()
                 self._packed[key] = entry
-        view = self._arena_view
-        if view is None:
-            view = self._make_arena()
-        # Room first: the slot's block is free once its last command completed.
-        ring_off = q.claim(self._timeout_s)
-        slot = q.tail & self._mask
-        off = slot * _PARAMS_SIZE
+        view, ring_off, slot, off = self._claim_slot(q)
         view[off : off + _PARAMS_SIZE] = entry[1]
         fence = q.put(ring_off, op.opcode, self._arena_va + off, op.kind, 0)
         self._ops[slot] = (fence, op, entry[2])
         return fence
+
+    def _claim_slot(self, q: UserQueue) -> tuple[memoryview, int, int, int]:
+        """Room for one tensor op (lock held): the arena, the ring offset of its
+        descriptor, its slot and the byte offset of its parameter block there.
+        Room first: the slot's block is free once its last command completed."""
+        view = self._arena_view
+        if view is None:
+            view = self._make_arena()
+        ring_off = q.claim(self._timeout_s)
+        slot = q.tail & self._mask
+        return view, ring_off, slot, slot * _PARAMS_SIZE
 
     def _make_arena(self) -> memoryview:
         arena = self.device.alloc(self._entries * _PARAMS_SIZE)

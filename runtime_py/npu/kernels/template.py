@@ -122,12 +122,8 @@ class Template:
 
         Handles must be u32 and offsets u64 (``struct.error`` otherwise).
         """
-        rec = bytearray(self._record)
-        pack_into = _HANDLE_DTYPE_OFFSET.pack_into
-        at = _OP_REFS
-        for like, handle, offset in zip(self._like, handles, offsets, strict=True):
-            pack_into(rec, at, handle, like.dtype, offset)
-            at += REF_SIZE
+        rec = bytearray()
+        self.append_record(rec, handles, offsets)
         return bytes(rec)
 
     def append_record(self, dst: bytearray, handles: Sequence[int], offsets: Sequence[int]) -> None:
@@ -141,12 +137,8 @@ class Template:
 
     def block(self, vas: Sequence[int]) -> bytes:
         """The ``struct npu_tensor_params`` with operand ``i`` at device address ``vas[i]``."""
-        blk = bytearray(self._block)
-        pack_into = _VA.pack_into
-        at = 0
-        for va in vas:
-            pack_into(blk, at, va)
-            at += _OPERAND_SIZE
+        blk = bytearray(PARAMS_SIZE)
+        self.write_block(memoryview(blk), 0, vas)
         return bytes(blk)
 
     def write_block(self, dst: memoryview, at: int, vas: Sequence[int]) -> None:
