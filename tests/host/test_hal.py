@@ -66,14 +66,6 @@ def test_npu_device_cpu_also_names_the_cpu_backend(
     assert npu.default_device().kind == "cpu"
 
 
-def test_the_cpu_backend_has_no_user_queues(device: npu.Device) -> None:
-    assert not device.info.user_queues
-    with pytest.raises(npu.NpuError) as info:
-        device.create_queue()
-    assert info.value.errno == errno.EOPNOTSUPP
-    assert "QUEUE_CREATE" in info.value.context
-
-
 def test_the_cpu_backend_has_no_device_memory_or_userptr(device: npu.Device) -> None:
     with pytest.raises(npu.NpuError) as info:
         device.alloc(4096, device_memory=True)

@@ -1,7 +1,6 @@
 """npu.Stream on the host: the parameter blocks a stream writes for tensor ops,
 the current/default stream bookkeeping, and the default stream (the kernel
-SUBMIT path) on the CPU backend. User streams need user queues: guest tests
-(tests/guest/test_streams.py)."""
+SUBMIT path) on the CPU backend. Streams on user queues: test_stream_queues.py."""
 
 from __future__ import annotations
 
@@ -66,24 +65,24 @@ def test_the_default_stream_is_one_per_device_and_current_outside_with(
 
 
 def test_with_nests_and_restores_the_current_stream(default_device: npu.Device) -> None:
-    outer, inner = npu.default_stream(), npu.Stream.__new__(npu.Stream)
-    inner._init_default(default_device)  # a stand-in: user queues need the guest
+    outer, inner = npu.default_stream(), npu.Stream()
     with outer:
         with inner:
             assert npu.current_stream() is inner
         assert npu.current_stream() is outer
     assert npu.current_stream() is npu.default_stream()
+    inner.close()
 
 
 def test_the_current_stream_is_per_thread(default_device: npu.Device) -> None:
-    other = npu.Stream.__new__(npu.Stream)
-    other._init_default(default_device)
+    other = npu.Stream(default_device)
     seen: list[npu.Stream] = []
     with other:
         t = threading.Thread(target=lambda: seen.append(npu.current_stream(default_device)))
         t.start()
         t.join()
     assert seen == [npu.default_stream(default_device)]
+    other.close()
 
 
 def test_work_on_the_default_stream_goes_through_submit(

@@ -5,10 +5,12 @@ file (so :meth:`CpuBackend.map` gives real shared mappings, and a freed
 buffer's memory lives on in the mappings still holding it, as with the
 driver's mmap), a submission is checked like the
 driver checks it and run at once by :class:`npu.hal.cpu_kernels.Executor`,
-and its fences complete before ``submit`` returns. It has one kernel queue,
-no user-mode queues and no device memory (their capabilities are not
-reported and their calls fail with ``EOPNOTSUPP``), and reports the
-capabilities of the ops it implements.
+and its fences complete before ``submit`` returns. It lends seven user-mode
+queues (rings in shared memory run by a firmware thread,
+:mod:`npu.hal.cpu_queues`), has no device memory and no user-pointer buffers
+(those calls fail with ``EOPNOTSUPP``), and reports the capabilities of the
+ops it implements. A buffer's device VA is its mapping offset (from 4 GiB on,
+as the driver's: below are the queues' regions), never reused.
 
 It is the runtime's reference: host tests run the whole runtime on it, and
 in the guest the op suite compares the driver backend with it. For those
@@ -20,11 +22,11 @@ every wait times out).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import mmap
 import os
-import resource
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ import numpy as np
 
 from .. import _abi
 from .cpu_kernels import Executor
+from .cpu_queues import QueueEngine
+from .memfd import memfd
 from .types import BoInfo, FenceTimes, HalInfo, QueueInfo, WaitFailed
 
 __all__ = ["CPU_CAPS", "CpuBackend", "HalCall"]
@@ -54,6 +58,9 @@ CPU_CAPS = (
 )
 _DRIVER_VERSION = 0x0001_0000  # 1.0: the CPU backend's own version
 _RECORDS = 256  # completion records kept for fence_info (the ring's entries)
+_USER_QUEUES = 7  # hardware queues 1..7, as the device's
+_BO_BASE = 1 << 32  # buffers' mapping offsets (and VAs) start here, as the driver's
+_WAIT_SLICE_S = (20e-6, 1e-3)  # a user-queue WAIT's sleeps between passes, growing
 
 
 def _err(code: int) -> OSError:
@@ -89,12 +96,19 @@ class CpuBackend:
         self._bos: dict[int, _Bo] = {}
         self._by_offset: dict[int, int] = {}  # mapping offset -> handle
         self._next_handle = 1
-        self._next_offset = 0
+        self._next_offset = _BO_BASE
+        self._starts: list[int] = []  # the buffers' offsets (= VAs), sorted
         self._fence = 0  # the last fence handed out
         self._completed = 0  # the last fence run to its end
         self._failed: tuple[int, int] | None = None  # (fence, status): the queue stopped
         self._stamps: dict[int, tuple[int, int]] = {}  # fence -> (start, end) ns
         self._executor = Executor(self._buffer, caps)
+        # (queue, fence) of the MMU fault that marked this file faulted.
+        self._faulted: tuple[int, int] | None = None
+        self._queues = QueueEngine(
+            self._lock, self._translate, self._executor, self._fault, _USER_QUEUES,
+            halted=lambda: self.hang,
+        )  # fmt: skip
         self.caps = caps
         self.fail_opcode: dict[int, int] = {}
         self.hang = False
@@ -126,6 +140,25 @@ class CpuBackend:
         bo = self._bos.get(handle)
         return None if bo is None else bo.data
 
+    def _translate(
+        self, va: int, nbytes: int
+    ) -> tuple[int, int, np.ndarray[Any, np.dtype[np.uint8]]] | None:
+        """The buffer holding ``[va, va + nbytes)``: (handle, offset, its bytes); None: a fault."""
+        i = bisect.bisect_right(self._starts, va) - 1
+        if i < 0:
+            return None
+        handle = self._by_offset[self._starts[i]]
+        bo = self._bos[handle]
+        off = va - bo.offset
+        if off + nbytes > bo.size:
+            return None
+        return handle, off, bo.data[off : off + nbytes]
+
+    def _fault(self, queue: int, fence: int) -> None:
+        """A user queue's command faulted: the file is faulted, as the driver marks it."""
+        if self._faulted is None:
+            self._faulted = (queue, fence)
+
     # -- lifetime ------------------------------------------------------------
 
     def fileno(self) -> int:
@@ -136,8 +169,10 @@ class CpuBackend:
     def close(self) -> None:
         with self._lock:
             fd, self._fd = self._fd, -1
+            self._queues.close()
             bos, self._bos = self._bos, {}
             self._by_offset.clear()
+            self._starts.clear()
         for bo in bos.values():
             os.close(bo.fd)
         if fd >= 0:
@@ -159,6 +194,7 @@ class CpuBackend:
             max_bo_size=_abi.NPU_BO_MAX_SIZE,
             pci_vendor=_abi.NPU_PCI_VENDOR_ID,
             pci_device=_abi.NPU_PCI_DEVICE_ID,
+            user_queues=_USER_QUEUES,
         )
 
     def bo_create(self, size: int, flags: int) -> BoInfo:
@@ -170,7 +206,7 @@ class CpuBackend:
         alloc = -(-size // _PAGE) * _PAGE
         with self._lock:
             self.fileno()
-            fd = _memfd(alloc)
+            fd = memfd("npu-cpu-bo", alloc)
             try:
                 view = mmap.mmap(fd, alloc, flags=mmap.MAP_SHARED)
             except BaseException:
@@ -183,7 +219,8 @@ class CpuBackend:
             self._next_handle += 1
             self._bos[handle] = _Bo(fd, offset, alloc, np.frombuffer(view, dtype=np.uint8))
             self._by_offset[offset] = handle
-        return BoInfo(handle, offset, alloc, va=0)
+            self._starts.append(offset)  # offsets only grow: the list stays sorted
+        return BoInfo(handle, offset, alloc, va=offset)
 
     def bo_userptr(self, addr: int, size: int, flags: int) -> BoInfo:
         self._note("bo_userptr", addr, size, flags)
@@ -196,6 +233,7 @@ class CpuBackend:
             if bo is None:
                 raise _err(errno.ENOENT)
             del self._by_offset[bo.offset]
+            del self._starts[bisect.bisect_left(self._starts, bo.offset)]
             # The memory goes back to the system once no mapping holds it.
             os.close(bo.fd)
 
@@ -203,6 +241,11 @@ class CpuBackend:
         self._note("map", offset, length)
         with self._lock:
             self.fileno()
+            if offset < _BO_BASE:
+                queue_map = self._queues.map(offset, length, prot)
+                if queue_map is None:
+                    raise _err(errno.EINVAL)
+                return queue_map
             handle = self._by_offset.get(offset)  # a whole buffer, the common case
             candidates = [self._bos[handle]] if handle is not None else self._bos.values()
             for bo in candidates:
@@ -219,6 +262,8 @@ class CpuBackend:
         if queue or not 1 <= len(ops) <= _abi.NPU_SUBMIT_MAX_OPS:
             raise _err(errno.EINVAL)
         with self._lock:
+            if self._faulted is not None:
+                raise _err(errno.EBADFD)
             if op_size == ctypes.sizeof(_abi.NpuTensorOp):
                 tensor_ops = [_abi.NpuTensorOp.from_buffer_copy(op) for op in ops]
                 for top in tensor_ops:  # everything is checked first: a bad op queues nothing
@@ -258,16 +303,35 @@ class CpuBackend:
 
     def wait(self, fence: int, timeout_ns: int, queue: int) -> None:
         self._note("wait", fence, timeout_ns, queue)
+        if queue:
+            self._wait_user(fence, timeout_ns, queue)
+            return
         with self._lock:
-            if queue or fence > self._fence:
+            if fence > self._fence:
                 raise _err(errno.EINVAL)
             if self._failed is not None and fence >= self._failed[0]:
                 raise WaitFailed.device_error(self._failed[1], self._failed[0])
+            if self._faulted is not None:
+                raise WaitFailed(errno.EBADFD, _abi.NPU_ST_MMU_FAULT, self._faulted[1])
             if fence <= self._completed and not self.hang:
                 return
         # Only an injected hang leaves a fence pending, and nothing can
         # complete it later: the wait times out at once.
         raise _err(errno.ETIMEDOUT)
+
+    def _wait_user(self, fence: int, timeout_ns: int, queue: int) -> None:
+        """WAIT on a lent queue: run the rings, then sleep a little, until its fence record
+        reaches ``fence`` (a fence never pushed just times out, as with the driver)."""
+        deadline = time.monotonic_ns() + timeout_ns
+        pause, longest = _WAIT_SLICE_S
+        while True:
+            with self._lock:
+                if self._queues.check_wait(queue, fence):
+                    return
+            if time.monotonic_ns() >= deadline:
+                raise _err(errno.ETIMEDOUT)
+            time.sleep(min(pause, max(0.0, (deadline - time.monotonic_ns()) / 1e9)))
+            pause = min(pause * 2, longest)
 
     def fence_info(self, fence: int, queue: int) -> FenceTimes:
         self._note("fence_info", fence, queue)
@@ -283,29 +347,14 @@ class CpuBackend:
 
     def queue_create(self, entries: int, priority: int) -> QueueInfo:
         self._note("queue_create", entries, priority)
-        raise _err(errno.EOPNOTSUPP)
+        with self._lock:
+            self.fileno()
+            if self._faulted is not None:
+                raise _err(errno.EBADFD)
+            return self._queues.create(entries, priority)
 
     def queue_destroy(self, index: int) -> None:
         self._note("queue_destroy", index)
-        raise _err(errno.EINVAL)
-
-
-def _memfd(size: int) -> int:
-    """An anonymous memory file of ``size`` bytes (more open files allowed if needed)."""
-    try:
-        fd = os.memfd_create("npu-cpu-bo", os.MFD_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.EMFILE:
-            raise
-        # One open file per buffer: take the hard limit rather than fail.
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft >= hard:
-            raise
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        fd = os.memfd_create("npu-cpu-bo", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        with self._lock:
+            self.fileno()
+            self._queues.destroy(index)
