@@ -101,6 +101,17 @@ from .tensors.elementwise import (
     subtract,
     tanh,
 )
+from .tensors.factory import (
+    arange,
+    empty,
+    empty_like,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    zeros,
+    zeros_like,
+)
 from .tensors.nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .tensors.quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .tensors.reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
@@ -158,6 +169,7 @@ __all__ = [
     "__version__",
     "abs",
     "add",
+    "arange",
     "avg_pool2d",
     "bf16_to_float32",
     "bfloat16",
@@ -171,7 +183,9 @@ __all__ = [
     "default_stream",
     "devices",
     "divide",
+    "empty",
     "empty_cache",
+    "empty_like",
     "equal",
     "exp",
     "fill",
@@ -179,6 +193,8 @@ __all__ = [
     "float32",
     "float32_to_bf16",
     "from_numpy",
+    "full",
+    "full_like",
     "gelu",
     "global_avg_pool2d",
     "greater",
@@ -204,6 +220,8 @@ __all__ = [
     "multiply",
     "negative",
     "not_equal",
+    "ones",
+    "ones_like",
     "open_device",
     "ops",
     "permute",
@@ -225,6 +243,8 @@ __all__ = [
     "synchronize",
     "tanh",
     "tensor",
+    "zeros",
+    "zeros_like",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -158,3 +158,32 @@ def test_conversions_agree_exactly(dev: npu.Device, cpu: npu.Device, dst: str) -
     dtype = npu.bfloat16 if dst == "bfloat16" else np.dtype(dst)
     got, ref = (npu.tensor(x, device=d).astype(dtype).numpy() for d in (dev, cpu))
     np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, npu.bfloat16, np.int8, np.int32, npu.bool]
+)
+def test_factories_agree_exactly(dev: npu.Device, cpu: npu.Device, dtype: Any) -> None:
+    for make in (
+        lambda d: npu.zeros(3, 37, dtype=dtype, device=d),
+        lambda d: npu.ones(3, 37, dtype=dtype, device=d),
+        lambda d: npu.full((3, 37), 1 if dtype is npu.bool else 5, dtype=dtype, device=d),
+        lambda d: npu.arange(37, dtype=dtype if dtype is not npu.bool else np.int32, device=d),
+    ):
+        on_dev, on_cpu = make(dev).numpy(), make(cpu).numpy()
+        assert on_dev.dtype == on_cpu.dtype
+        np.testing.assert_array_equal(on_dev, on_cpu)
+
+
+def test_streams_on_both_backends_agree(dev: npu.Device, cpu: npu.Device) -> None:
+    x_np, w_np = data((16, 32), 40), data((32, 8), 41)
+    got = []
+    for d in (dev, cpu):
+        s = npu.Stream(d)
+        try:
+            with s:
+                y = npu.softmax(npu.relu(npu.tensor(x_np, device=d) @ npu.tensor(w_np, device=d)))
+            got.append(y.numpy())
+        finally:
+            s.close()
+    agree(got[0], got[1], "fp32", scale=10)
