@@ -319,3 +319,67 @@ def test_the_queue_memory_stays_readable_after_queue_destroy(driver: CpuBackend)
     assert struct.unpack_from("<QI", mem, info.cpl_offset) == (1, _abi.NPU_ST_OK)
     mem.close()
     bell.close()
+
+
+def params_block(device: npu.Device, fill: Callable[[_abi.NpuTensorParams], None]) -> npu.Buffer:
+    """A parameter block in a new buffer, as ``fill`` sets it up."""
+    block = _abi.NpuTensorParams()
+    fill(block)
+    buf = device.alloc(PAGE)
+    buf.numpy()[: len(bytes(block))] = np.frombuffer(bytes(block), np.uint8)
+    return buf
+
+
+def hw_operand(t: _abi.NpuHwTensor, va: int, n: int) -> None:
+    t.va, t.dtype, t.ndim = va, _abi.NPU_DTYPE_FP32, 1
+    t.shape[0], t.strides[0] = n, 1
+
+
+def test_a_tensor_op_reads_its_parameter_block_and_the_operands_at_their_vas(
+    device: npu.Device, queue: npu.UserQueue
+) -> None:
+    a, b, out = device.alloc(PAGE), device.alloc(PAGE), device.alloc(PAGE)
+    a.numpy(np.float32)[:8] = np.arange(8)
+    b.numpy(np.float32)[:8] = 10
+
+    def add(p: _abi.NpuTensorParams) -> None:
+        for i, buf in enumerate((a, b, out)):
+            hw_operand(p.t[i], buf.va, 8)
+
+    block = params_block(device, add)
+    fence = queue.push(cmd(_abi.NPU_OP_ELTWISE, block.va, _abi.NPU_ELTWISE_ADD))
+    queue.wait(fence)
+    np.testing.assert_array_equal(out.numpy(np.float32)[:8], np.arange(8) + 10)
+
+
+def test_an_unused_operand_not_all_zero_fails_the_tensor_op(
+    device: npu.Device, queue: npu.UserQueue
+) -> None:
+    a, out = device.alloc(PAGE), device.alloc(PAGE)
+
+    def relu(p: _abi.NpuTensorParams) -> None:
+        hw_operand(p.t[0], a.va, 8)
+        hw_operand(p.t[1], out.va, 8)
+        p.t[2].shape[0] = 1  # operand 2 of a UNARY is unused
+
+    block = params_block(device, relu)
+    fence = queue.push(cmd(_abi.NPU_OP_UNARY, block.va, _abi.NPU_UNARY_RELU))
+    with pytest.raises(npu.NpuDeviceError) as info:
+        queue.wait(fence)
+    assert info.value.status == _abi.NPU_ST_BAD_ARGS
+
+
+def test_a_tensor_operand_outside_every_buffer_faults(
+    device: npu.Device, queue: npu.UserQueue
+) -> None:
+    a = device.alloc(PAGE)
+
+    def relu(p: _abi.NpuTensorParams) -> None:
+        hw_operand(p.t[0], a.va, 8)
+        hw_operand(p.t[1], 1 << 40, 8)  # no buffer there
+
+    block = params_block(device, relu)
+    fence = queue.push(cmd(_abi.NPU_OP_UNARY, block.va, _abi.NPU_UNARY_RELU))
+    with pytest.raises(npu.NpuDeviceError) as info:
+        queue.wait(fence)
+    assert (info.value.errno, info.value.status) == (errno.EBADFD, _abi.NPU_ST_MMU_FAULT)

@@ -36,7 +36,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -67,7 +67,6 @@ _FILL: Final = struct.Struct("<QQII")
 _GEMM: Final = struct.Struct("<QQQ8I")
 _TENSOR: Final = struct.Struct("<QII")
 _SYNC: Final = struct.Struct("<QQ")
-_HW_TENSOR: Final = struct.Struct("<QII4I4I")
 _PARAMS_SIZE: Final = ctypes.sizeof(_abi.NpuTensorParams)
 _MAX_XFER: Final = 1 << 32
 _MAX_DIM: Final = 65536
@@ -115,7 +114,6 @@ class _Queue:
     done: int = 0  # the fence of the last completed command
     # Why the device stopped the queue: (errno for WAIT, status, error fence).
     stop: tuple[int, int, int] | None = None
-    blocked: bool = field(default=False)
 
     @property
     def cpl_offset(self) -> int:
@@ -296,9 +294,7 @@ class QueueEngine:
         except _Fault:
             status, faulted = _abi.NPU_ST_MMU_FAULT, True
         if status == _BLOCKED:
-            q.blocked = True
             return False
-        q.blocked = False
         t_end = time.monotonic_ns()
         _CPL_REC.pack_into(q.mem, q.cpl_offset + slot * _CPL, fence, status, opcode, 0,
                            t_start, t_end)  # fmt: skip
@@ -414,14 +410,14 @@ class QueueEngine:
         op.params[:] = hw.params[: _abi.TENSOR_OP_PARAMS]
         for i in range(_abi.NPU_TENSOR_OPERANDS):
             t = hw.t[i]
-            if not t.va and not t.ndim and not t.dtype:
-                continue  # an unused operand (all zero; the checks below see it)
+            if not any(bytes(t)):
+                continue  # an unused operand; one not all zero fails the checks below
             size = _DTYPE_SIZE.get(t.dtype)
             if size is None or not 1 <= t.ndim <= _abi.NPU_MAX_RANK:
                 return _abi.NPU_ST_BAD_ARGS
             last = sum((t.shape[d] - 1) * t.strides[d] for d in range(t.ndim) if t.shape[d])
             status = _range(t.va, (last + 1) * size)
-            if status == _abi.NPU_ST_BAD_ADDR:
+            if status:
                 return status
             where = self._translate(t.va, (last + 1) * size)
             if where is None:
