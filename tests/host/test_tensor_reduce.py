@@ -349,3 +349,31 @@ def test_cpu_backend_rejects_bad_params_with_einval(device: npu.Device) -> None:
     with pytest.raises(npu.NpuError) as info:
         device.submit([bad])
     assert info.value.errno == 22
+
+
+def test_pytorchs_dim_and_keepdim_are_aliases_of_axis_and_keepdims(
+    default_device: npu.Device,
+) -> None:
+    x_np = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x = npu.tensor(x_np)
+    for fn, ref in ((npu.sum, np.sum), (npu.mean, np.mean), (npu.max, np.max), (npu.min, np.min)):
+        np.testing.assert_allclose(fn(x, dim=1).numpy(), ref(x_np, axis=1))
+        np.testing.assert_allclose(
+            fn(x, dim=(0, 2), keepdim=True).numpy(), ref(x_np, axis=(0, 2), keepdims=True)
+        )
+    np.testing.assert_allclose(x.sum(dim=-1).numpy(), x_np.sum(axis=-1))
+    np.testing.assert_allclose(x.softmax(dim=0).numpy(), npu.softmax(x, axis=0).numpy())
+    np.testing.assert_allclose(
+        npu.log_softmax(x, dim=1).numpy(), npu.log_softmax(x, axis=1).numpy()
+    )
+
+
+def test_a_name_and_its_alias_together_raise_type_error(default_device: npu.Device) -> None:
+    x = npu.tensor(np.ones((2, 3), np.float32))
+    for call in (
+        lambda: npu.sum(x, axis=0, dim=0),
+        lambda: x.mean(keepdims=True, keepdim=True),
+        lambda: npu.softmax(x, axis=0, dim=0),
+    ):
+        with pytest.raises(TypeError, match="alias"):
+            call()

@@ -104,41 +104,92 @@ def _reduce_empty(
     raise ValueError(f"zero-size array to reduction operation {what} which has no identity")
 
 
+def _torch_names(
+    axis: Any, keepdims: bool, dim: Any, keepdim: bool | None, what: str
+) -> tuple[Any, bool]:
+    """``axis``/``keepdims`` (numpy's names) or ``dim``/``keepdim`` (PyTorch's), not both."""
+    if dim is not None:
+        if axis is not None:
+            raise TypeError(f"{what}() got both 'axis' and its alias 'dim'")
+        axis = dim
+    if keepdim is not None:
+        if keepdims:
+            raise TypeError(f"{what}() got both 'keepdims' and its alias 'keepdim'")
+        keepdims = keepdim
+    return axis, keepdims
+
+
 @register_operator("sum")
-def sum(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+def sum(
+    x: Any,
+    axis: AxisArg = None,
+    keepdims: bool = False,
+    *,
+    dim: AxisArg = None,
+    keepdim: bool | None = None,
+) -> Tensor:
     """Sum over ``axis`` (None: all axes; an int or a tuple; negative counts from the end).
 
     Like ``np.sum`` but integer inputs (int8, int32) give **int32**, summed
     on the device and wrapping at int32 (numpy gives int64, or wraps the same
     way with ``dtype=np.int32``). Float inputs keep their dtype. With
     ``keepdims=False`` the result is a view of the keepdims-form output.
+    PyTorch's ``dim`` and ``keepdim`` are accepted as aliases (as
+    ``torch.sum`` accepts numpy's names); so for :func:`mean`, :func:`max`
+    and :func:`min`.
 
     Raises:
+        TypeError: a name and its alias both given.
         AxisError: an axis is out of range (numpy's, a ValueError).
         ValueError: duplicate axes.
     """
+    axis, keepdims = _torch_names(axis, keepdims, dim, keepdim, "sum")
     return _reduce(_abi.ReduceKind.SUM, x, axis, keepdims, "sum")
 
 
 @register_operator("mean")
-def mean(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+def mean(
+    x: Any,
+    axis: AxisArg = None,
+    keepdims: bool = False,
+    *,
+    dim: AxisArg = None,
+    keepdim: bool | None = None,
+) -> Tensor:
     """Arithmetic mean over ``axis`` (see :func:`sum`); integer inputs give float32."""
+    axis, keepdims = _torch_names(axis, keepdims, dim, keepdim, "mean")
     return _reduce(_abi.ReduceKind.MEAN, x, axis, keepdims, "mean")
 
 
 @register_operator("max")
-def max(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+def max(
+    x: Any,
+    axis: AxisArg = None,
+    keepdims: bool = False,
+    *,
+    dim: AxisArg = None,
+    keepdim: bool | None = None,
+) -> Tensor:
     """Maximum over ``axis`` (see :func:`sum`); keeps the dtype.
 
     Raises:
         ValueError: a reduced axis of an empty tensor (no identity), or as :func:`sum`.
     """
+    axis, keepdims = _torch_names(axis, keepdims, dim, keepdim, "max")
     return _reduce(_abi.ReduceKind.MAX, x, axis, keepdims, "maximum")
 
 
 @register_operator("min")
-def min(x: Any, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
+def min(
+    x: Any,
+    axis: AxisArg = None,
+    keepdims: bool = False,
+    *,
+    dim: AxisArg = None,
+    keepdim: bool | None = None,
+) -> Tensor:
     """Minimum over ``axis`` (see :func:`max`)."""
+    axis, keepdims = _torch_names(axis, keepdims, dim, keepdim, "min")
     return _reduce(_abi.ReduceKind.MIN, x, axis, keepdims, "minimum")
 
 
@@ -156,17 +207,26 @@ def _softmax(kind: _abi.SoftmaxKind, x: Any, axis: SupportsIndex, what: str) -> 
 
 
 @register_operator("softmax")
-def softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
+def softmax(x: Any, axis: SupportsIndex = -1, *, dim: SupportsIndex | None = None) -> Tensor:
     """``exp(x) / sum(exp(x), axis)`` along one axis (default the last), on the device.
 
     Float inputs keep their dtype; integer inputs are converted to float32.
+    ``dim`` is PyTorch's name for ``axis``.
     """
+    if dim is not None:
+        if axis != -1:
+            raise TypeError("softmax() got both 'axis' and its alias 'dim'")
+        axis = dim
     return _softmax(_abi.SoftmaxKind.SOFTMAX, x, axis, "softmax")
 
 
 @register_operator("log_softmax")
-def log_softmax(x: Any, axis: SupportsIndex = -1) -> Tensor:
+def log_softmax(x: Any, axis: SupportsIndex = -1, *, dim: SupportsIndex | None = None) -> Tensor:
     """``log(softmax(x, axis))``, computed stably on the device (see :func:`softmax`)."""
+    if dim is not None:
+        if axis != -1:
+            raise TypeError("log_softmax() got both 'axis' and its alias 'dim'")
+        axis = dim
     return _softmax(_abi.SoftmaxKind.LOG, x, axis, "log_softmax")
 
 

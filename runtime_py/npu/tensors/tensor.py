@@ -711,29 +711,57 @@ class Tensor:
 
     # -- reductions and normalisation -----------------------------------------
 
-    def sum(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
-        """:func:`npu.sum` of this tensor."""
-        return OPERATORS["sum"](self, axis, keepdims)
+    def sum(
+        self,
+        axis: AxisArg = None,
+        keepdims: bool = False,
+        *,
+        dim: AxisArg = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        """:func:`npu.sum` of this tensor (``dim``/``keepdim``: PyTorch's names)."""
+        return OPERATORS["sum"](self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def mean(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
-        """:func:`npu.mean` of this tensor."""
-        return OPERATORS["mean"](self, axis, keepdims)
+    def mean(
+        self,
+        axis: AxisArg = None,
+        keepdims: bool = False,
+        *,
+        dim: AxisArg = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        """:func:`npu.mean` of this tensor (``dim``/``keepdim``: PyTorch's names)."""
+        return OPERATORS["mean"](self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def max(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
-        """:func:`npu.max` of this tensor."""
-        return OPERATORS["max"](self, axis, keepdims)
+    def max(
+        self,
+        axis: AxisArg = None,
+        keepdims: bool = False,
+        *,
+        dim: AxisArg = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        """:func:`npu.max` of this tensor (``dim``/``keepdim``: PyTorch's names)."""
+        return OPERATORS["max"](self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def min(self, axis: AxisArg = None, keepdims: bool = False) -> Tensor:
-        """:func:`npu.min` of this tensor."""
-        return OPERATORS["min"](self, axis, keepdims)
+    def min(
+        self,
+        axis: AxisArg = None,
+        keepdims: bool = False,
+        *,
+        dim: AxisArg = None,
+        keepdim: bool | None = None,
+    ) -> Tensor:
+        """:func:`npu.min` of this tensor (``dim``/``keepdim``: PyTorch's names)."""
+        return OPERATORS["min"](self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def softmax(self, axis: SupportsIndex = -1) -> Tensor:
-        """:func:`npu.softmax` of this tensor."""
-        return OPERATORS["softmax"](self, axis)
+    def softmax(self, axis: SupportsIndex = -1, *, dim: SupportsIndex | None = None) -> Tensor:
+        """:func:`npu.softmax` of this tensor (``dim``: PyTorch's name)."""
+        return OPERATORS["softmax"](self, axis, dim=dim)
 
-    def log_softmax(self, axis: SupportsIndex = -1) -> Tensor:
-        """:func:`npu.log_softmax` of this tensor."""
-        return OPERATORS["log_softmax"](self, axis)
+    def log_softmax(self, axis: SupportsIndex = -1, *, dim: SupportsIndex | None = None) -> Tensor:
+        """:func:`npu.log_softmax` of this tensor (``dim``: PyTorch's name)."""
+        return OPERATORS["log_softmax"](self, axis, dim=dim)
 
     # -- operators -----------------------------------------------------------
 
