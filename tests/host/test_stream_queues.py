@@ -6,7 +6,7 @@ test_stream_tensors.py hold the driver to the same behaviour)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,9 +14,7 @@ import pytest
 import npu
 from npu import _abi
 from npu.hal import CpuBackend
-
-THREADS = 4
-OPS = 1000
+from test_threads import OPS, run_threads
 
 
 class Gate:
@@ -52,24 +50,6 @@ def stream(device: npu.Device) -> Iterator[npu.Stream]:
         yield s
     finally:
         s.close()
-
-
-def run_threads(work: Callable[[int], None]) -> list[BaseException]:
-    errors: list[BaseException] = []
-
-    def guarded(k: int) -> None:
-        try:
-            work(k)
-        except BaseException as exc:  # reported by the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
-    return errors
 
 
 def chain(dev: npu.Device, k: int) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import _abi
 
-__all__ = ["Executor", "conv2d_ref", "pool2d_ref"]
+__all__ = ["DTYPE_SIZE", "Executor", "conv2d_ref", "pool2d_ref"]
 
 Bytes = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -112,7 +112,7 @@ class Executor:
         extents = []
         for i in range(n):
             t = op.t[i]
-            size = _DTYPE_SIZE.get(t.dtype, 0)
+            size = DTYPE_SIZE.get(t.dtype, 0)
             if not size or not 1 <= t.ndim <= _abi.NPU_MAX_RANK:
                 raise _err(errno.EINVAL)
             numel, last = 1, 0
@@ -539,7 +539,8 @@ _REDUCE: dict[int, Any] = {
     _abi.NPU_REDUCE_MIN: np.min,
 }
 _FLOATS = (_abi.NPU_DTYPE_FP32, _abi.NPU_DTYPE_FP16, _abi.NPU_DTYPE_BF16)
-_DTYPE_SIZE = {
+#: Bytes per element of each device dtype (also the CPU queues' extent checks).
+DTYPE_SIZE = {
     _abi.NPU_DTYPE_FP32: 4,
     _abi.NPU_DTYPE_FP16: 2,
     _abi.NPU_DTYPE_BF16: 2,

@@ -42,7 +42,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import _abi
-from .cpu_kernels import Executor
+from .cpu_kernels import DTYPE_SIZE, Executor
 from .memfd import memfd
 from .types import QueueInfo, WaitFailed
 
@@ -80,14 +80,6 @@ _USED: Final = {
     _abi.NPU_OP_SIGNAL: 16,
     _abi.NPU_OP_WAIT: 16,
     **{op: 16 for op in range(_abi.NPU_OP_ELTWISE, _abi.NPU_OP_REQUANT + 1)},
-}
-_DTYPE_SIZE: Final = {
-    _abi.NPU_DTYPE_FP32: 4,
-    _abi.NPU_DTYPE_FP16: 2,
-    _abi.NPU_DTYPE_BF16: 2,
-    _abi.NPU_DTYPE_INT8: 1,
-    _abi.NPU_DTYPE_INT32: 4,
-    _abi.NPU_DTYPE_BOOL: 1,
 }
 _BLOCKED: Final = -1  # a WAIT whose value is not there: no completion, head stays
 _POLL_MIN_S: Final = 100e-6
@@ -412,7 +404,7 @@ class QueueEngine:
             t = hw.t[i]
             if not any(bytes(t)):
                 continue  # an unused operand; one not all zero fails the checks below
-            size = _DTYPE_SIZE.get(t.dtype)
+            size = DTYPE_SIZE.get(t.dtype)
             if size is None or not 1 <= t.ndim <= _abi.NPU_MAX_RANK:
                 return _abi.NPU_ST_BAD_ARGS
             last = sum((t.shape[d] - 1) * t.strides[d] for d in range(t.ndim) if t.shape[d])
