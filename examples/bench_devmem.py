@@ -37,7 +37,7 @@ class Bo:
 
     def __init__(self, fd: int, size: int, device: bool) -> None:
         arg = _abi.NpuBoCreate(size=size, flags=_abi.NPU_BO_DEVICE if device else 0)
-        fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)
         self.handle = arg.handle
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
                              offset=arg.mmap_offset)  # fmt: skip
@@ -53,9 +53,9 @@ def copy_s(fd: int, src: Bo, dst: Bo) -> float:
     sub = _abi.NpuSubmit(ops_ptr=ctypes.addressof(ops), num_ops=1,
                          op_size=ctypes.sizeof(_abi.NpuOp))  # fmt: skip
     t0 = time.perf_counter()
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_SUBMIT, sub, True)
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=sub.fence, timeout_ns=60 * 10**9),
-                True)  # fmt: skip
+    fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_SUBMIT, sub, True)
+    wait = _abi.NpuWait(fence=sub.fence, deadline_ns=_abi.deadline_after(60 * 10**9))
+    fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, wait, True)
     return time.perf_counter() - t0
 
 
@@ -73,7 +73,7 @@ def timed(fn: Callable[[], object]) -> float:
 def main() -> int:
     fd = os.open(DEV_PATH, os.O_RDWR)
     info = _abi.NpuInfo()
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_GET_INFO, info, True)
+    fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_GET_INFO, info, True)
     if not info.caps & _abi.NPU_INFO_CAP_LOCAL_MEM:
         print(json.dumps({}))
         return 0

@@ -330,7 +330,8 @@ def bench_nop_batch(dev: npu.Device) -> float:
 
 def read_irq_count(dev: npu.Device) -> int:
     """The driver's interrupt counter (sysfs irq_count: all of the device's vectors)."""
-    with open(f"/sys/class/npu/{os.path.basename(dev.path)}/irq_count") as f:
+    accel = os.path.basename(os.path.realpath(dev.path))  # /dev/npuN links to accelN
+    with open(f"/sys/class/accel/{accel}/device/npu/irq_count") as f:
         return int(f.read())
 
 

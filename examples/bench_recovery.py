@@ -31,7 +31,7 @@ import numpy as np
 import npu
 from npu import ops
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 INJECT = "/sys/kernel/debug/npu/npu0/inject"
 TIMEOUT_PARAM = "/sys/module/npu/parameters/hang_timeout_ms"
 HANG_TIMEOUT_MS = 200

@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
 /*
- * NPU ioctl ABI for /dev/npuN. docs/uapi.md is the prose version.
+ * NPU ioctl ABI of the DRM accel device /dev/accel/accelN (udev links it as
+ * /dev/npuN). docs/uapi.md is the prose version.
  *
- * Rules: every struct is a multiple of 8 bytes with explicit padding, user
- * pointers are __u64, reserved fields and unknown flags must be zero (else
- * -EINVAL), and everything a file descriptor creates is released when it is
- * closed.
+ * Rules: every struct is a multiple of 8 bytes with explicit padding and the
+ * same layout on 32- and 64-bit x86 (tests/host/test_abi_layout.py compiles
+ * it with -m32 too), user pointers are __u64, reserved fields and unknown
+ * flags must be zero (else -EINVAL), and everything a file descriptor
+ * creates is released when it is closed. A struct may grow at its end in a
+ * later version: DRM zero-fills what an older caller did not pass and copies
+ * out only what it did, and a zero new field keeps the old behaviour.
  */
 #ifndef NPU_UAPI_H
 #define NPU_UAPI_H
@@ -13,7 +17,14 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define NPU_IOCTL_BASE		'N'
+/*
+ * Driver ioctls are DRM_IOWR(DRM_COMMAND_BASE + DRM_NPU_*, struct) of
+ * <drm/drm.h>, spelled out here so that the header needs only
+ * <linux/ioctl.h> (the driver checks both values against DRM's at build
+ * time).
+ */
+#define NPU_DRM_IOCTL_BASE	'd'	/* DRM_IOCTL_BASE */
+#define NPU_DRM_COMMAND_BASE	0x40	/* DRM_COMMAND_BASE */
 
 /* Capability bits reported by GET_INFO (same values as NPU_CAP_* in hw). */
 #define NPU_INFO_CAP_COPY	(1u << 0)
@@ -42,7 +53,6 @@ struct npu_info {
 	__u16 pci_vendor;	/* out */
 	__u16 pci_device;	/* out */
 	__u32 user_queues;	/* out: hardware queues QUEUE_CREATE can lend */
-	__u32 rsvd0;		/* out: zero */
 	__u64 device_memory;	/* out: bytes of device memory, 0: none */
 	__u32 rsvd[2];		/* out: zero */
 };
@@ -212,10 +222,15 @@ struct npu_submit {
 	__u64 fence;		/* out: fence value of the last op */
 };
 
-/* On -EIO, status and error_fence are still copied out. */
+/*
+ * The deadline is absolute (CLOCK_MONOTONIC, as DRM's syncobj waits), so a
+ * WAIT interrupted by a signal is restarted with the same argument (or
+ * fails with EINTR where the handler has no SA_RESTART). A deadline not in
+ * the future polls. On -EIO, status and error_fence are still copied out.
+ */
 struct npu_wait {
 	__u64 fence;		/* in: value to wait for */
-	__u64 timeout_ns;	/* in: relative; 0 = poll */
+	__s64 deadline_ns;	/* in: CLOCK_MONOTONIC time to give up at */
 	__u32 queue;		/* in */
 	__u32 flags;		/* in: must be zero */
 	__u32 status;		/* out: device status of the failed op, if any */
@@ -223,14 +238,28 @@ struct npu_wait {
 	__u64 error_fence;	/* out: fence of the failed op (-EIO) */
 };
 
-#define NPU_IOCTL_GET_INFO	_IOR(NPU_IOCTL_BASE, 0x00, struct npu_info)
-#define NPU_IOCTL_BO_CREATE	_IOWR(NPU_IOCTL_BASE, 0x01, struct npu_bo_create)
-#define NPU_IOCTL_BO_DESTROY	_IOW(NPU_IOCTL_BASE, 0x02, struct npu_bo_destroy)
-#define NPU_IOCTL_SUBMIT	_IOWR(NPU_IOCTL_BASE, 0x03, struct npu_submit)
-#define NPU_IOCTL_WAIT		_IOWR(NPU_IOCTL_BASE, 0x04, struct npu_wait)
-#define NPU_IOCTL_BO_USERPTR	_IOWR(NPU_IOCTL_BASE, 0x05, struct npu_bo_userptr)
-#define NPU_IOCTL_FENCE_INFO	_IOWR(NPU_IOCTL_BASE, 0x06, struct npu_fence_info)
-#define NPU_IOCTL_QUEUE_CREATE	_IOWR(NPU_IOCTL_BASE, 0x07, struct npu_queue_create)
-#define NPU_IOCTL_QUEUE_DESTROY	_IOW(NPU_IOCTL_BASE, 0x08, struct npu_queue_destroy)
+#define DRM_NPU_GET_INFO	0x00
+#define DRM_NPU_BO_CREATE	0x01
+#define DRM_NPU_BO_DESTROY	0x02
+#define DRM_NPU_SUBMIT		0x03
+#define DRM_NPU_WAIT		0x04
+#define DRM_NPU_BO_USERPTR	0x05
+#define DRM_NPU_FENCE_INFO	0x06
+#define DRM_NPU_QUEUE_CREATE	0x07
+#define DRM_NPU_QUEUE_DESTROY	0x08
+
+#define NPU_DRM_IOR(nr, type)	_IOR(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + (nr), type)
+#define NPU_DRM_IOW(nr, type)	_IOW(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + (nr), type)
+#define NPU_DRM_IOWR(nr, type)	_IOWR(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + (nr), type)
+
+#define DRM_IOCTL_NPU_GET_INFO		NPU_DRM_IOR(DRM_NPU_GET_INFO, struct npu_info)
+#define DRM_IOCTL_NPU_BO_CREATE		NPU_DRM_IOWR(DRM_NPU_BO_CREATE, struct npu_bo_create)
+#define DRM_IOCTL_NPU_BO_DESTROY	NPU_DRM_IOW(DRM_NPU_BO_DESTROY, struct npu_bo_destroy)
+#define DRM_IOCTL_NPU_SUBMIT		NPU_DRM_IOWR(DRM_NPU_SUBMIT, struct npu_submit)
+#define DRM_IOCTL_NPU_WAIT		NPU_DRM_IOWR(DRM_NPU_WAIT, struct npu_wait)
+#define DRM_IOCTL_NPU_BO_USERPTR	NPU_DRM_IOWR(DRM_NPU_BO_USERPTR, struct npu_bo_userptr)
+#define DRM_IOCTL_NPU_FENCE_INFO	NPU_DRM_IOWR(DRM_NPU_FENCE_INFO, struct npu_fence_info)
+#define DRM_IOCTL_NPU_QUEUE_CREATE	NPU_DRM_IOWR(DRM_NPU_QUEUE_CREATE, struct npu_queue_create)
+#define DRM_IOCTL_NPU_QUEUE_DESTROY	NPU_DRM_IOW(DRM_NPU_QUEUE_DESTROY, struct npu_queue_destroy)
 
 #endif /* NPU_UAPI_H */

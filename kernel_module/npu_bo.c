@@ -12,6 +12,7 @@
 #include <linux/io.h>
 #include <linux/mm.h>
 #include <linux/moduleparam.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
@@ -68,6 +69,8 @@ static void npu_bo_free_pages(struct npu_bo *bo)
 	if (bo->userptr) {
 		/* The device may have written them: mark them dirty. */
 		unpin_user_pages_dirty_lock(bo->pages, bo->npages, !bo->dev_readonly);
+		account_locked_vm(bo->mm, bo->npages, false);
+		mmdrop(bo->mm);
 	} else {
 		for (i = 0; i < bo->npages && bo->pages[i]; i++)
 			__free_page(bo->pages[i]);
@@ -150,11 +153,17 @@ static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
 	unsigned long i;
 	int ret;
 
-	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
+	/*
+	 * Charged to the memory cgroup of the caller (__GFP_ACCOUNT), as the
+	 * page cache of a file it wrote would be: a container cannot pin host
+	 * memory outside its limit through the device.
+	 */
+	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL_ACCOUNT);
 	if (!bo->pages)
 		return -ENOMEM;
 	for (i = 0; i < bo->npages; i++) {
-		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN);
+		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN |
+					  __GFP_ACCOUNT);
 		if (!bo->pages[i]) {
 			npu_bo_free_pages(bo);
 			return -ENOMEM;
@@ -221,7 +230,7 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
 		return ERR_PTR(ret);
 	}
 	bo->ndev = ndev;
-	kref_get(&ndev->ref);
+	npu_device_get(ndev);
 	*vaddr = vmap(bo->pages, bo->npages, VM_MAP, PAGE_KERNEL);
 	if (!*vaddr) {
 		npu_bo_put(bo);
@@ -245,8 +254,10 @@ struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle)
 
 /*
  * Hand a backed, charged BO to @ctx: count it, take the device and context
- * references and give it a handle. On failure the BO is put, which undoes
- * everything.
+ * references and give it a handle. The handle is reserved first and the BO
+ * stored in it last: from then on another thread may destroy it (handles
+ * are predictable), so the caller must not touch @bo after a success. On
+ * failure the BO is put, which undoes everything.
  */
 static int npu_bo_publish(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
 {
@@ -254,55 +265,46 @@ static int npu_bo_publish(struct npu_context *ctx, struct npu_bo *bo, u32 *handl
 	int ret;
 
 	bo->ndev = ndev;
-	kref_get(&ndev->ref);
+	npu_device_get(ndev);
 	atomic64_inc(&ndev->bo_count);
 	atomic64_add(bo->size, &ndev->bo_bytes);
 	/* The BO stays charged to its creator until its last reference goes. */
 	kref_get(&ctx->ref);
 	bo->owner = ctx;
-	ret = xa_alloc(&ctx->bos, handle, bo, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
+	/* A reserved entry reads as NULL: BO_DESTROY and lookups miss it. */
+	ret = xa_alloc(&ctx->bos, handle, NULL, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
 	if (ret) {
 		npu_bo_put(bo);
 		return ret;
 	}
 	bo->handle = *handle;
 	trace_npu_bo_create(*handle, bo->size);
+	/* Cannot fail: the entry exists, so no memory is needed. */
+	xa_store(&ctx->bos, *handle, bo, GFP_KERNEL);
 	return 0;
 }
 
-/* Copy an ioctl's result out; if that faults, the new handle is withdrawn. */
-static int npu_bo_copy_out(struct npu_context *ctx, struct npu_bo *bo,
-			   void __user *arg, const void *args, size_t len)
+int npu_ioctl_bo_create(struct npu_context *ctx, void *data)
 {
-	if (!copy_to_user(arg, args, len))
-		return 0;
-	xa_erase(&ctx->bos, bo->handle);
-	npu_bo_put(bo);
-	return -EFAULT;
-}
-
-int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
-{
-	struct npu_bo_create args;
+	struct npu_bo_create *args = data;
 	struct npu_bo *bo;
+	u64 alloc_size, va;
 	u32 handle;
 	int ret;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if ((args.flags & ~NPU_BO_CREATE_FLAGS) || args.size == 0 ||
-	    args.handle || args.mmap_offset || args.alloc_size || args.va)
+	if ((args->flags & ~NPU_BO_CREATE_FLAGS) || args->size == 0 ||
+	    args->handle || args->mmap_offset || args->alloc_size || args->va)
 		return -EINVAL;
-	if (args.size > NPU_BO_MAX_SIZE)
+	if (args->size > NPU_BO_MAX_SIZE)
 		return -E2BIG;
-	if ((args.flags & NPU_BO_DEVICE) && !ctx->ndev->mem_pool)
+	if ((args->flags & NPU_BO_DEVICE) && !ctx->ndev->mem_pool)
 		return -EOPNOTSUPP;
 
 	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
 	if (!bo)
 		return -ENOMEM;
 	kref_init(&bo->ref);
-	bo->size = PAGE_ALIGN(args.size);
+	bo->size = PAGE_ALIGN(args->size);
 	bo->npages = bo->size >> PAGE_SHIFT;
 	bo->vm = &ctx->vm;
 	ret = npu_ctx_charge(ctx, bo->size);
@@ -310,7 +312,7 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 		kfree(bo);
 		return ret;
 	}
-	if (args.flags & NPU_BO_DEVICE)
+	if (args->flags & NPU_BO_DEVICE)
 		ret = npu_bo_alloc_local(ctx->ndev, bo);
 	else
 		ret = npu_bo_alloc_backing(ctx->ndev, bo, true);
@@ -321,26 +323,31 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg)
 	}
 	if (bo->local)
 		atomic64_add(bo->size, &ctx->local_bytes);
+	alloc_size = bo->size;
+	va = bo->va;
 	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
 		return ret;
-	args.handle = handle;
-	args.mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
-	args.alloc_size = bo->size;
-	args.va = bo->va;
-	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
+	args->handle = handle;
+	args->mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
+	args->alloc_size = alloc_size;
+	args->va = va;
+	return 0;
 }
 
-int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_bo_destroy(struct npu_context *ctx, void *data)
 {
-	struct npu_bo_destroy args;
+	struct npu_bo_destroy *args = data;
 	struct npu_bo *bo;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if (args.rsvd)
+	if (args->rsvd)
 		return -EINVAL;
-	bo = xa_erase(&ctx->bos, args.handle);
+	/* Only a published BO: a handle still being created stays reserved. */
+	xa_lock(&ctx->bos);
+	bo = xa_load(&ctx->bos, args->handle);
+	if (bo)
+		__xa_erase(&ctx->bos, args->handle);
+	xa_unlock(&ctx->bos);
 	if (!bo)
 		return -ENOENT;
 	/* Mappings and jobs in flight keep their own references. */
@@ -348,30 +355,28 @@ int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg)
 	return 0;
 }
 
-int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data)
 {
-	struct npu_bo_userptr args;
+	struct npu_bo_userptr *args = data;
 	bool writable;
 	struct npu_bo *bo;
-	u64 end;
+	u64 end, va;
 	u32 handle;
 	int pinned, ret;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if ((args.flags & ~NPU_BO_USERPTR_FLAGS) || args.handle || !args.size ||
-	    !PAGE_ALIGNED(args.addr) || !PAGE_ALIGNED(args.size) ||
-	    check_add_overflow(args.addr, args.size, &end))
+	if ((args->flags & ~NPU_BO_USERPTR_FLAGS) || args->handle || !args->size ||
+	    !PAGE_ALIGNED(args->addr) || !PAGE_ALIGNED(args->size) ||
+	    check_add_overflow(args->addr, args->size, &end))
 		return -EINVAL;
-	if (args.size > NPU_BO_MAX_SIZE)
+	if (args->size > NPU_BO_MAX_SIZE)
 		return -E2BIG;
-	writable = !(args.flags & NPU_BO_USERPTR_READONLY);
+	writable = !(args->flags & NPU_BO_USERPTR_READONLY);
 
 	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
 	if (!bo)
 		return -ENOMEM;
 	kref_init(&bo->ref);
-	bo->size = args.size;
+	bo->size = args->size;
 	bo->npages = bo->size >> PAGE_SHIFT;
 	bo->userptr = true;
 	bo->dev_readonly = !writable;
@@ -379,12 +384,22 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 	ret = npu_ctx_charge(ctx, bo->size);
 	if (ret)
 		goto err_free_bo;
-	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL);
+	/*
+	 * Long-term pinned pages count as locked memory of the process, against
+	 * its RLIMIT_MEMLOCK (unless CAP_IPC_LOCK), as RDMA and VFIO pins do:
+	 * until the BO's last reference goes, even after the process exits.
+	 */
+	ret = account_locked_vm(current->mm, bo->npages, true);
+	if (ret)
+		goto err_uncharge;
+	bo->mm = current->mm;
+	mmgrab(bo->mm);
+	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL_ACCOUNT);
 	if (!bo->pages) {
 		ret = -ENOMEM;
-		goto err_uncharge;
+		goto err_unlock_vm;
 	}
-	pinned = pin_user_pages_fast(args.addr, bo->npages,
+	pinned = pin_user_pages_fast(args->addr, bo->npages,
 				     FOLL_LONGTERM | (writable ? FOLL_WRITE : 0),
 				     bo->pages);
 	if (pinned != bo->npages) {
@@ -396,17 +411,21 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg)
 	ret = npu_bo_map_pages(ctx->ndev, bo, writable);
 	if (ret)
 		goto err_unpin;
+	va = bo->va;
 	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
 		return ret;
-	args.handle = handle;
-	args.va = bo->va;
-	return npu_bo_copy_out(ctx, bo, arg, &args, sizeof(args));
+	args->handle = handle;
+	args->va = va;
+	return 0;
 
 err_unpin:
 	unpin_user_pages(bo->pages, bo->npages);
 err_free_array:
 	kvfree(bo->pages);
+err_unlock_vm:
+	account_locked_vm(bo->mm, bo->npages, false);
+	mmdrop(bo->mm);
 err_uncharge:
 	npu_ctx_uncharge(ctx, bo->size);
 err_free_bo:
@@ -449,6 +468,7 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	u32 handle = offset >> NPU_BO_OFFSET_SHIFT;
 	u64 start = offset & (BIT_ULL(NPU_BO_OFFSET_SHIFT) - 1);
 	u64 len = vma->vm_end - vma->vm_start;
+	unsigned long pgoff;
 	struct npu_bo *bo;
 	int ret;
 
@@ -463,8 +483,6 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 		ret = -EINVAL;
 		goto err_put;
 	}
-	/* vm_map_pages() takes vm_pgoff as the page index into the BO. */
-	vma->vm_pgoff = start >> PAGE_SHIFT;
 	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	if (bo->local) {
 		/* Device memory: write-combined through the BAR. */
@@ -475,7 +493,16 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 		ret = io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT,
 					 len, vma->vm_page_prot);
 	} else {
+		/*
+		 * vm_map_pages() takes vm_pgoff as the page index into the BO;
+		 * put the vma's own offset back after it, so that the vma stays
+		 * at its place in the device's address_space and a zap of
+		 * another range (a user queue's doorbell) cannot reach it.
+		 */
+		pgoff = vma->vm_pgoff;
+		vma->vm_pgoff = start >> PAGE_SHIFT;
 		ret = vm_map_pages(vma, bo->pages, bo->npages);
+		vma->vm_pgoff = pgoff;
 	}
 	if (ret)
 		goto err_put;

@@ -42,7 +42,7 @@ static int npu_inject_cmd(struct npu_device *ndev, u16 opcode)
 	job->first_fence = q->next_fence + 1;
 	job->last_fence = job->first_fence;
 	cmd.fence = job->first_fence;
-	npu_queue_push(q, &cmd);
+	npu_queue_push(q, &cmd, 0);
 	spin_lock(&q->job_lock);
 	list_add_tail(&job->node, &q->jobs);
 	WRITE_ONCE(q->next_fence, job->last_fence);

@@ -1,101 +1,84 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * NPU driver: PCI probe/remove, the /dev/npuN character device and its file
- * operations. Each open file is a context that owns its buffer objects.
+ * NPU driver: PCI probe/remove and the DRM accel device (/dev/accel/accelN):
+ * its file operations and ioctl table. Each open file is a context that owns
+ * its buffer objects and user queues.
  */
 #include <linux/dma-map-ops.h>
 #include <linux/fs.h>
-#include <linux/idr.h>
 #include <linux/module.h>
-#include <linux/seq_file.h>
+#include <linux/poll.h>
 #include <linux/slab.h>
-#include <linux/uaccess.h>
+
+#include <drm/drm.h>
+#include <drm/drm_accel.h>
+#include <drm/drm_drv.h>
+#include <drm/drm_file.h>
+#include <drm/drm_gem.h>
+#include <drm/drm_ioctl.h>
+#include <drm/drm_managed.h>
+#include <drm/drm_print.h>
 
 #include "npu_drv.h"
 #define CREATE_TRACE_POINTS
 #include "npu_trace.h"
 
-static dev_t npu_devt;
-static struct class *npu_class;
+/* npu_uapi.h spells out DRM's ioctl encoding: it must be DRM's. */
+static_assert(NPU_DRM_IOCTL_BASE == DRM_IOCTL_BASE);
+static_assert(NPU_DRM_COMMAND_BASE == DRM_COMMAND_BASE);
 
-/* npu_devices_lock protects npu_devices (minor -> device) and open lookups. */
-static DEFINE_MUTEX(npu_devices_lock);
-static DEFINE_IDR(npu_devices);
-
-/* Client ids for fdinfo: unique per open file while the module is loaded. */
-static atomic_t npu_next_client_id = ATOMIC_INIT(0);
-
-static void npu_device_free(struct kref *ref)
+static int npu_drm_open(struct drm_device *drm, struct drm_file *file)
 {
-	struct npu_device *ndev = container_of(ref, struct npu_device, ref);
-
-	npu_hw_free(ndev);
-	npu_mmu_fini(ndev);
-	pci_dev_put(ndev->pdev);
-	cleanup_srcu_struct(&ndev->unplug_srcu);
-	kfree(ndev);
-}
-
-void npu_device_put(struct npu_device *ndev)
-{
-	kref_put(&ndev->ref, npu_device_free);
-}
-
-static int npu_open(struct inode *inode, struct file *file)
-{
-	struct npu_device *ndev;
+	struct npu_device *ndev = to_npu_device(drm);
 	struct npu_context *ctx;
-	int ret;
+	int ret, idx;
 
-	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
-	if (!ctx)
-		return -ENOMEM;
-
-	mutex_lock(&npu_devices_lock);
-	ndev = idr_find(&npu_devices, iminor(inode));
-	if (ndev)
-		kref_get(&ndev->ref);
-	mutex_unlock(&npu_devices_lock);
-	if (!ndev) {
-		kfree(ctx);
+	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	if (!ctx) {
+		ret = -ENOMEM;
+		goto out_exit;
 	}
-
 	ctx->ndev = ndev;
 	ret = npu_vm_create_ctx(ndev, &ctx->vm);
 	if (ret) {
-		npu_device_put(ndev);
 		kfree(ctx);
-		return ret;
+		goto out_exit;
 	}
-	ctx->mapping = file->f_mapping;
+	/* The context holds the device until its last job and buffer are gone. */
+	npu_device_get(ndev);
 	mutex_init(&ctx->params_lock);
 	kref_init(&ctx->ref);
 	xa_init_flags(&ctx->bos, XA_FLAGS_ALLOC1);
 	spin_lock_init(&ctx->err_lock);
 	INIT_LIST_HEAD(&ctx->errors);
-	ctx->client_id = atomic_inc_return(&npu_next_client_id);
+	init_waitqueue_head(&ctx->poll_wq);
+	ctx->client_id = file->client_id;
 	atomic64_set(&ctx->bo_count, 0);
 	atomic64_set(&ctx->bo_bytes, 0);
-	file->private_data = ctx;
-	return 0;
+	file->driver_priv = ctx;
+out_exit:
+	npu_dev_exit(ndev, idx);
+	return ret;
 }
 
-static int npu_release(struct inode *inode, struct file *file)
+static void npu_drm_postclose(struct drm_device *drm, struct drm_file *file)
 {
-	struct npu_context *ctx = file->private_data;
+	struct npu_context *ctx = file->driver_priv;
 
 	/* Jobs in flight keep the context and their buffers until they retire. */
 	npu_uqueue_release_all(ctx);
 	npu_bo_release_all(ctx);
 	npu_context_put(ctx);
-	return 0;
 }
 
-static int npu_ioctl_get_info(struct npu_context *ctx, void __user *arg)
+static int npu_ioctl_get_info(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
-	struct npu_info info = {
+	struct npu_info *info = data;
+
+	*info = (struct npu_info){
 		.hw_version = ndev->hw_version,
 		.abi_version = ndev->abi_version,
 		.driver_version = NPU_DRIVER_VERSION,
@@ -110,60 +93,76 @@ static int npu_ioctl_get_info(struct npu_context *ctx, void __user *arg)
 		.user_queues = ndev->hw_queues - 1,
 		.device_memory = ndev->mem_size,
 	};
-
-	return copy_to_user(arg, &info, sizeof(info)) ? -EFAULT : 0;
+	return 0;
 }
 
-static long npu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+/*
+ * The ioctl handlers take the context and the argument DRM copied in (and
+ * copies out on success). All but WAIT run inside npu_dev_enter(): WAIT may
+ * sleep for long, and removal completes its fence instead.
+ */
+#define NPU_IOCTL_ENTER(name)						\
+static int npu_drm_ioctl_##name(struct drm_device *drm, void *data,	\
+				struct drm_file *file)			\
+{									\
+	struct npu_device *ndev = to_npu_device(drm);			\
+	int ret, idx;							\
+									\
+	if (!npu_dev_enter(ndev, &idx))					\
+		return -ENODEV;						\
+	ret = npu_ioctl_##name(file->driver_priv, data);		\
+	npu_dev_exit(ndev, idx);					\
+	return ret;							\
+}
+
+NPU_IOCTL_ENTER(get_info)
+NPU_IOCTL_ENTER(bo_create)
+NPU_IOCTL_ENTER(bo_destroy)
+NPU_IOCTL_ENTER(bo_userptr)
+NPU_IOCTL_ENTER(fence_info)
+NPU_IOCTL_ENTER(submit)
+NPU_IOCTL_ENTER(queue_create)
+NPU_IOCTL_ENTER(queue_destroy)
+
+static int npu_drm_ioctl_wait(struct drm_device *drm, void *data,
+			      struct drm_file *file)
 {
-	struct npu_context *ctx = file->private_data;
-	struct npu_device *ndev = ctx->ndev;
-	void __user *uarg = (void __user *)arg;
-	long ret;
-	int idx;
-
-	/* WAIT sleeps outside npu_dev_enter(); removal completes its fence. */
-	if (cmd == NPU_IOCTL_WAIT)
-		return npu_ioctl_wait(ctx, uarg);
-
-	if (!npu_dev_enter(ndev, &idx))
-		return -ENODEV;
-	switch (cmd) {
-	case NPU_IOCTL_GET_INFO:
-		ret = npu_ioctl_get_info(ctx, uarg);
-		break;
-	case NPU_IOCTL_BO_CREATE:
-		ret = npu_ioctl_bo_create(ctx, uarg);
-		break;
-	case NPU_IOCTL_BO_DESTROY:
-		ret = npu_ioctl_bo_destroy(ctx, uarg);
-		break;
-	case NPU_IOCTL_BO_USERPTR:
-		ret = npu_ioctl_bo_userptr(ctx, uarg);
-		break;
-	case NPU_IOCTL_FENCE_INFO:
-		ret = npu_ioctl_fence_info(ctx, uarg);
-		break;
-	case NPU_IOCTL_SUBMIT:
-		ret = npu_ioctl_submit(ctx, uarg);
-		break;
-	case NPU_IOCTL_QUEUE_CREATE:
-		ret = npu_ioctl_queue_create(ctx, uarg);
-		break;
-	case NPU_IOCTL_QUEUE_DESTROY:
-		ret = npu_ioctl_queue_destroy(ctx, uarg);
-		break;
-	default:
-		ret = -ENOTTY;
-		break;
-	}
-	npu_dev_exit(ndev, idx);
-	return ret;
+	return npu_ioctl_wait(file->driver_priv, data);
 }
 
+#define NPU_IOCTL(ioctl, handler)					\
+	[DRM_NPU_##ioctl] = {						\
+		.cmd = DRM_IOCTL_NPU_##ioctl,				\
+		.func = npu_drm_ioctl_##handler,			\
+		.name = "NPU_" #ioctl,					\
+	}
+
+static const struct drm_ioctl_desc npu_drm_ioctls[] = {
+	NPU_IOCTL(GET_INFO, get_info),
+	NPU_IOCTL(BO_CREATE, bo_create),
+	NPU_IOCTL(BO_DESTROY, bo_destroy),
+	NPU_IOCTL(SUBMIT, submit),
+	NPU_IOCTL(WAIT, wait),
+	NPU_IOCTL(BO_USERPTR, bo_userptr),
+	NPU_IOCTL(FENCE_INFO, fence_info),
+	NPU_IOCTL(QUEUE_CREATE, queue_create),
+	NPU_IOCTL(QUEUE_DESTROY, queue_destroy),
+};
+
+static struct npu_context *npu_file_ctx(struct file *file)
+{
+	struct drm_file *dfile = file->private_data;
+
+	return dfile->driver_priv;
+}
+
+/*
+ * mmap offsets are the driver's own (docs/uapi.md), not GEM fake offsets:
+ * user queue regions below 4 GiB, buffer objects at handle << 32.
+ */
 static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 {
-	struct npu_context *ctx = file->private_data;
+	struct npu_context *ctx = npu_file_ctx(file);
 	struct npu_device *ndev = ctx->ndev;
 	int ret, idx;
 
@@ -174,71 +173,106 @@ static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 	return ret;
 }
 
-/*
- * /proc/<pid>/fdinfo/<fd>: the context's memory, in the style of the DRM
- * fdinfo keys (docs/uapi.md). Buffers stay charged to the file that created
- * them until their last mapping or job is gone.
- */
-static void npu_show_fdinfo(struct seq_file *m, struct file *file)
+static __poll_t npu_drm_poll(struct file *file, struct poll_table_struct *wait)
 {
-	struct npu_context *ctx = file->private_data;
-	u64 limit = npu_ctx_mem_limit();
+	return npu_poll(npu_file_ctx(file), file, wait);
+}
 
-	seq_printf(m, "npu-driver:\t%s\n", KBUILD_MODNAME);
-	seq_printf(m, "npu-pdev:\t%s\n", pci_name(ctx->ndev->pdev));
-	seq_printf(m, "npu-client-id:\t%u\n", ctx->client_id);
-	seq_printf(m, "npu-bo-count:\t%lld\n", atomic64_read(&ctx->bo_count));
-	seq_printf(m, "npu-memory-host:\t%lld KiB\n",
-		   (atomic64_read(&ctx->bo_bytes) - atomic64_read(&ctx->local_bytes)) >> 10);
-	seq_printf(m, "npu-memory-device:\t%lld KiB\n",
-		   atomic64_read(&ctx->local_bytes) >> 10);
-	seq_printf(m, "npu-memory-limit:\t%llu KiB\n", limit >> 10);
-	seq_printf(m, "npu-ctx:\t%u\n", ctx->vm.ctx);
-	seq_printf(m, "npu-faulted:\t%u\n", READ_ONCE(ctx->faulted));
+/*
+ * /proc/<pid>/fdinfo/<fd>: DRM prints drm-driver, drm-client-id and
+ * drm-pdev; the engine and memory keys follow
+ * Documentation/gpu/drm-usage-stats.rst (engine "compute": the device time
+ * of the file's retired SUBMIT ops; regions "host" and "device"); the npu-
+ * keys are the driver's own.
+ * Buffers stay charged to the file that created them until their last
+ * mapping or job is gone.
+ */
+static void npu_drm_show_fdinfo(struct drm_printer *p, struct drm_file *file)
+{
+	struct npu_context *ctx = file->driver_priv;
+	u64 local = atomic64_read(&ctx->local_bytes);
+	struct drm_memory_stats host = {
+		.private = atomic64_read(&ctx->bo_bytes) - local,
+	};
+	struct drm_memory_stats device = { .private = local };
+
+	host.resident = host.private;
+	device.resident = device.private;
+	drm_printf(p, "drm-engine-compute:\t%lld ns\n", atomic64_read(&ctx->busy_ns));
+	drm_print_memory_stats(p, &host, DRM_GEM_OBJECT_RESIDENT, "host");
+	drm_print_memory_stats(p, &device, DRM_GEM_OBJECT_RESIDENT, "device");
+	drm_printf(p, "npu-bo-count:\t%lld\n", atomic64_read(&ctx->bo_count));
+	drm_printf(p, "npu-memory-host:\t%llu KiB\n", host.private >> 10);
+	drm_printf(p, "npu-memory-device:\t%llu KiB\n", local >> 10);
+	drm_printf(p, "npu-memory-limit:\t%llu KiB\n", npu_ctx_mem_limit() >> 10);
+	drm_printf(p, "npu-ctx:\t%u\n", ctx->vm.ctx);
+	drm_printf(p, "npu-faulted:\t%u\n", READ_ONCE(ctx->faulted));
 }
 
 static const struct file_operations npu_fops = {
-	.show_fdinfo = npu_show_fdinfo,
 	.owner = THIS_MODULE,
-	.open = npu_open,
-	.release = npu_release,
-	.unlocked_ioctl = npu_ioctl,
-	.compat_ioctl = compat_ptr_ioctl,
-	.mmap = npu_mmap,
-	.poll = npu_poll,
+	.open = accel_open,
+	.release = drm_release,
+	.unlocked_ioctl = drm_ioctl,
+	.compat_ioctl = drm_compat_ioctl,
+	.poll = npu_drm_poll,
+	.read = drm_read,
 	.llseek = noop_llseek,
+	.mmap = npu_mmap,
+	.show_fdinfo = drm_show_fdinfo,
+	.fop_flags = FOP_UNSIGNED_OFFSET,
 };
+
+static const struct drm_driver npu_drm_driver = {
+	.driver_features = DRIVER_COMPUTE_ACCEL,
+	.open = npu_drm_open,
+	.postclose = npu_drm_postclose,
+	.show_fdinfo = npu_drm_show_fdinfo,
+	.ioctls = npu_drm_ioctls,
+	.num_ioctls = ARRAY_SIZE(npu_drm_ioctls),
+	.fops = &npu_fops,
+	.name = NPU_DRIVER_NAME,
+	.desc = "Emulated NPU",
+	.major = NPU_DRIVER_VERSION >> 16,
+	.minor = NPU_DRIVER_VERSION & 0xffff,
+};
+
+/* The last reference to the DRM device is gone: free what probe made. */
+static void npu_device_release(struct drm_device *drm, void *arg)
+{
+	struct npu_device *ndev = to_npu_device(drm);
+
+	npu_hw_free(ndev);
+	npu_mmu_fini(ndev);
+}
 
 static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
 	struct device *dev = &pdev->dev;
 	struct npu_device *ndev;
-	dev_t devt;
 	int ret;
 
-	ndev = kzalloc(sizeof(*ndev), GFP_KERNEL);
-	if (!ndev)
-		return -ENOMEM;
-	ret = init_srcu_struct(&ndev->unplug_srcu);
-	if (ret) {
-		kfree(ndev);
-		return ret;
-	}
-	kref_init(&ndev->ref);
-	/* Before any failure can reach npu_device_free(), which destroys it. */
+	ndev = devm_drm_dev_alloc(dev, &npu_drm_driver, struct npu_device, drm);
+	if (IS_ERR(ndev))
+		return PTR_ERR(ndev);
+	/* Before any failure can reach npu_device_release(), which destroys it. */
 	ida_init(&ndev->ctx_ida);
-	ndev->pdev = pci_dev_get(pdev);
+	ndev->pdev = pdev;
+	/* Frees what npu_hw_init() made, also when it failed half way. */
+	ret = drmm_add_action_or_reset(&ndev->drm, npu_device_release, NULL);
+	if (ret)
+		return ret;
 
 	ret = pcim_enable_device(pdev);
 	if (ret)
-		goto err_put_ndev;
+		return ret;
 	ret = pcim_iomap_regions(pdev, BIT(NPU_BAR_REGS), NPU_DRIVER_NAME);
 	if (ret)
-		goto err_put_ndev;
+		return ret;
 	ndev->regs = pcim_iomap_table(pdev)[NPU_BAR_REGS];
 	ret = dma_set_mask_and_coherent(dev, DMA_BIT_MASK(64));
 	if (ret)
-		goto err_put_ndev;
+		return ret;
 	/*
 	 * The device MMU maps a buffer page by page, so a scatterlist segment
 	 * may be as long as the mapping layer makes it (the PCI default, 64
@@ -248,81 +282,43 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	/* Buffers are shared with user space and the device without syncs. */
 	if (!dev_is_dma_coherent(dev)) {
 		dev_err(dev, "needs cache-coherent DMA\n");
-		ret = -ENODEV;
-		goto err_put_ndev;
+		return -ENODEV;
 	}
 	pci_set_master(pdev);
+	pci_set_drvdata(pdev, ndev);
 
 	ret = npu_hw_init(ndev);
 	if (ret)
-		goto err_put_ndev;
-
-	mutex_lock(&npu_devices_lock);
-	ret = idr_alloc(&npu_devices, ndev, 0, NPU_MAX_DEVICES, GFP_KERNEL);
-	mutex_unlock(&npu_devices_lock);
-	if (ret < 0)
-		goto err_hw_fini;
-	ndev->minor = ret;
-	devt = MKDEV(MAJOR(npu_devt), ndev->minor);
-
-	ndev->cdev = cdev_alloc();
-	if (!ndev->cdev) {
-		ret = -ENOMEM;
-		goto err_remove_minor;
-	}
-	ndev->cdev->owner = THIS_MODULE;
-	ndev->cdev->ops = &npu_fops;
-	ret = cdev_add(ndev->cdev, devt, 1);
+		return ret;
+	ret = drm_dev_register(&ndev->drm, 0);
 	if (ret)
-		goto err_put_cdev;
-
-	ndev->chardev = device_create_with_groups(npu_class, dev, devt, ndev,
-						  npu_attr_groups, "npu%d",
-						  ndev->minor);
-	if (IS_ERR(ndev->chardev)) {
-		ret = PTR_ERR(ndev->chardev);
-		goto err_del_cdev;
-	}
-	pci_set_drvdata(pdev, ndev);
+		goto err_hw_fini;
+	ndev->minor = ndev->drm.accel->index;
 	npu_debugfs_init(ndev);
-	dev_info(dev, "NPU %u.%u, ABI %u, %u queues, %u cores, %llu MiB device memory: /dev/npu%d\n",
+	dev_info(dev, "NPU %u.%u, ABI %u, %u queues, %u cores, %llu MiB device memory: /dev/accel/accel%d\n",
 		 ndev->hw_version >> 16, ndev->hw_version & 0xffff, ndev->abi_version,
 		 ndev->hw_queues, ndev->num_cores, ndev->mem_size >> 20, ndev->minor);
 	return 0;
 
-err_del_cdev:
-	cdev_del(ndev->cdev);
-	goto err_remove_minor;
-err_put_cdev:
-	kobject_put(&ndev->cdev->kobj);
-err_remove_minor:
-	mutex_lock(&npu_devices_lock);
-	idr_remove(&npu_devices, ndev->minor);
-	mutex_unlock(&npu_devices_lock);
 err_hw_fini:
 	npu_hw_fini(ndev);
-err_put_ndev:
-	npu_device_put(ndev);
 	return ret;
 }
 
+/*
+ * Unbind: unplug the DRM device first (no ioctl, mmap or debugfs call is
+ * inside npu_dev_enter() after it, and every CPU mapping of the device's
+ * files is zapped), then stop the hardware: the watchdog and the IRQ
+ * threads are gone before remove() returns. Open files keep the structure
+ * until they are closed; their calls fail with -ENODEV.
+ */
 static void npu_remove(struct pci_dev *pdev)
 {
 	struct npu_device *ndev = pci_get_drvdata(pdev);
 
-	/* No new opens, then no ioctl or mmap past this point. */
-	mutex_lock(&npu_devices_lock);
-	idr_remove(&npu_devices, ndev->minor);
-	mutex_unlock(&npu_devices_lock);
-	WRITE_ONCE(ndev->unplugged, true);
-	synchronize_srcu(&ndev->unplug_srcu);
-
+	drm_dev_unplug(&ndev->drm);
 	npu_debugfs_fini(ndev);
-	device_destroy(npu_class, MKDEV(MAJOR(npu_devt), ndev->minor));
-	cdev_del(ndev->cdev);
 	npu_hw_fini(ndev);
-	/* Open files and buffers keep ndev until they are closed. */
-	npu_device_put(ndev);
 }
 
 static const struct pci_device_id npu_pci_ids[] = {
@@ -336,31 +332,17 @@ static struct pci_driver npu_pci_driver = {
 	.id_table = npu_pci_ids,
 	.probe = npu_probe,
 	.remove = npu_remove,
+	.dev_groups = npu_attr_groups,
 };
 
 static int __init npu_init(void)
 {
 	int ret;
 
-	ret = alloc_chrdev_region(&npu_devt, 0, NPU_MAX_DEVICES, NPU_DRIVER_NAME);
-	if (ret)
-		return ret;
-	npu_class = class_create(NPU_DRIVER_NAME);
-	if (IS_ERR(npu_class)) {
-		ret = PTR_ERR(npu_class);
-		goto err_unregister_region;
-	}
 	npu_debugfs_module_init();
 	ret = pci_register_driver(&npu_pci_driver);
 	if (ret)
-		goto err_remove_debugfs;
-	return 0;
-
-err_remove_debugfs:
-	npu_debugfs_module_exit();
-	class_destroy(npu_class);
-err_unregister_region:
-	unregister_chrdev_region(npu_devt, NPU_MAX_DEVICES);
+		npu_debugfs_module_exit();
 	return ret;
 }
 
@@ -368,9 +350,6 @@ static void __exit npu_exit(void)
 {
 	pci_unregister_driver(&npu_pci_driver);
 	npu_debugfs_module_exit();
-	class_destroy(npu_class);
-	unregister_chrdev_region(npu_devt, NPU_MAX_DEVICES);
-	idr_destroy(&npu_devices);
 }
 
 module_init(npu_init);

@@ -2,7 +2,7 @@
 /*
  * NPU driver: shared definitions of the driver's subsystems.
  *
- *   npu_drv.c    PCI probe/remove, char device, file operations
+ *   npu_drv.c    PCI probe/remove, the DRM accel device, its ioctl table
  *   npu_hw.c     registers, queue rings, interrupts, completions, reset
  *   npu_mmu.c    address spaces: page tables, VA allocators, context table
  *   npu_uqueue.c user-mode queues: rings and doorbells mapped to processes
@@ -16,7 +16,6 @@
 #ifndef NPU_DRV_H
 #define NPU_DRV_H
 
-#include <linux/cdev.h>
 #include <linux/idr.h>
 #include <linux/kref.h>
 #include <linux/list.h>
@@ -30,12 +29,15 @@
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 
+#include <drm/drm_device.h>
+#include <drm/drm_drv.h>
+#include <drm/drm_file.h>
+
 #include "npu_hw.h"
 #include "npu_uapi.h"
 
 #define NPU_DRIVER_NAME		"npu"
 #define NPU_DRIVER_VERSION	0x00010000	/* major << 16 | minor */
-#define NPU_MAX_DEVICES		16
 #define NPU_RING_ENTRIES	4096
 #define NPU_MAX_CONTEXTS	1024	/* open files per device, ctx 0 is the driver's */
 #define NPU_MMAP_QUEUE_HANDLE	0	/* mmap offsets below 4 GiB: user queues */
@@ -73,17 +75,23 @@ struct npu_context {
 	spinlock_t err_lock;		/* protects errors and num_errors */
 	struct list_head errors;	/* struct npu_error, by fence */
 	u32 num_errors;
-	u32 client_id;			/* unique per open, for fdinfo */
+	u64 client_id;			/* drm_file.client_id: fdinfo, logs, ring owners */
 	atomic64_t bo_count;		/* live BOs this context created */
 	atomic64_t bo_bytes;		/* their backing bytes (charged to the limit) */
 	atomic64_t local_bytes;		/* of which in device memory */
+	atomic64_t busy_ns;		/* device time of its retired queue-0 ops */
 	struct npu_vm vm;		/* where its buffers are mapped */
 	bool faulted;			/* a command of it faulted: submits fail */
 	u64 last_fence;			/* of its last SUBMIT on queue 0 (poll) */
 	u32 hangs;			/* its commands that hung (watchdog) */
 	bool banned;			/* hung too often: submits fail with -EIO */
-	struct address_space *mapping;	/* of its file: to zap doorbell maps */
 	atomic_t num_uqs;		/* user queues it holds (npu_device.uq[]) */
+	/*
+	 * poll() waits here for its user queues: their completions and stops
+	 * wake it (npu_uqueue_wake()). It lives as long as the file, unlike a
+	 * user queue, which QUEUE_DESTROY may free while the file is polled.
+	 */
+	wait_queue_head_t poll_wq;
 	/*
 	 * The parameter blocks of its tensor ops on queue 0, one per ring
 	 * slot, device read-only, in its own address space only; created by
@@ -106,6 +114,7 @@ struct npu_bo {
 	u32 handle;
 	struct npu_context *owner;	/* charged context (holds a ref); NULL: kernel BO */
 	bool userptr;			/* pages pinned from user memory */
+	struct mm_struct *mm;		/* userptr: whose locked_vm the pins count in */
 	bool local;			/* in device memory at local_off, no pages */
 	u64 local_off;
 	bool dev_readonly;		/* the device may not write it */
@@ -167,6 +176,7 @@ struct npu_queue {
 	 */
 	struct mutex submit_lock;
 	u32 tail;
+	u64 *owner;			/* per ring slot: client_id of its file, 0: the driver's */
 	u64 next_fence;			/* last fence handed out */
 	u64 fence_base;			/* last fence before the ring (re)started */
 
@@ -178,23 +188,19 @@ struct npu_queue {
 	wait_queue_head_t wq;		/* completions and ring space */
 };
 
+/*
+ * The device. Its drm_device is reference counted: open files, buffer
+ * objects and user queues hold references (npu_device_get()), so the
+ * structure outlives remove() until the last of them is gone. Hardware
+ * access from a file runs between drm_dev_enter() and drm_dev_exit();
+ * remove() unplugs the DRM device (drm_dev_unplug(): no new entries, waits
+ * for those inside, zaps every CPU mapping) before it stops the hardware.
+ */
 struct npu_device {
+	struct drm_device drm;
 	struct pci_dev *pdev;
 	void __iomem *regs;
-	struct kref ref;		/* probe, plus one per open file */
-	int minor;
-	struct cdev *cdev;
-	struct device *chardev;
-
-	/*
-	 * unplug_srcu: ioctls, mmap and debugfs run inside its read side
-	 * (npu_dev_enter()/npu_dev_exit()); remove() sets unplugged, then waits for
-	 * them with synchronize_srcu(). Unlike a rwsem, a reader never waits
-	 * for remove(), so a reader holding mmap_lock (mmap) and one faulting
-	 * in its argument under the read side (ioctl) cannot deadlock with it.
-	 */
-	struct srcu_struct unplug_srcu;
-	bool unplugged;
+	int minor;			/* the accel minor: /dev/accel/accelN */
 
 	u32 hw_version;
 	u32 abi_version;
@@ -253,24 +259,40 @@ struct npu_device {
 	u32 hw_queues;			/* queues in use: 0 (driver's) and 1.. (users') */
 };
 
+static inline struct npu_device *to_npu_device(struct drm_device *drm)
+{
+	return container_of(drm, struct npu_device, drm);
+}
+
 /*
- * npu_dev_enter() - start using the device from a file (like drm_dev_enter()).
+ * npu_dev_enter() - start using the device from a file: drm_dev_enter().
  * Returns false once remove() has started: the caller fails with -ENODEV.
  * Otherwise remove() waits until the matching npu_dev_exit(@idx).
  */
 static inline bool npu_dev_enter(struct npu_device *ndev, int *idx)
 {
-	*idx = srcu_read_lock(&ndev->unplug_srcu);
-	if (READ_ONCE(ndev->unplugged)) {
-		srcu_read_unlock(&ndev->unplug_srcu, *idx);
-		return false;
-	}
-	return true;
+	return drm_dev_enter(&ndev->drm, idx);
 }
 
 static inline void npu_dev_exit(struct npu_device *ndev, int idx)
 {
-	srcu_read_unlock(&ndev->unplug_srcu, idx);
+	drm_dev_exit(idx);
+}
+
+/* Has remove() started? Then the registers must not be touched. */
+static inline bool npu_unplugged(struct npu_device *ndev)
+{
+	return drm_dev_is_unplugged(&ndev->drm);
+}
+
+static inline void npu_device_get(struct npu_device *ndev)
+{
+	drm_dev_get(&ndev->drm);
+}
+
+static inline void npu_device_put(struct npu_device *ndev)
+{
+	drm_dev_put(&ndev->drm);
 }
 
 /* Ring slot of @fence: fences are consecutive from fence_base + 1 at slot 0. */
@@ -289,9 +311,6 @@ static inline void npu_wr(struct npu_device *ndev, u32 reg, u32 val)
 	writel(val, ndev->regs + reg);
 }
 
-/* npu_drv.c */
-void npu_device_put(struct npu_device *ndev);
-
 /* npu_hw.c */
 int npu_hw_init(struct npu_device *ndev);
 int npu_hw_reset(struct npu_device *ndev);
@@ -301,7 +320,7 @@ void npu_queue_moderate(struct npu_device *ndev, u32 i);
 struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence);
 void npu_hw_fini(struct npu_device *ndev);
 void npu_hw_free(struct npu_device *ndev);
-void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd);
+void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd, u64 client);
 void npu_queue_kick(struct npu_queue *q);
 u64 npu_queue_put_params(struct npu_queue *q, struct npu_context *ctx,
 			 const struct npu_tensor_params *p);
@@ -328,8 +347,8 @@ void npu_vm_unmap_range(struct npu_vm *vm, u64 va, u64 size);
 void npu_vm_unmap(struct npu_vm *vm, u64 va, u64 size);
 
 /* npu_uqueue.c */
-int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg);
-int npu_ioctl_queue_destroy(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_queue_create(struct npu_context *ctx, void *data);
+int npu_ioctl_queue_destroy(struct npu_context *ctx, void *data);
 int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args);
 int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 void npu_uqueue_release_all(struct npu_context *ctx);
@@ -340,8 +359,6 @@ void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
 void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung);
 void npu_uqueue_resume_all(struct npu_device *ndev);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
-void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
-			  struct poll_table_struct *wait);
 bool npu_uqueue_idle(struct npu_context *ctx);
 
 /* npu_fw.c */
@@ -361,9 +378,9 @@ void npu_watchdog_stop(struct npu_device *ndev);
 void npu_reset_uevent(struct npu_device *ndev, const char *reason);
 
 /* npu_bo.c */
-int npu_ioctl_bo_create(struct npu_context *ctx, void __user *arg);
-int npu_ioctl_bo_destroy(struct npu_context *ctx, void __user *arg);
-int npu_ioctl_bo_userptr(struct npu_context *ctx, void __user *arg);
+int npu_ioctl_bo_create(struct npu_context *ctx, void *data);
+int npu_ioctl_bo_destroy(struct npu_context *ctx, void *data);
+int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data);
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
 void npu_bo_put(struct npu_bo *bo);
 struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
@@ -373,10 +390,12 @@ int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 u64 npu_ctx_mem_limit(void);
 
 /* npu_job.c */
-int npu_ioctl_submit(struct npu_context *ctx, void __user *arg);
-int npu_ioctl_wait(struct npu_context *ctx, void __user *arg);
-int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg);
-__poll_t npu_poll(struct file *file, struct poll_table_struct *wait);
+int npu_ioctl_submit(struct npu_context *ctx, void *data);
+int npu_ioctl_wait(struct npu_context *ctx, void *data);
+int npu_ioctl_fence_info(struct npu_context *ctx, void *data);
+__poll_t npu_poll(struct npu_context *ctx, struct file *file,
+		  struct poll_table_struct *wait);
+long npu_deadline_jiffies(s64 deadline_ns);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
 

@@ -105,9 +105,18 @@ bool npu_fence_done(struct npu_queue *q, u64 fence)
 }
 
 /* Write one descriptor at the tail; caller holds submit_lock and has space. */
-void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd)
+/*
+ * Write @cmd at the tail, for the file whose drm client id is @client (0:
+ * the driver), which alone may read its completion record (FENCE_INFO).
+ * Caller holds submit_lock and has space.
+ */
+void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd, u64 client)
 {
-	q->ring[q->tail & (q->entries - 1)] = *cmd;
+	u32 slot = q->tail & (q->entries - 1);
+
+	lockdep_assert_held(&q->submit_lock);
+	q->owner[slot] = client;
+	q->ring[slot] = *cmd;
 	q->tail++;
 }
 
@@ -134,6 +143,30 @@ void npu_queue_kick(struct npu_queue *q)
 }
 
 /* Retire jobs whose last fence is done; caller holds job_lock. */
+/*
+ * Add the device time of @job's ops to its file's busy time (fdinfo's
+ * drm-engine-compute), from their completion records: the device clock's
+ * t_end - t_start of each op. Caller holds job_lock, so the slots are not
+ * reused yet; a record that is not the op's own is skipped.
+ */
+static void npu_job_account(struct npu_queue *q, struct npu_job *job)
+{
+	u64 f, start, end, ns = 0;
+
+	lockdep_assert_held(&q->job_lock);
+	if (!job->ctx)
+		return;
+	for (f = job->first_fence; f <= job->last_fence; f++) {
+		const struct npu_cpl *cpl = &q->cpl[npu_fence_slot(q, f)];
+
+		start = READ_ONCE(cpl->t_start);
+		end = READ_ONCE(cpl->t_end);
+		if (READ_ONCE(cpl->fence) == f && end > start)
+			ns += end - start;
+	}
+	atomic64_add(ns, &job->ctx->busy_ns);
+}
+
 static void npu_queue_collect(struct npu_queue *q, struct list_head *done)
 {
 	struct npu_job *job, *tmp;
@@ -141,6 +174,7 @@ static void npu_queue_collect(struct npu_queue *q, struct list_head *done)
 	list_for_each_entry_safe(job, tmp, &q->jobs, node) {
 		if (job->last_fence > q->completed)
 			break;
+		npu_job_account(q, job);
 		list_move_tail(&job->node, done);
 	}
 }
@@ -292,7 +326,7 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	dev_err(&ndev->pdev->dev, "device error %u; resetting\n", err);
 	mutex_lock(&q->submit_lock);
 	/* Removal stopped the device under submit_lock: do not restart it. */
-	if (READ_ONCE(ndev->unplugged)) {
+	if (npu_unplugged(ndev)) {
 		mutex_unlock(&q->submit_lock);
 		return IRQ_HANDLED;
 	}
@@ -336,7 +370,8 @@ static int npu_queue_init(struct npu_device *ndev, struct npu_queue *q, u32 inde
 	q->cpl = dma_alloc_coherent(dev, q->entries * sizeof(*q->cpl),
 				    &q->cpl_dma, GFP_KERNEL);
 	q->wb = dma_alloc_coherent(dev, sizeof(*q->wb), &q->wb_dma, GFP_KERNEL);
-	if (!q->ring || !q->cpl || !q->wb)
+	q->owner = kvcalloc(q->entries, sizeof(*q->owner), GFP_KERNEL);
+	if (!q->ring || !q->cpl || !q->wb || !q->owner)
 		return -ENOMEM;
 
 	q->irq = pci_irq_vector(ndev->pdev, NPU_VEC_QUEUE(index));
@@ -505,4 +540,5 @@ void npu_hw_free(struct npu_device *ndev)
 		dma_free_coherent(dev, q->entries * sizeof(*q->cpl), q->cpl, q->cpl_dma);
 	if (q->wb)
 		dma_free_coherent(dev, sizeof(*q->wb), q->wb, q->wb_dma);
+	kvfree(q->owner);
 }

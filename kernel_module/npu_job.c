@@ -339,20 +339,21 @@ static int npu_wait_space(struct npu_queue *q, u32 n)
 		ret = wait_event_interruptible_timeout(q->wq, npu_queue_space(q) >= n,
 						       NPU_SUBMIT_SPACE_TIMEOUT);
 		mutex_lock(&q->submit_lock);
+		/* Nothing is queued yet: a restarted SUBMIT starts afresh. */
 		if (ret < 0)
-			return -EINTR;
+			return ret;
 		if (ret == 0)
 			return -EBUSY;
 	}
 	return 0;
 }
 
-int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_submit(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
 	struct npu_tensor_params *hw = NULL;
-	struct npu_submit args;
+	struct npu_submit *args = data;
 	struct npu_cmd *cmds;
 	struct npu_job *job;
 	bool tensor;
@@ -360,12 +361,10 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	u32 i;
 	int ret;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	tensor = args.op_size == sizeof(struct npu_tensor_op);
-	if (args.flags || (!tensor && args.op_size != sizeof(struct npu_op)) ||
-	    args.num_ops == 0 || args.num_ops > NPU_SUBMIT_MAX_OPS ||
-	    args.queue >= ndev->num_queues)
+	tensor = args->op_size == sizeof(struct npu_tensor_op);
+	if (args->flags || (!tensor && args->op_size != sizeof(struct npu_op)) ||
+	    args->num_ops == 0 || args->num_ops > NPU_SUBMIT_MAX_OPS ||
+	    args->queue >= ndev->num_queues)
 		return -EINVAL;
 	if (tensor && !(ndev->caps & NPU_CAP_TENSOR))
 		return -EOPNOTSUPP;
@@ -379,22 +378,22 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	if (READ_ONCE(ctx->banned))
 		return -EIO;
 
-	ops = vmemdup_user(u64_to_user_ptr(args.ops_ptr),
-			   array_size(args.num_ops, args.op_size));
+	ops = vmemdup_user(u64_to_user_ptr(args->ops_ptr),
+			   array_size(args->num_ops, args->op_size));
 	if (IS_ERR(ops))
 		return PTR_ERR(ops);
-	cmds = kvmalloc_array(args.num_ops, sizeof(*cmds), GFP_KERNEL);
+	cmds = kvmalloc_array(args->num_ops, sizeof(*cmds), GFP_KERNEL);
 	if (tensor)
-		hw = kvmalloc_array(args.num_ops, sizeof(*hw), GFP_KERNEL);
-	job = kvzalloc(struct_size(job, bos, args.num_ops * NPU_TENSOR_OPERANDS),
+		hw = kvmalloc_array(args->num_ops, sizeof(*hw), GFP_KERNEL);
+	job = kvzalloc(struct_size(job, bos, args->num_ops * NPU_TENSOR_OPERANDS),
 		       GFP_KERNEL);
 	if (!cmds || !job || (tensor && !hw)) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
 	job->ctx = ctx;
-	for (i = 0; i < args.num_ops; i++) {
-		ret = npu_build_op(ctx, job, ops, args.op_size, i, &cmds[i], hw);
+	for (i = 0; i < args->num_ops; i++) {
+		ret = npu_build_op(ctx, job, ops, args->op_size, i, &cmds[i], hw);
 		if (ret) {
 			npu_dbg(ndev, "submit: op %u rejected: %d\n", i, ret);
 			goto out_put_bos;
@@ -402,23 +401,23 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	}
 
 	mutex_lock(&q->submit_lock);
-	ret = npu_wait_space(q, args.num_ops);
+	ret = npu_wait_space(q, args->num_ops);
 	if (ret) {
 		mutex_unlock(&q->submit_lock);
 		goto out_put_bos;
 	}
 	job->first_fence = q->next_fence + 1;
-	for (i = 0; i < args.num_ops; i++) {
+	for (i = 0; i < args->num_ops; i++) {
 		cmds[i].fence = job->first_fence + i;
 		cmds[i].ctx = ctx->vm.ctx;
-		if (i == args.num_ops - 1)
+		if (i == args->num_ops - 1)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
 		/* The slot is free, so is its parameter block. */
 		if (tensor)
 			cmds[i].tensor.params = npu_queue_put_params(q, ctx, &hw[i]);
-		npu_queue_push(q, &cmds[i]);
+		npu_queue_push(q, &cmds[i], ctx->client_id);
 	}
-	job->last_fence = job->first_fence + args.num_ops - 1;
+	job->last_fence = job->first_fence + args->num_ops - 1;
 	WRITE_ONCE(ctx->last_fence, job->last_fence);
 	kref_get(&ctx->ref);
 	spin_lock(&q->job_lock);
@@ -429,12 +428,12 @@ int npu_ioctl_submit(struct npu_context *ctx, void __user *arg)
 	npu_queue_kick(q);
 	mutex_unlock(&q->submit_lock);
 
-	args.fence = job->last_fence;
+	args->fence = job->last_fence;
 	kvfree(hw);
 	kvfree(cmds);
 	kvfree(ops);
-	/* The job is queued: a fault here leaves it running, like any exit. */
-	return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+	/* The job is queued: should DRM's copy-out fault, it runs anyway. */
+	return 0;
 
 out_put_bos:
 	for (i = 0; i < job->num_bos; i++)
@@ -445,6 +444,19 @@ out_free:
 	kvfree(cmds);
 	kvfree(ops);
 	return ret;
+}
+
+/*
+ * Jiffies from now until the CLOCK_MONOTONIC time @deadline_ns, at least 1;
+ * 0 when it has passed (the caller polls).
+ */
+long npu_deadline_jiffies(s64 deadline_ns)
+{
+	s64 left = deadline_ns - ktime_get_ns();
+
+	if (left <= 0)
+		return 0;
+	return clamp_t(u64, nsecs_to_jiffies64(left), 1, MAX_SCHEDULE_TIMEOUT - 1);
 }
 
 /* Take the oldest pending error at or below @fence, if any. */
@@ -492,52 +504,41 @@ static bool npu_wait_spin(struct npu_queue *q, u64 fence)
 	return npu_fence_done(q, fence);
 }
 
-int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_wait(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
-	struct npu_wait args;
+	struct npu_wait *args = data;
 	long timeout, ret;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if (args.flags || args.rsvd)
+	if (args->flags || args->rsvd)
 		return -EINVAL;
-	args.status = NPU_ST_OK;
-	args.error_fence = 0;
-	if (args.queue != 0) {
-		ret = npu_uqueue_wait(ctx, &args);
-		if (ret && ret != -EIO && ret != -EBADFD)
-			return ret;
-		if (copy_to_user(arg, &args, sizeof(args)))
-			return -EFAULT;
-		return ret;
-	}
-	if (args.fence > READ_ONCE(q->next_fence))
+	args->status = NPU_ST_OK;
+	args->error_fence = 0;
+	if (args->queue != 0)
+		return npu_uqueue_wait(ctx, args);
+	if (args->fence > READ_ONCE(q->next_fence))
 		return -EINVAL;
 
-	if (!npu_wait_spin(q, args.fence)) {
-		if (!args.timeout_ns)
+	if (!npu_wait_spin(q, args->fence)) {
+		timeout = npu_deadline_jiffies(args->deadline_ns);
+		if (!timeout)
 			return -ETIMEDOUT;
-		timeout = min_t(u64, nsecs_to_jiffies64(args.timeout_ns),
-				MAX_SCHEDULE_TIMEOUT - 1);
 		ret = wait_event_interruptible_timeout(q->wq,
-						       npu_fence_done(q, args.fence),
-						       timeout ?: 1);
+						       npu_fence_done(q, args->fence),
+						       timeout);
+		/* -ERESTARTSYS: the deadline is absolute, so a restart is exact. */
 		if (ret < 0)
-			return -EINTR;
+			return ret;
 		if (ret == 0)
 			return -ETIMEDOUT;
 	}
-	trace_npu_wait_done(q->index, args.fence);
+	trace_npu_wait_done(q->index, args->fence);
 
-	if (npu_context_take_error(ctx, args.fence, &args))
-		ret = -EIO;
-	else
-		ret = READ_ONCE(ctx->faulted) ? -EBADFD : 0;
-	if (copy_to_user(arg, &args, sizeof(args)))
-		return -EFAULT;
-	return ret;
+	/* DRM copies the struct out on errors too: -EIO reports its status. */
+	if (npu_context_take_error(ctx, args->fence, args))
+		return -EIO;
+	return READ_ONCE(ctx->faulted) ? -EBADFD : 0;
 }
 
 /*
@@ -545,34 +546,37 @@ int npu_ioctl_wait(struct npu_context *ctx, void __user *arg)
  * read twice around the copy: a slot reused meanwhile (the ring wrapped)
  * gives -ENOENT instead of a torn record.
  */
-int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_fence_info(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
-	struct npu_fence_info args;
+	struct npu_fence_info *args = data;
 	const struct npu_cpl *rec;
 	struct npu_cpl cpl;
+	u32 slot;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if (args.queue >= ndev->num_queues || !args.fence ||
-	    args.fence > READ_ONCE(q->next_fence))
+	if (args->queue >= ndev->num_queues || !args->fence ||
+	    args->fence > READ_ONCE(q->next_fence))
 		return -EINVAL;
-	if (READ_ONCE(q->wb->value) < args.fence)
+	if (READ_ONCE(q->wb->value) < args->fence)
 		return -EBUSY;
-	rec = &q->cpl[npu_fence_slot(q, args.fence)];
+	slot = npu_fence_slot(q, args->fence);
+	/* Another file's op: as unknown to this file as a record long gone. */
+	if (READ_ONCE(q->owner[slot]) != ctx->client_id)
+		return -ENOENT;
+	rec = &q->cpl[slot];
 	/* The device writes records in host byte order (x86, as npu_hw.c). */
-	if (READ_ONCE(rec->fence) != args.fence)
+	if (READ_ONCE(rec->fence) != args->fence)
 		return -ENOENT;
 	memcpy(&cpl, rec, sizeof(cpl));
 	/* Order the copy before the second look at the slot's fence. */
 	smp_rmb();
-	if (cpl.fence != args.fence || READ_ONCE(rec->fence) != args.fence)
+	if (cpl.fence != args->fence || READ_ONCE(rec->fence) != args->fence)
 		return -ENOENT;
-	args.status = cpl.status;
-	args.t_start = cpl.t_start;
-	args.t_end = cpl.t_end;
-	return copy_to_user(arg, &args, sizeof(args)) ? -EFAULT : 0;
+	args->status = cpl.status;
+	args->t_start = cpl.t_start;
+	args->t_end = cpl.t_end;
+	return 0;
 }
 
 /*
@@ -580,15 +584,16 @@ int npu_ioctl_fence_info(struct npu_context *ctx, void __user *arg)
  * and its user queues are idle; EPOLLERR when the file is faulted or
  * banned. Completions wake the pollers.
  */
-__poll_t npu_poll(struct file *file, struct poll_table_struct *wait)
+__poll_t npu_poll(struct npu_context *ctx, struct file *file,
+		  struct poll_table_struct *wait)
 {
-	struct npu_context *ctx = file->private_data;
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
 	__poll_t mask = 0;
 
+	/* Both wait queues live as long as the file (not its user queues). */
 	poll_wait(file, &q->wq, wait);
-	npu_uqueue_poll_wait(ctx, file, wait);
+	poll_wait(file, &ctx->poll_wq, wait);
 	if (READ_ONCE(ctx->faulted) || READ_ONCE(ctx->banned))
 		mask |= EPOLLERR;
 	if (npu_fence_done(q, READ_ONCE(ctx->last_fence)) && npu_uqueue_idle(ctx))

@@ -37,13 +37,21 @@ void npu_reset_uevent(struct npu_device *ndev, const char *reason)
 	char reset_env[] = "NPU_RESET=1";
 	char reason_env[32];
 	char *envp[3];
+	int idx;
 
 	envp[0] = reset_env;
 	envp[1] = reason_env;
 	envp[2] = NULL;
 	snprintf(reason_env, sizeof(reason_env), "NPU_REASON=%s", reason);
-	if (ndev->chardev)
-		kobject_uevent_env(&ndev->chardev->kobj, KOBJ_CHANGE, envp);
+	/*
+	 * On the accel device (subsystem "accel"), where udev rules match it;
+	 * inside npu_dev_enter(), so that remove() cannot unregister it meanwhile.
+	 */
+	if (!npu_dev_enter(ndev, &idx))
+		return;
+	if (ndev->drm.registered)
+		kobject_uevent_env(&ndev->drm.accel->kdev->kobj, KOBJ_CHANGE, envp);
+	npu_dev_exit(ndev, idx);
 }
 
 /*
@@ -59,13 +67,15 @@ static int npu_queue_replay(struct npu_queue *q, u64 hung)
 	struct npu_tensor_params *params;
 	struct npu_context **owners;
 	struct npu_cmd *cmds;
+	u64 *clients;
 	struct npu_job *bad;
 	int ret = -ENOMEM;
 
 	cmds = kvmalloc_array(n ?: 1, sizeof(*cmds), GFP_KERNEL);
 	params = kvmalloc_array(n ?: 1, sizeof(*params), GFP_KERNEL);
 	owners = kvcalloc(n ?: 1, sizeof(*owners), GFP_KERNEL);
-	if (!cmds || !params || !owners)
+	clients = kvmalloc_array(n ?: 1, sizeof(*clients), GFP_KERNEL);
+	if (!cmds || !params || !owners || !clients)
 		goto out;
 	/* Each op's parameter block is in its file's arena, at its slot. */
 	spin_lock(&q->job_lock);
@@ -74,6 +84,7 @@ static int npu_queue_replay(struct npu_queue *q, u64 hung)
 		struct npu_job *job = npu_queue_find_job(q, base + 1 + i);
 
 		cmds[i] = q->ring[slot];
+		clients[i] = q->owner[slot];
 		owners[i] = job ? job->ctx : NULL;
 		if (npu_tensor_op_operands(cmds[i].opcode) && owners[i] && owners[i]->params)
 			params[i] = owners[i]->params[slot];
@@ -102,10 +113,11 @@ static int npu_queue_replay(struct npu_queue *q, u64 hung)
 		} else if (owners[i]) {
 			cmd->tensor.params = npu_queue_put_params(q, owners[i], &params[i]);
 		}
-		npu_queue_push(q, cmd);
+		npu_queue_push(q, cmd, clients[i]);
 	}
 	ret = 0;
 out:
+	kvfree(clients);
 	kvfree(owners);
 	kvfree(cmds);
 	kvfree(params);
@@ -143,7 +155,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	/* Retiring may free buffers, which takes uq_mutex: do it first. */
 	npu_queue_process(q);
 	mutex_lock(&ndev->uq_mutex);
-	if (READ_ONCE(ndev->unplugged))
+	if (npu_unplugged(ndev))
 		goto out;
 	hung = q->completed + 1;
 	if (fw) {
@@ -154,7 +166,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 		atomic_inc(&ndev->hangs);
 		ndev->hang_detect_ns = jiffies_to_nsecs(jiffies - since);
 		dev_err(&ndev->pdev->dev,
-			"queue %d: command hung for %u ms (client %u); resetting\n",
+			"queue %d: command hung for %u ms (client %llu); resetting\n",
 			qi, jiffies_to_msecs(jiffies - since), owner ? owner->client_id : 0);
 	}
 	if (owner && ++owner->hangs >= NPU_BAN_HANGS)

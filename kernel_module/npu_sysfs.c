@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * NPU sysfs attributes of /sys/class/npu/npuN (read only).
+ * NPU sysfs attributes (read only), in the group "npu" of the PCI device:
+ * /sys/bus/pci/devices/<address>/npu/, also reached as
+ * /sys/class/accel/accelN/device/npu/.
  */
 #include <linux/device.h>
 #include <linux/sysfs.h>
@@ -70,6 +72,7 @@ static struct attribute *npu_attrs[] = {
 };
 
 static const struct attribute_group npu_attr_group = {
+	.name = "npu",
 	.attrs = npu_attrs,
 };
 

@@ -94,7 +94,7 @@ void npu_uqueue_sync(struct npu_context *ctx)
 		return;
 	mutex_lock(&ndev->uq_mutex);
 	/* After an unbind the device was reset: nothing runs. */
-	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+	for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
 		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped) {
 			uqs[i] = ndev->uq[i];
 			heads[i] = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
@@ -106,7 +106,7 @@ void npu_uqueue_sync(struct npu_context *ctx)
 	for (;;) {
 		busy = false;
 		mutex_lock(&ndev->uq_mutex);
-		for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+		for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
 			if (!uqs[i])
 				continue;
 			/* Taken back (QUEUE_DESTROY waited for its command) or stopped. */
@@ -128,12 +128,28 @@ void npu_uqueue_sync(struct npu_context *ctx)
 	}
 }
 
-/* Zap the process's doorbell mapping of @uq; caller holds uq_mutex. */
+/*
+ * Zap the process's doorbell mapping of @uq; caller holds uq_mutex. Every
+ * file of the device shares the DRM device's address_space, and queue
+ * regions are per hardware queue, so this reaches only @uq's doorbell.
+ */
 static void npu_uqueue_zap(struct npu_uqueue *uq)
 {
-	if (uq->ctx->mapping)
-		unmap_mapping_range(uq->ctx->mapping, npu_uq_region(uq->index),
-				    NPU_UQ_MEM_OFFSET, 1);
+	lockdep_assert_held(&uq->ndev->uq_mutex);
+	unmap_mapping_range(uq->ndev->drm.anon_inode->i_mapping,
+			    npu_uq_region(uq->index), NPU_UQ_MEM_OFFSET, 1);
+}
+
+/*
+ * Wake @uq's waiters and its file's pollers (a completion, a stop). Caller
+ * holds uq_mutex, which keeps uq->ctx alive while the queue is attached.
+ */
+static void npu_uqueue_wake(struct npu_uqueue *uq)
+{
+	lockdep_assert_held(&uq->ndev->uq_mutex);
+	wake_up_all(&uq->wq);
+	if (uq->ctx)
+		wake_up_all(&uq->ctx->poll_wq);
 }
 
 /* The firmware takes queue @i out of its scheduler (errors only logged). */
@@ -158,7 +174,7 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	u32 i = uq->index;
 
 	/* After an unbind the registers are gone, and the device was reset. */
-	if (!READ_ONCE(ndev->unplugged)) {
+	if (!npu_unplugged(ndev)) {
 		npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), 0);
 		if (npu_hwq_quiesce(ndev, i)) {
 			/* The device may still write the ring: never free it. */
@@ -171,7 +187,7 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	ndev->uq[i] = NULL;
 	atomic_dec(&uq->ctx->num_uqs);
 	uq->stopped = true;
-	wake_up_all(&uq->wq);
+	npu_uqueue_wake(uq);
 	uq->ctx = NULL;
 	npu_uqueue_put(uq);
 }
@@ -229,22 +245,21 @@ static int npu_uqueue_alloc_mem(struct npu_uqueue *uq)
 	return 0;
 }
 
-int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
-	struct npu_queue_create args;
+	struct npu_queue_create *args = data;
 	struct npu_uqueue *uq;
+	u64 mem_size, fence_offset;
 	u32 i;
 	int ret;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if (args.flags || args.queue || args.mem_offset || args.mem_size ||
-	    args.cpl_offset || args.fence_offset || args.doorbell_offset ||
-	    !is_power_of_2(args.entries) || args.entries < NPU_QUEUE_MIN_ENTRIES ||
-	    args.entries > NPU_QUEUE_MAX_ENTRIES || args.priority > NPU_Q_PRIORITY_MAX)
+	if (args->flags || args->queue || args->mem_offset || args->mem_size ||
+	    args->cpl_offset || args->fence_offset || args->doorbell_offset ||
+	    !is_power_of_2(args->entries) || args->entries < NPU_QUEUE_MIN_ENTRIES ||
+	    args->entries > NPU_QUEUE_MAX_ENTRIES || args->priority > NPU_Q_PRIORITY_MAX)
 		return -EINVAL;
-	if (args.priority > NPU_QUEUE_PRIORITY_USER && !capable(CAP_SYS_NICE))
+	if (args->priority > NPU_QUEUE_PRIORITY_USER && !capable(CAP_SYS_NICE))
 		return -EACCES;
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
@@ -257,8 +272,8 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 	kref_init(&uq->ref);
 	init_waitqueue_head(&uq->wq);
 	uq->ndev = ndev;
-	kref_get(&ndev->ref);
-	uq->entries = args.entries;
+	npu_device_get(ndev);
+	uq->entries = args->entries;
 	ret = npu_uqueue_alloc_mem(uq);
 	if (ret)
 		goto err_put;
@@ -273,8 +288,8 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 	}
 	uq->index = i;
 	uq->ctx = ctx;
-	uq->priority = args.priority;
-	ret = npu_uqueue_start(uq, args.priority, 0);
+	uq->priority = args->priority;
+	ret = npu_uqueue_start(uq, args->priority, 0);
 	if (ret) {
 		/* Leave nothing of the file's in the disabled queue's registers. */
 		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
@@ -282,22 +297,23 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void __user *arg)
 		ret = -EIO;
 		goto err_put;
 	}
+	mem_size = uq->mem_size;
+	fence_offset = (u8 *)uq->wb - (u8 *)uq->mem;
 	ndev->uq[i] = uq;
 	atomic_inc(&ctx->num_uqs);
 	mutex_unlock(&ndev->uq_mutex);
 
-	args.queue = i;
-	args.doorbell_offset = npu_uq_region(i);
-	args.mem_offset = npu_uq_region(i) + NPU_UQ_MEM_OFFSET;
-	args.mem_size = uq->mem_size;
-	args.cpl_offset = (u64)uq->entries * sizeof(struct npu_cmd);
-	args.fence_offset = (u8 *)uq->wb - (u8 *)uq->mem;
-	if (copy_to_user(arg, &args, sizeof(args))) {
-		mutex_lock(&ndev->uq_mutex);
-		npu_uqueue_detach(uq);
-		mutex_unlock(&ndev->uq_mutex);
-		return -EFAULT;
-	}
+	/*
+	 * Published: another thread's QUEUE_DESTROY may free @uq from here on,
+	 * so the results come from what this thread computed, not from @uq.
+	 * DRM copies them out; should that fault, the queue stays the file's.
+	 */
+	args->queue = i;
+	args->doorbell_offset = npu_uq_region(i);
+	args->mem_offset = npu_uq_region(i) + NPU_UQ_MEM_OFFSET;
+	args->mem_size = mem_size;
+	args->cpl_offset = (u64)args->entries * sizeof(struct npu_cmd);
+	args->fence_offset = fence_offset;
 	return 0;
 
 err_put:
@@ -317,18 +333,16 @@ static struct npu_uqueue *npu_uqueue_find(struct npu_context *ctx, u32 index)
 	return ndev->uq[index];
 }
 
-int npu_ioctl_queue_destroy(struct npu_context *ctx, void __user *arg)
+int npu_ioctl_queue_destroy(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
-	struct npu_queue_destroy args;
+	struct npu_queue_destroy *args = data;
 	struct npu_uqueue *uq;
 
-	if (copy_from_user(&args, arg, sizeof(args)))
-		return -EFAULT;
-	if (args.rsvd)
+	if (args->rsvd)
 		return -EINVAL;
 	mutex_lock(&ndev->uq_mutex);
-	uq = npu_uqueue_find(ctx, args.queue);
+	uq = npu_uqueue_find(ctx, args->queue);
 	if (uq)
 		npu_uqueue_detach(uq);
 	mutex_unlock(&ndev->uq_mutex);
@@ -368,7 +382,7 @@ void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung)
 			uq->hung = i == hung;
 		}
 		npu_uqueue_zap(uq);
-		wake_up_all(&uq->wq);
+		npu_uqueue_wake(uq);
 	}
 }
 
@@ -389,9 +403,9 @@ static void npu_uqueue_note_stop(struct npu_uqueue *uq)
 	if (uq->error == NPU_ERR_MMU_FAULT)
 		WRITE_ONCE(uq->ctx->faulted, true);
 	dev_warn_ratelimited(&ndev->pdev->dev,
-			     "user queue %u (client %u) stopped: error %u\n",
+			     "user queue %u (client %llu) stopped: error %u\n",
 			     i, uq->ctx->client_id, uq->error);
-	wake_up_all(&uq->wq);
+	npu_uqueue_wake(uq);
 }
 
 /*
@@ -415,7 +429,7 @@ void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung)
 			uq->error = NPU_ERR_NONE;
 			uq->hung = true;
 			npu_uqueue_zap(uq);
-			wake_up_all(&uq->wq);
+			npu_uqueue_wake(uq);
 			continue;
 		}
 		uq->resume_head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
@@ -445,7 +459,7 @@ void npu_uqueue_resume_all(struct npu_device *ndev)
 			uq->stopped = true;
 			uq->error = NPU_ERR_NONE;
 			npu_uqueue_zap(uq);
-			wake_up_all(&uq->wq);
+			npu_uqueue_wake(uq);
 			continue;
 		}
 		npu_wr(ndev, NPU_DOORBELL(i), uq->resume_tail);
@@ -461,7 +475,7 @@ void npu_uqueue_check_stopped(struct npu_device *ndev)
 	u32 i;
 
 	mutex_lock(&ndev->uq_mutex);
-	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+	for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
 		struct npu_uqueue *uq = ndev->uq[i];
 
 		if (!uq || uq->stopped ||
@@ -486,7 +500,7 @@ void npu_uqueue_irq(struct npu_device *ndev, u32 index)
 	mutex_lock(&ndev->uq_mutex);
 	for (i = index ?: 1; i < (index ? index + 1 : ndev->hw_queues); i++)
 		if (ndev->uq[i])
-			wake_up_all(&ndev->uq[i]->wq);
+			npu_uqueue_wake(ndev->uq[i]);
 	mutex_unlock(&ndev->uq_mutex);
 }
 
@@ -522,7 +536,7 @@ static bool npu_uqueue_faulted_at(struct npu_uqueue *uq, u64 fence)
 	if (READ_ONCE(uq->wb->value) > fence)
 		return false;	/* completed before anything stopped it */
 	mutex_lock(&ndev->uq_mutex);
-	if (!uq->stopped && ndev->uq[uq->index] == uq && !READ_ONCE(ndev->unplugged) &&
+	if (!uq->stopped && ndev->uq[uq->index] == uq && !npu_unplugged(ndev) &&
 	    (npu_rd(ndev, NPU_QREG(uq->index, NPU_Q_STATUS)) & NPU_QSTAT_STOPPED))
 		npu_uqueue_note_stop(uq);
 	faulted = uq->stopped && uq->error == NPU_ERR_MMU_FAULT &&
@@ -557,20 +571,18 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 
 	ret = 0;
 	if (!npu_uqueue_done(uq, args->fence)) {
-		timeout = min_t(u64, nsecs_to_jiffies64(args->timeout_ns),
-				MAX_SCHEDULE_TIMEOUT - 1);
-		if (!args->timeout_ns)
+		timeout = npu_deadline_jiffies(args->deadline_ns);
+		if (!timeout)
 			ret = -ETIMEDOUT;
 		else
 			ret = wait_event_interruptible_timeout(uq->wq,
 							       npu_uqueue_done(uq, args->fence),
-							       timeout ?: 1);
+							       timeout);
+		/* -ERESTARTSYS: the deadline is absolute, so a restart is exact. */
 		if (ret > 0)
 			ret = 0;
 		else if (ret == 0)
 			ret = -ETIMEDOUT;
-		else if (ret != -ETIMEDOUT)
-			ret = -EINTR;
 	}
 	if (!ret && npu_uqueue_faulted_at(uq, args->fence)) {
 		/* The fence is the command that faulted (or after it). */
@@ -620,6 +632,7 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	u32 index = offset >> NPU_UQ_REGION_SHIFT;
 	u64 within = offset & (BIT_ULL(NPU_UQ_REGION_SHIFT) - 1);
 	struct npu_uqueue *uq;
+	unsigned long pgoff;
 	phys_addr_t bell;
 	int ret = -EINVAL;
 
@@ -648,10 +661,18 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	}
 	if (within != NPU_UQ_MEM_OFFSET || len > uq->mem_size)
 		goto out;
-	vma->vm_pgoff = 0;
 	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+	/*
+	 * dma_mmap_coherent() takes vm_pgoff as the page offset into the
+	 * memory. Put the vma's own offset back after it: the vma must stay at
+	 * its place in the device's address_space, or unmap_mapping_range()
+	 * of another range (another queue's doorbell) would reach it.
+	 */
+	pgoff = vma->vm_pgoff;
+	vma->vm_pgoff = 0;
 	ret = dma_mmap_coherent(&ndev->pdev->dev, vma, uq->mem, uq->mem_dma,
 				uq->mem_size);
+	vma->vm_pgoff = pgoff;
 	if (ret)
 		goto out;
 	kref_get(&uq->ref);
@@ -662,20 +683,6 @@ out:
 	return ret;
 }
 
-/* poll(): wait on every user queue of @ctx. */
-void npu_uqueue_poll_wait(struct npu_context *ctx, struct file *file,
-			  struct poll_table_struct *wait)
-{
-	struct npu_device *ndev = ctx->ndev;
-	u32 i;
-
-	mutex_lock(&ndev->uq_mutex);
-	for (i = 1; i < ndev->hw_queues; i++)
-		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx)
-			poll_wait(file, &ndev->uq[i]->wq, wait);
-	mutex_unlock(&ndev->uq_mutex);
-}
-
 /* Have the user queues of @ctx nothing left to run (or stopped)? */
 bool npu_uqueue_idle(struct npu_context *ctx)
 {
@@ -684,7 +691,7 @@ bool npu_uqueue_idle(struct npu_context *ctx)
 	u32 i;
 
 	mutex_lock(&ndev->uq_mutex);
-	for (i = 1; i < ndev->hw_queues && !READ_ONCE(ndev->unplugged); i++) {
+	for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
 		struct npu_uqueue *uq = ndev->uq[i];
 
 		if (uq && uq->ctx == ctx && !uq->stopped &&

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.guest
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 HW_HEADER = Path(__file__).resolve().parent.parent / "include" / "npu_hw.h"
 
 
@@ -44,9 +44,16 @@ def test_pci_device_listed(guest):
 
 
 def test_dev_node_group_and_mode(guest):
-    rc, out = guest.run("stat -c '%G %a' /dev/npu0")
+    rc, out = guest.run("stat -L -c '%G %a' /dev/npu0")
     assert rc == 0, out
     assert out.strip() == "npu 660"
+
+
+def test_dev_node_links_the_drm_accel_device(guest):
+    rc, out = guest.run("readlink -f /dev/npu0; stat -L -c '%F %t' /dev/npu0")
+    assert rc == 0, out
+    # DRM accel devices have major 261 (0x105).
+    assert out.split() == ["/dev/accel/accel0", "character", "special", "file", "105"], out
 
 
 @pytest.mark.parametrize("attr", list(SYSFS_VALUES))
@@ -64,7 +71,7 @@ def test_unload_removes_node_and_reload_restores_it(guest):
     finally:
         if not guest.module_loaded():
             guest.load_module()
-    rc, out = guest.run("stat -c '%G %a' /dev/npu0")
+    rc, out = guest.run("stat -L -c '%G %a' /dev/npu0")
     assert rc == 0, out
     assert out.strip() == "npu 660"
 

@@ -92,7 +92,9 @@ def debug_pass(guest_module: Any) -> Iterator[DebugPass]:
     try:
         finders = {k: g.run(cmd, timeout=60)[0] == 0 for k, cmd in BUG_FINDER_CHECKS.items()}
         g.load_module()
-        rc, group = g.run("basename $(readlink /sys/class/npu/npu0/device/iommu_group)", timeout=60)
+        rc, group = g.run(
+            "basename $(readlink /sys/class/accel/accel0/device/iommu_group)", timeout=60
+        )
         suite, dmesg = run_suite(
             g, gm, ROOT / "build" / "guest-junit-debug.xml", "/mnt/npu/build/guest-junit-debug.xml"
         )

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import time
+from collections.abc import Callable
 from typing import Final
 
 from ioctl_opt import IOR, IOW, IOWR
@@ -194,7 +196,10 @@ NPU_ERR_MMU_FAULT: Final = 5
 # npu_uapi.h: constants
 # --------------------------------------------------------------------------
 
-NPU_IOCTL_BASE: Final = ord("N")
+#: DRM's ioctl encoding (DRM_IOCTL_BASE, DRM_COMMAND_BASE of drm.h): the
+#: driver's ioctls are DRM driver ioctls of the accel device.
+NPU_DRM_IOCTL_BASE: Final = ord("d")
+NPU_DRM_COMMAND_BASE: Final = 0x40
 
 NPU_INFO_CAP_COPY: Final = 1 << 0
 NPU_INFO_CAP_FILL: Final = 1 << 1
@@ -218,6 +223,7 @@ NPU_SUBMIT_MAX_OPS: Final = 256
 
 U32_MAX: Final = (1 << 32) - 1
 U64_MAX: Final = (1 << 64) - 1
+S64_MAX: Final = (1 << 63) - 1
 
 
 class Opcode(enum.IntEnum):
@@ -569,7 +575,6 @@ class NpuInfo(ctypes.Structure):
         ("pci_vendor", ctypes.c_uint16),
         ("pci_device", ctypes.c_uint16),
         ("user_queues", ctypes.c_uint32),
-        ("rsvd0", ctypes.c_uint32),
         ("device_memory", ctypes.c_uint64),
         ("rsvd", ctypes.c_uint32 * 2),
     ]
@@ -729,11 +734,11 @@ class NpuSubmit(ctypes.Structure):
 
 
 class NpuWait(ctypes.Structure):
-    """``struct npu_wait`` (WAIT)."""
+    """``struct npu_wait`` (WAIT); ``deadline_ns`` is CLOCK_MONOTONIC (:func:`deadline_after`)."""
 
     _fields_ = [
         ("fence", ctypes.c_uint64),
-        ("timeout_ns", ctypes.c_uint64),
+        ("deadline_ns", ctypes.c_int64),
         ("queue", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
         ("status", ctypes.c_uint32),
@@ -768,12 +773,32 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
 # npu_uapi.h: ioctl request numbers
 # --------------------------------------------------------------------------
 
-NPU_IOCTL_GET_INFO: Final[int] = int(IOR(NPU_IOCTL_BASE, 0x00, NpuInfo))
-NPU_IOCTL_BO_CREATE: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x01, NpuBoCreate))
-NPU_IOCTL_BO_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x02, NpuBoDestroy))
-NPU_IOCTL_SUBMIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x03, NpuSubmit))
-NPU_IOCTL_WAIT: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x04, NpuWait))
-NPU_IOCTL_BO_USERPTR: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x05, NpuBoUserptr))
-NPU_IOCTL_FENCE_INFO: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x06, NpuFenceInfo))
-NPU_IOCTL_QUEUE_CREATE: Final[int] = int(IOWR(NPU_IOCTL_BASE, 0x07, NpuQueueCreate))
-NPU_IOCTL_QUEUE_DESTROY: Final[int] = int(IOW(NPU_IOCTL_BASE, 0x08, NpuQueueDestroy))
+DRM_NPU_GET_INFO: Final = 0x00
+DRM_NPU_BO_CREATE: Final = 0x01
+DRM_NPU_BO_DESTROY: Final = 0x02
+DRM_NPU_SUBMIT: Final = 0x03
+DRM_NPU_WAIT: Final = 0x04
+DRM_NPU_BO_USERPTR: Final = 0x05
+DRM_NPU_FENCE_INFO: Final = 0x06
+DRM_NPU_QUEUE_CREATE: Final = 0x07
+DRM_NPU_QUEUE_DESTROY: Final = 0x08
+
+
+def _drm(direction: Callable[[int, int, object], int], nr: int, struct: type) -> int:
+    return int(direction(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + nr, struct))
+
+
+DRM_IOCTL_NPU_GET_INFO: Final[int] = _drm(IOR, DRM_NPU_GET_INFO, NpuInfo)
+DRM_IOCTL_NPU_BO_CREATE: Final[int] = _drm(IOWR, DRM_NPU_BO_CREATE, NpuBoCreate)
+DRM_IOCTL_NPU_BO_DESTROY: Final[int] = _drm(IOW, DRM_NPU_BO_DESTROY, NpuBoDestroy)
+DRM_IOCTL_NPU_SUBMIT: Final[int] = _drm(IOWR, DRM_NPU_SUBMIT, NpuSubmit)
+DRM_IOCTL_NPU_WAIT: Final[int] = _drm(IOWR, DRM_NPU_WAIT, NpuWait)
+DRM_IOCTL_NPU_BO_USERPTR: Final[int] = _drm(IOWR, DRM_NPU_BO_USERPTR, NpuBoUserptr)
+DRM_IOCTL_NPU_FENCE_INFO: Final[int] = _drm(IOWR, DRM_NPU_FENCE_INFO, NpuFenceInfo)
+DRM_IOCTL_NPU_QUEUE_CREATE: Final[int] = _drm(IOWR, DRM_NPU_QUEUE_CREATE, NpuQueueCreate)
+DRM_IOCTL_NPU_QUEUE_DESTROY: Final[int] = _drm(IOW, DRM_NPU_QUEUE_DESTROY, NpuQueueDestroy)
+
+
+def deadline_after(timeout_ns: int) -> int:
+    """The ``npu_wait.deadline_ns`` ``timeout_ns`` from now (CLOCK_MONOTONIC, as the driver's)."""
+    return min(time.monotonic_ns() + timeout_ns, S64_MAX)

@@ -39,7 +39,7 @@ import npu
 from npu import ops
 
 DEV_PATH = "/dev/npu0"
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 DEBUGFS = "/sys/kernel/debug"
 # The errnos a failed allocation may surface as: ENOMEM, and EFAULT where
 # the failed allocation is the page a copy from or to user memory faults in.

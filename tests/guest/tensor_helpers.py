@@ -85,12 +85,17 @@ def raw_submit(fd: int, tops: list[_abi.NpuTensorOp]) -> int:
     arr = (_abi.NpuTensorOp * len(tops))(*tops)
     arg = _abi.NpuSubmit(ops_ptr=ctypes.addressof(arr), num_ops=len(tops), queue=0, flags=0,
                          op_size=ctypes.sizeof(_abi.NpuTensorOp))  # fmt: skip
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg, True)
+    fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_SUBMIT, arg, True)
     return int(arg.fence)
 
 
 def raw_wait(fd: int, fence: int) -> None:
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=fence, timeout_ns=10**10), True)
+    fcntl.ioctl(
+        fd,
+        _abi.DRM_IOCTL_NPU_WAIT,
+        _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(10**10)),
+        True,
+    )
 
 
 class Bo:
@@ -101,7 +106,7 @@ class Bo:
 def raw_bo(fd: int, size: int) -> tuple[int, Bo]:
     """(fd, a new BO of size bytes on fd), for a ``raw`` fixture."""
     arg = _abi.NpuBoCreate(size=size)
-    fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
+    fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)
     return fd, Bo(arg.handle, size)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import npu
 from npu import allocator as alloc_mod
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 MiB = 1 << 20
 
 

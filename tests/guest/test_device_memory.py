@@ -19,7 +19,7 @@ import pytest
 from npu import _abi
 
 DEV_PATH = "/dev/npu0"
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 MiB = 1 << 20
 PAGE = mmap.PAGESIZE
 RW = mmap.PROT_READ | mmap.PROT_WRITE
@@ -52,12 +52,12 @@ def fdinfo_kib(fd: int, key: str) -> int:
 
 def bo_create(fd: int, size: int, device: bool = True) -> _abi.NpuBoCreate:
     arg = _abi.NpuBoCreate(size=size, flags=_abi.NPU_BO_DEVICE if device else 0)
-    ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg)
     return arg
 
 
 def bo_destroy(fd: int, handle: int) -> None:
-    ioctl(fd, _abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=handle))
+    ioctl(fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=handle))
 
 
 def bo_map(fd: int, bo: _abi.NpuBoCreate) -> mmap.mmap:
@@ -68,8 +68,12 @@ def run(fd: int, ops: list[_abi.NpuOp]) -> None:
     arr = (_abi.NpuOp * len(ops))(*ops)
     sub = _abi.NpuSubmit(ops_ptr=ctypes.addressof(arr), num_ops=len(ops),
                          op_size=ctypes.sizeof(_abi.NpuOp))  # fmt: skip
-    ioctl(fd, _abi.NPU_IOCTL_SUBMIT, sub)
-    ioctl(fd, _abi.NPU_IOCTL_WAIT, _abi.NpuWait(fence=sub.fence, timeout_ns=60 * 10**9))
+    ioctl(fd, _abi.DRM_IOCTL_NPU_SUBMIT, sub)
+    ioctl(
+        fd,
+        _abi.DRM_IOCTL_NPU_WAIT,
+        _abi.NpuWait(fence=sub.fence, deadline_ns=_abi.deadline_after(60 * 10**9)),
+    )
 
 
 def op(opcode: int, bufs: list[tuple[int, int]], params: tuple[int, ...] = ()) -> _abi.NpuOp:
@@ -84,14 +88,14 @@ def op(opcode: int, bufs: list[tuple[int, int]], params: tuple[int, ...] = ()) -
 @pytest.fixture(autouse=True)
 def _needs_device_memory(fd: int) -> None:
     info = _abi.NpuInfo()
-    ioctl(fd, _abi.NPU_IOCTL_GET_INFO, info)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_GET_INFO, info)
     if not info.caps & _abi.NPU_INFO_CAP_LOCAL_MEM:
         pytest.skip("the device has no device memory")
 
 
 def test_get_info_and_sysfs_report_the_same_device_memory_size(fd):
     info = _abi.NpuInfo()
-    ioctl(fd, _abi.NPU_IOCTL_GET_INFO, info)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_GET_INFO, info)
     assert info.device_memory == 512 * MiB  # the device's default mem-size
     assert sysfs_int("mem_device_total") == info.device_memory
 

@@ -49,6 +49,14 @@ def test_fence_info_gives_the_status_and_ordered_timestamps(dev: npu.Device) -> 
     assert first.t_start_ns <= first.t_end_ns <= second.t_start_ns <= second.t_end_ns
 
 
+def test_fence_info_of_another_files_fence_is_enoent(dev: npu.Device, dev_path: str) -> None:
+    # Only the file that submitted an op learns when and how it ran.
+    fence = dev.run([ops.nop()])
+    with npu.Device(dev_path) as other:
+        assert fence_info_errno(other, fence) == errno.ENOENT
+    assert dev.fence_info(fence).status == _abi.NPU_ST_OK
+
+
 def test_fence_info_of_bad_fences_and_queues_is_einval(dev: npu.Device) -> None:
     last = dev.run([ops.nop()])
     assert fence_info_errno(dev, 0) == errno.EINVAL

@@ -5,7 +5,7 @@ At probe the driver loads ``fw_name`` (a module parameter, default
 ``make firmware`` built) with request_firmware(), checks its header (size,
 magic, ABI, payload CRC) and boots it on the device, which checks it again.
 Any failure fails the PCI probe: insmod itself succeeds (the module loads)
-but no /dev/npu0 appears, and the kernel log says why. /sys/class/npu/npu0/
+but no /dev/npu0 appears, and the kernel log says why. /sys/class/accel/accel0/device/npu/
 fw_version is the running image's version; debugfs has ``fw_status`` (state,
 version, heartbeat and a mailbox QUERY), ``fw_log`` (the firmware's log ring)
 and ``fw_log_level`` (mailbox SET_LOG_LEVEL). The watchdog looks at the
@@ -46,7 +46,7 @@ if SCRIPTS not in sys.path:
 import mkfw  # noqa: E402  (scripts/mkfw.py: build_image)
 
 DEV_PATH = "/dev/npu0"
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 DEBUGFS = "/sys/kernel/debug/npu/npu0"
 FW_DIR = "/lib/firmware/npu"
 FW_NAME_PARAM = "/sys/module/npu/parameters/fw_name"

@@ -33,7 +33,7 @@ from npu import _abi, ops
 
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 WAIT_NS = 10 * 10**9
 SECRET = 0x5EC2E7A5  # A's pattern
 UNTOUCHED = 0x5A  # B's destination bytes before the faulting copy
@@ -81,9 +81,9 @@ def errno_of(call: Callable[[], object]) -> int:
 
 def raw_wait(fd: int, queue: int, fence: int, timeout_ns: int = WAIT_NS) -> tuple[int, int, int]:
     """WAIT; returns (errno or 0, status, error_fence)."""
-    arg = _abi.NpuWait(fence=fence, timeout_ns=timeout_ns, queue=queue)
+    arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(timeout_ns), queue=queue)
     try:
-        fcntl.ioctl(fd, _abi.NPU_IOCTL_WAIT, arg, True)
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, arg, True)
     except OSError as exc:
         return exc.errno or -1, int(arg.status), int(arg.error_fence)
     return 0, int(arg.status), int(arg.error_fence)
@@ -406,7 +406,7 @@ def process_b(conn: Connection, dev_path: str) -> None:
             report["wait_on_a_queue"] = raw_wait(fd, qa, 1, 0)[0]
             report["destroy_a_queue"] = errno_of(
                 lambda: fcntl.ioctl(
-                    fd, _abi.NPU_IOCTL_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=qa), True
+                    fd, _abi.DRM_IOCTL_NPU_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=qa), True
                 )
             )
             report["map_a_doorbell"] = errno_of(
@@ -520,14 +520,14 @@ def test_ten_thousand_bo_cycles_reuse_the_address_space_and_leave_the_counters_a
     for i in range(10_000):
         size = PAGE * (1 + i % 8)
         arg = _abi.NpuBoCreate(size=size)
-        fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg, True)
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)
         vas.add(int(arg.va))
         if i % 1000 == 999:  # the device writes the new buffer through the reused VA
             view = mmap.mmap(fd, size, mmap.MAP_SHARED, offset=arg.mmap_offset)
             q.wait(q.push(fill_cmd(arg.va, size, i)))
             assert (np.frombuffer(view, np.uint32) == i).all()
             view.close()
-        fcntl.ioctl(fd, _abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=arg.handle), True)
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=arg.handle), True)
     q.close()
     assert max(vas) - min(vas) < 64 * PAGE, "VAs are not recycled"
     assert fdinfo(fd)["npu-bo-count"] == file_before["npu-bo-count"]

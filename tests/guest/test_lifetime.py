@@ -23,7 +23,7 @@ from npu import _abi, ops
 MiB = 1 << 20
 PAGE = mmap.PAGESIZE
 RW = mmap.PROT_READ | mmap.PROT_WRITE
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 # The accounting is exact: no tolerance.
 MEM_TOLERANCE = 0
 BIG_BO = 4 * MiB
@@ -38,6 +38,12 @@ def bo_memory_free() -> int:
     """Minus the bytes of live BOs on the device: rises as BOs are freed."""
     with open(f"{SYSFS}/bo_bytes") as f:
         return -int(f.read())
+
+
+def bo_counts() -> tuple[int, int]:
+    """The device's live BOs and their bytes (sysfs bo_count, bo_bytes)."""
+    with open(f"{SYSFS}/bo_count") as c, open(f"{SYSFS}/bo_bytes") as b:
+        return int(c.read()), int(b.read())
 
 
 def fences() -> tuple[int, int]:
@@ -76,12 +82,12 @@ def ioctl(fd: int, request: int, arg) -> None:
 
 def bo_create(fd: int, size: int) -> _abi.NpuBoCreate:
     arg = _abi.NpuBoCreate(size=size)
-    ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg)
     return arg
 
 
 def bo_destroy(fd: int, handle: int) -> None:
-    ioctl(fd, _abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=handle))
+    ioctl(fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=handle))
 
 
 def raw_submit(fd: int, op_list: list[npu.Op]) -> int:
@@ -93,13 +99,13 @@ def raw_submit(fd: int, op_list: list[npu.Op]) -> int:
         flags=0,
         op_size=ctypes.sizeof(_abi.NpuOp),
     )
-    ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_SUBMIT, arg)
     return int(arg.fence)
 
 
 def raw_wait(fd: int, fence: int, timeout_s: float = 60.0) -> None:
-    arg = _abi.NpuWait(fence=fence, timeout_ns=int(timeout_s * 1e9), queue=0)
-    ioctl(fd, _abi.NPU_IOCTL_WAIT, arg)
+    arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(int(timeout_s * 1e9)), queue=0)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, arg)
 
 
 class Bo:
@@ -164,7 +170,9 @@ def test_an_ioctl_faulting_in_its_argument_and_mmap_take_no_locks_in_opposite_or
         addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
         libc = ctypes.CDLL(None, use_errno=True)
         libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-        assert libc.ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, addr) == 0, os.strerror(ctypes.get_errno())
+        assert libc.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, addr) == 0, os.strerror(
+            ctypes.get_errno()
+        )
         out = _abi.NpuBoCreate.from_buffer_copy(page[: ctypes.sizeof(_abi.NpuBoCreate)])
         bo_destroy(fd, out.handle)
         del addr
@@ -364,3 +372,43 @@ def test_irq_count_increases_with_completed_jobs(dev):
         dev.run([ops.nop()])
     with open(f"{SYSFS}/irq_count") as f:
         assert int(f.read()) > before
+
+
+def test_bo_destroy_racing_the_create_of_a_predictable_handle_frees_each_bo_once(
+    dev_path: str,
+) -> None:
+    # A new BO gets the lowest free handle, so a second thread can destroy
+    # it while the BO_CREATE that makes it is still running. The handle is
+    # published last now; it used to be visible while BO_CREATE still read
+    # the BO (a use-after-free on the debug kernel). Every BO must end up
+    # freed exactly once.
+    import threading
+
+    fd = os.open(dev_path, os.O_RDWR)
+    before = bo_counts()
+    stop = threading.Event()
+    created: list[int] = []
+
+    def destroyer() -> None:
+        guess = 0
+        while not stop.is_set():
+            guess = guess % 4 + 1
+            try:
+                arg = _abi.NpuBoDestroy(handle=guess)
+                fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, arg, True)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=destroyer)
+    thread.start()
+    try:
+        for _ in range(2000):
+            arg = _abi.NpuBoCreate(size=PAGE)
+            fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)
+            created.append(int(arg.handle))
+    finally:
+        stop.set()
+        thread.join()
+        os.close(fd)
+    assert all(created)
+    assert poll(lambda: bo_counts() == before), (bo_counts(), before)

@@ -39,7 +39,7 @@ from guest_util import wait_until
 import npu
 from npu import _abi, ops
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 INJECT = "/sys/kernel/debug/npu/npu0/inject"
 TIMEOUT_PARAM = "/sys/module/npu/parameters/hang_timeout_ms"
 HANG_TIMEOUT_MS = 300
@@ -328,7 +328,7 @@ def test_a_reset_sends_a_change_uevent_with_the_reason(dev: npu.Device) -> None:
     assert resets, f"no NPU_RESET uevent among {events}"
     (ev,) = resets
     assert ev["ACTION"] == "change" and ev["NPU_REASON"] == "hang", ev
-    assert ev["DEVPATH"].endswith("/npu/npu0") and ev.get("SUBSYSTEM") == "npu", ev
+    assert ev["DEVPATH"].endswith("/accel/accel0") and ev.get("SUBSYSTEM") == "accel", ev
 
 
 # --------------------------------------------------------------------------
@@ -396,7 +396,7 @@ def test_submit_refuses_signal_and_wait(dev: npu.Device, opcode: int, tensor: bo
         ops_ptr=ctypes.addressof(raw), num_ops=1, queue=0, flags=0, op_size=ctypes.sizeof(struct_)
     )
     with pytest.raises(OSError) as info:
-        fcntl.ioctl(dev.fileno(), _abi.NPU_IOCTL_SUBMIT, arg, True)
+        fcntl.ioctl(dev.fileno(), _abi.DRM_IOCTL_NPU_SUBMIT, arg, True)
     assert info.value.errno == errno.EINVAL
 
 

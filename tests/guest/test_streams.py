@@ -18,7 +18,7 @@ import pytest
 import npu
 from npu import DType, EltwiseKind, UnaryKind, ops
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 MiB = 1 << 20
 N = 4096  # elements of the small fp32 vectors
 BIG = 16 * MiB  # a FILL or COPY of this takes milliseconds of device time

@@ -33,7 +33,7 @@ NP = {D.FP32: np.float32, D.FP16: np.float16, D.INT8: np.int8, D.INT32: np.int32
 RTOL_ARITH = {D.FP32: 1e-6, D.FP16: 1e-3, D.BF16: 1e-2, D.INT8: 0, D.INT32: 0}
 RTOL_TRANSC = {D.FP32: 1e-5, D.FP16: 1e-3, D.BF16: 1e-2}
 ATOL = {D.FP32: 1e-7, D.FP16: 1e-4, D.BF16: 1e-3, D.INT8: 0, D.INT32: 0}
-FENCES = "/sys/class/npu/npu0/fences"
+FENCES = "/sys/class/accel/accel0/device/npu/fences"
 
 
 def fences() -> tuple[int, int]:

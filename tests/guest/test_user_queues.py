@@ -31,7 +31,7 @@ from guest_util import wait_until
 import npu
 from npu import _abi
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
 RW = mmap.PROT_READ | mmap.PROT_WRITE
@@ -66,23 +66,23 @@ def assert_errno(expected: int, call: Callable[[], object]) -> None:
 
 def queue_create(fd: int, entries: int = 16, priority: int = 0, **fields) -> _abi.NpuQueueCreate:
     arg = _abi.NpuQueueCreate(entries=entries, priority=priority, **fields)
-    ioctl(fd, _abi.NPU_IOCTL_QUEUE_CREATE, arg)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_QUEUE_CREATE, arg)
     return arg
 
 
 def queue_destroy(fd: int, queue: int, rsvd: int = 0) -> None:
-    ioctl(fd, _abi.NPU_IOCTL_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=queue, rsvd=rsvd))
+    ioctl(fd, _abi.DRM_IOCTL_NPU_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=queue, rsvd=rsvd))
 
 
 def wait(fd: int, queue: int, fence: int, timeout_ns: int = WAIT_NS) -> _abi.NpuWait:
-    arg = _abi.NpuWait(fence=fence, timeout_ns=timeout_ns, queue=queue)
-    ioctl(fd, _abi.NPU_IOCTL_WAIT, arg)
+    arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(timeout_ns), queue=queue)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, arg)
     return arg
 
 
 def bo_create(fd: int, size: int) -> _abi.NpuBoCreate:
     arg = _abi.NpuBoCreate(size=size)
-    ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg)
+    ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg)
     return arg
 
 
@@ -931,3 +931,34 @@ def test_buffers_have_distinct_page_aligned_device_addresses(dev: npu.Device) ->
     x = np.ones(3 * PAGE, np.uint8)
     ubuf, _ = dev.userptr(x)
     assert ubuf.va % PAGE == 0 and ubuf.va not in {b.va for b in bufs}
+
+
+def test_a_queue_teardown_leaves_another_files_bo_mapping_alone(dev_path: str) -> None:
+    # Every file of the device shares one address_space, and QUEUE_DESTROY
+    # zaps the queue's doorbell range in it. The driver used to leave a BO
+    # mapping at its page index (vm_map_pages() rewrote vm_pgoff), inside
+    # the doorbell offsets, so another file's queue teardown unmapped pages
+    # of this 128 MiB BO (a touch was SIGBUS). A child does the touching.
+    size = (USER_QUEUES + 1) << REGION_SHIFT
+    with npu.Device(dev_path) as d:
+        buf = d.alloc(size)
+        words = buf.numpy(np.uint32)
+        words[:] = 0x5EED5EED
+        stride = (1 << REGION_SHIFT) // 4
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                other = os.open(dev_path, os.O_RDWR)
+                queues = [queue_create(other).queue for _ in range(USER_QUEUES)]
+                for q in queues:
+                    queue_destroy(other, q)
+                os.close(other)
+                code = 0 if (words[::stride] == 0x5EED5EED).all() else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status), f"the child died of signal {os.WTERMSIG(status)}"
+        assert os.WEXITSTATUS(status) == 0
+        assert (words[::stride] == 0x5EED5EED).all()
+        buf.free()

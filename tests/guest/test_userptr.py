@@ -16,7 +16,7 @@ import pytest
 import npu
 from npu import _abi, ops
 
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
 
@@ -125,7 +125,7 @@ def test_bo_userptr_refuses_bad_arguments_with_their_errno(dev: npu.Device) -> N
     assert errno_of(lambda: dev.bo_userptr(addr, too_big)) == errno.E2BIG
     raw = _abi.NpuBoUserptr(addr=addr, size=PAGE, flags=0x80, handle=0)  # unknown flag
     with pytest.raises(OSError) as info:
-        fcntl.ioctl(dev.fileno(), _abi.NPU_IOCTL_BO_USERPTR, raw, True)
+        fcntl.ioctl(dev.fileno(), _abi.DRM_IOCTL_NPU_BO_USERPTR, raw, True)
     assert info.value.errno == errno.EINVAL
     m.close()
 
@@ -209,3 +209,70 @@ def test_the_same_memory_pinned_twice_works_through_both_buffers(dev: npu.Device
     a = npu.from_numpy(x[:n], device=dev)
     b = npu.from_numpy(x[n // 2 : n // 2 + n], device=dev)  # half of a's pages
     np.testing.assert_array_equal((a + b).numpy(), x[:n] + x[n // 2 : n // 2 + n])
+
+
+def _in_child(body: Callable[[], dict[str, int]]) -> dict[str, int]:
+    """Run ``body`` in a forked child; its result (or its exception) comes back."""
+    import json
+    import os
+    import traceback
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = json.dumps({"ok": body()})
+        except BaseException:
+            out = json.dumps({"error": traceback.format_exc()})
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = json.loads(f.read() or '{"error": "the child died"}')
+    os.waitpid(pid, 0)
+    assert "ok" in got, got.get("error")
+    return got["ok"]
+
+
+def _locked_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmLck in /proc/self/status")
+
+
+def test_userptr_pins_count_against_the_memlock_limit(dev_path: str) -> None:
+    # Long-term pins are locked memory of the process (VmLck), refused past
+    # RLIMIT_MEMLOCK for a process without CAP_IPC_LOCK: the driver used to
+    # pin any amount for anyone.
+    import grp
+    import os
+    import resource
+
+    def body() -> dict[str, int]:
+        gid = grp.getgrnam("npu").gr_gid
+        os.setgroups([gid])
+        os.setgid(gid)
+        os.setuid(65534)  # nobody, in group npu: no CAP_IPC_LOCK
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
+        fd = os.open(dev_path, os.O_RDWR)
+        memory = page_aligned(128 << 10)  # kept mapped while pinned
+        addr = memory[1]
+        small = _abi.NpuBoUserptr(addr=addr, size=32 << 10)
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_USERPTR, small, True)
+        pinned = _locked_kib()
+        big = _abi.NpuBoUserptr(addr=addr + (32 << 10), size=64 << 10)
+        try:
+            fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_USERPTR, big, True)
+            refused = 0
+        except OSError as e:
+            refused = e.errno
+        fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=small.handle))
+        after = _locked_kib()
+        os.close(fd)
+        return {"pinned": pinned, "refused": refused, "after": after}
+
+    got = _in_child(body)
+    assert got == {"pinned": 32, "refused": errno.ENOMEM, "after": 0}

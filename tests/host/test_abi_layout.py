@@ -37,7 +37,7 @@ FIELDS: dict[str, list[str]] = {
     "npu_info": [
         "hw_version", "abi_version", "driver_version", "caps", "num_queues", "num_cores",
         "max_submit", "ring_entries", "max_bo_size", "pci_vendor", "pci_device",
-        "user_queues", "rsvd0", "device_memory", "rsvd",
+        "user_queues", "device_memory", "rsvd",
     ],
     "npu_bo_create": ["size", "flags", "handle", "mmap_offset", "alloc_size", "va"],
     "npu_bo_destroy": ["handle", "rsvd"],
@@ -56,7 +56,7 @@ FIELDS: dict[str, list[str]] = {
     "npu_tensor_op": ["opcode", "flags", "kind", "t", "params", "rsvd"],
     "npu_submit": ["ops_ptr", "num_ops", "queue", "flags", "op_size", "fence"],
     "npu_wait": [
-        "fence", "timeout_ns", "queue", "flags", "status", "rsvd", "error_fence",
+        "fence", "deadline_ns", "queue", "flags", "status", "rsvd", "error_fence",
     ],
 }  # fmt: skip
 
@@ -98,16 +98,20 @@ CONSTANTS = [
     "NPU_ST_TIMEOUT", "NPU_ST_COUNT", "NPU_OP_SIGNAL", "NPU_OP_WAIT",
     "NPU_ERR_NONE", "NPU_ERR_RING_OVERRUN", "NPU_ERR_RING_FETCH", "NPU_ERR_CPL_WRITE",
     "NPU_ERR_BAD_RING", "NPU_ERR_MMU_FAULT",
-    "NPU_IOCTL_BASE",
+    "NPU_DRM_IOCTL_BASE", "NPU_DRM_COMMAND_BASE",
+    "DRM_NPU_GET_INFO", "DRM_NPU_BO_CREATE", "DRM_NPU_BO_DESTROY", "DRM_NPU_SUBMIT",
+    "DRM_NPU_WAIT", "DRM_NPU_BO_USERPTR", "DRM_NPU_FENCE_INFO", "DRM_NPU_QUEUE_CREATE",
+    "DRM_NPU_QUEUE_DESTROY",
     "NPU_INFO_CAP_COPY", "NPU_INFO_CAP_FILL", "NPU_INFO_CAP_GEMM_FP32", "NPU_INFO_CAP_MSIX",
     "NPU_INFO_CAP_TIMESTAMPS", "NPU_INFO_CAP_MMU", "NPU_INFO_CAP_TENSOR", "NPU_INFO_CAP_REDUCE",
     "NPU_INFO_CAP_MATMUL", "NPU_INFO_CAP_CONV", "NPU_INFO_CAP_QUANT", "NPU_INFO_CAP_LOCAL_MEM",
     "NPU_BO_DEVICE", "NPU_BO_CREATE_FLAGS",
     "NPU_QUEUE_MIN_ENTRIES", "NPU_QUEUE_MAX_ENTRIES", "NPU_QUEUE_PRIORITY_USER",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
-    "NPU_IOCTL_GET_INFO", "NPU_IOCTL_BO_CREATE", "NPU_IOCTL_BO_DESTROY", "NPU_IOCTL_SUBMIT",
-    "NPU_IOCTL_WAIT", "NPU_IOCTL_BO_USERPTR", "NPU_IOCTL_FENCE_INFO",
-    "NPU_IOCTL_QUEUE_CREATE", "NPU_IOCTL_QUEUE_DESTROY",
+    "DRM_IOCTL_NPU_GET_INFO", "DRM_IOCTL_NPU_BO_CREATE", "DRM_IOCTL_NPU_BO_DESTROY",
+    "DRM_IOCTL_NPU_SUBMIT",
+    "DRM_IOCTL_NPU_WAIT", "DRM_IOCTL_NPU_BO_USERPTR", "DRM_IOCTL_NPU_FENCE_INFO",
+    "DRM_IOCTL_NPU_QUEUE_CREATE", "DRM_IOCTL_NPU_QUEUE_DESTROY",
     "NPU_BO_USERPTR_READONLY", "NPU_BO_USERPTR_FLAGS",
 ]  # fmt: skip
 
@@ -171,6 +175,56 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], 
         else:
             result[("const", rest[0])] = int(rest[1])
     return result
+
+
+# The uapi's basic types for an i386 compile without 32-bit libc or kernel
+# headers installed: as <asm-generic/int-ll64.h> defines them.
+_I386_TYPES = """\
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef signed int __s32;
+__extension__ typedef unsigned long long __u64;
+__extension__ typedef signed long long __s64;
+"""
+
+
+def test_uapi_layout_is_the_same_for_32_bit_callers(
+    tmp_path: Path, c_layout: dict[tuple[str, ...], int]
+) -> None:
+    """Compiled with -m32 (i386: 8-byte integers 4-aligned), every struct and field
+    keeps its x86-64 size and offset, and so every ioctl its number."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    (tmp_path / "linux").mkdir()
+    (tmp_path / "linux" / "types.h").write_text(_I386_TYPES)
+    (tmp_path / "linux" / "ioctl.h").write_text("#include <asm-generic/ioctl.h>\n")
+    lines = ["#include <stddef.h>", '#include "npu_hw.h"', '#include "npu_uapi.h"']
+    for struct, fields in FIELDS.items():
+        size = c_layout[("sizeof", struct)]
+        lines.append(f'_Static_assert(sizeof(struct {struct}) == {size}, "{struct} size");')
+        for f in fields:
+            off = c_layout[("offset", struct, f)]
+            lines.append(
+                f'_Static_assert(offsetof(struct {struct}, {f}) == {off}, "{struct}.{f}");'
+            )
+    for name in CONSTANTS:
+        if name.startswith("DRM_IOCTL_NPU_"):
+            value = c_layout[("const", name)]
+            lines.append(f'_Static_assert({name} == {value}u, "{name}");')
+    src = tmp_path / "layout32.c"
+    src.write_text("\n".join(lines) + "\n")
+    gcc_include = subprocess.run(
+        [gcc, "-print-file-name=include"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    r = subprocess.run(
+        [gcc, "-m32", "-std=gnu11", "-Wall", "-Werror", "-fsyntax-only", "-nostdinc",
+         "-isystem", gcc_include, "-I", str(tmp_path), "-isystem", "/usr/include",
+         "-I", str(REPO / "include"), str(src)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
 
 
 def _mirror_field(struct: str, designator: str) -> tuple[int, int]:
@@ -247,7 +301,7 @@ def test_every_constant_of_the_headers_is_checked() -> None:
     defined: set[str] = set()
     for header in ("npu_hw.h", "npu_uapi.h", "npu_tensor.h"):
         text = (REPO / "include" / header).read_text()
-        defined |= set(re.findall(r"^#define\s+(NPU_[A-Z0-9_]+)\s", text, re.M))
+        defined |= set(re.findall(r"^#define\s+((?:DRM_(?:IOCTL_)?)?NPU_[A-Z0-9_]+)\s", text, re.M))
         enum_member = (
             r"^\s+(NPU_(?:OP|ST|ERR|DTYPE|ELTWISE|UNARY|REDUCE|SOFTMAX|ACT|POOL)_[A-Z0-9_]+)\b"
         )

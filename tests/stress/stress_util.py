@@ -20,7 +20,7 @@ from npu import _abi
 DEV_PATH = "/dev/npu0"
 # npu.ko as built for the running kernel (scripts/build-module.sh).
 MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
-SYSFS = "/sys/class/npu/npu0"
+SYSFS = "/sys/class/accel/accel0/device/npu"
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
 RW = mmap.PROT_READ | mmap.PROT_WRITE
@@ -102,9 +102,9 @@ def anon_map(length: int, prot: int = RW) -> int:
 class Bo:
     """A BO of an fd (handle, size, mmap offset); .map() maps all of it."""
 
-    def __init__(self, fd: int, size_: int) -> None:
-        arg = _abi.NpuBoCreate(size=size_)
-        check_ioctl(fd, _abi.NPU_IOCTL_BO_CREATE, arg)
+    def __init__(self, fd: int, size_: int, flags: int = 0) -> None:
+        arg = _abi.NpuBoCreate(size=size_, flags=flags)
+        check_ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg)
         self.fd = fd
         self.handle = int(arg.handle)
         self.size = int(arg.alloc_size)
@@ -114,7 +114,7 @@ class Bo:
         return mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, RW, offset=self.mmap_offset)
 
     def destroy(self) -> None:
-        check_ioctl(self.fd, _abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=self.handle))
+        check_ioctl(self.fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=self.handle))
 
 
 def submit(fd: int, op_list: list, tensor: bool = False) -> int:
@@ -128,13 +128,13 @@ def submit(fd: int, op_list: list, tensor: bool = False) -> int:
         flags=0,
         op_size=ctypes.sizeof(struct),
     )
-    check_ioctl(fd, _abi.NPU_IOCTL_SUBMIT, arg)
+    check_ioctl(fd, _abi.DRM_IOCTL_NPU_SUBMIT, arg)
     return int(arg.fence)
 
 
 def wait(fd: int, fence: int, timeout_s: float = 120.0) -> None:
-    arg = _abi.NpuWait(fence=fence, timeout_ns=int(timeout_s * 1e9), queue=0)
-    check_ioctl(fd, _abi.NPU_IOCTL_WAIT, arg)
+    arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(int(timeout_s * 1e9)), queue=0)
+    check_ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, arg)
 
 
 # --------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def ensure_loaded() -> None:
 
 
 def pci_address() -> str:
-    return os.path.basename(os.readlink(f"{SYSFS}/device"))
+    return os.path.basename(os.path.realpath(os.path.dirname(SYSFS)))
 
 
 def errname(e: int) -> str:

@@ -73,16 +73,16 @@ ALLOWED = {
     "MMAP": {E.EINVAL, E.ENOMEM, E.EOVERFLOW},
 }
 REQUESTS = {
-    "GET_INFO": _abi.NPU_IOCTL_GET_INFO,
-    "BO_CREATE": _abi.NPU_IOCTL_BO_CREATE,
-    "BO_DESTROY": _abi.NPU_IOCTL_BO_DESTROY,
-    "BO_USERPTR": _abi.NPU_IOCTL_BO_USERPTR,
-    "SUBMIT": _abi.NPU_IOCTL_SUBMIT,
-    "SUBMIT_T": _abi.NPU_IOCTL_SUBMIT,
-    "WAIT": _abi.NPU_IOCTL_WAIT,
-    "FENCE_INFO": _abi.NPU_IOCTL_FENCE_INFO,
-    "QUEUE_CREATE": _abi.NPU_IOCTL_QUEUE_CREATE,
-    "QUEUE_DESTROY": _abi.NPU_IOCTL_QUEUE_DESTROY,
+    "GET_INFO": _abi.DRM_IOCTL_NPU_GET_INFO,
+    "BO_CREATE": _abi.DRM_IOCTL_NPU_BO_CREATE,
+    "BO_DESTROY": _abi.DRM_IOCTL_NPU_BO_DESTROY,
+    "BO_USERPTR": _abi.DRM_IOCTL_NPU_BO_USERPTR,
+    "SUBMIT": _abi.DRM_IOCTL_NPU_SUBMIT,
+    "SUBMIT_T": _abi.DRM_IOCTL_NPU_SUBMIT,
+    "WAIT": _abi.DRM_IOCTL_NPU_WAIT,
+    "FENCE_INFO": _abi.DRM_IOCTL_NPU_FENCE_INFO,
+    "QUEUE_CREATE": _abi.DRM_IOCTL_NPU_QUEUE_CREATE,
+    "QUEUE_DESTROY": _abi.DRM_IOCTL_NPU_QUEUE_DESTROY,
 }
 VALID_REQUESTS = set(REQUESTS.values())
 # Type letters of ioctls the VFS handles itself before the driver (FIOCLEX,
@@ -201,7 +201,8 @@ class Fuzzer:
         self.by_errno[su.errname(e) if e else "OK"] = (
             self.by_errno.get(su.errname(e) if e else "OK", 0) + 1
         )
-        allowed = {E.ENOTTY} if cmd == "BAD_NR" else ALLOWED[cmd] | ANY
+        # DRM: ENOTTY for a foreign type letter, EINVAL past the driver's table.
+        allowed = {E.ENOTTY, E.EINVAL} if cmd == "BAD_NR" else ALLOWED[cmd] | ANY
         if e and e not in allowed:
             self.violations.append(
                 f"call {self.calls} {cmd} request={request:#x} ptr={ptr:#x}: "
@@ -219,9 +220,9 @@ class Fuzzer:
 
     def get_info(self, fd: int) -> None:
         p = self.ptr(self.arg_addr, 72)
-        if self.call("GET_INFO", fd, _abi.NPU_IOCTL_GET_INFO, p) == 0 and p == self.arg_addr:
+        if self.call("GET_INFO", fd, _abi.DRM_IOCTL_NPU_GET_INFO, p) == 0 and p == self.arg_addr:
             info = _abi.NpuInfo.from_address(p)
-            if list(info.rsvd) != [0] * len(info.rsvd) or info.rsvd0 or info.max_bo_size != 1 << 30:
+            if list(info.rsvd) != [0] * len(info.rsvd) or info.max_bo_size != 1 << 30:
                 self.violations.append(f"call {self.calls}: GET_INFO returned {list(info.rsvd)}")
 
     def bo_create(self, fd: int) -> None:
@@ -230,7 +231,7 @@ class Fuzzer:
         arg = _abi.NpuBoCreate(size=size, flags=self.maybe(0.05, 32))
         p = self.ptr(self.arg_addr, 32)
         self.put_arg(arg, p)
-        e = self.call("BO_CREATE", fd, _abi.NPU_IOCTL_BO_CREATE, p, f"size={size}")
+        e = self.call("BO_CREATE", fd, _abi.DRM_IOCTL_NPU_BO_CREATE, p, f"size={size}")
         if e == 0 and self.read_back(arg, p):
             self.bos[fd][int(arg.handle)] = (int(arg.alloc_size), False)
         if len(self.bos[fd]) > 40:
@@ -240,7 +241,7 @@ class Fuzzer:
         arg = _abi.NpuBoDestroy(handle=handle, rsvd=rsvd)
         p = self.ptr(self.arg_addr, 8, 0.03)
         self.put_arg(arg, p)
-        if self.call("BO_DESTROY", fd, _abi.NPU_IOCTL_BO_DESTROY, p, f"handle={handle}") == 0:
+        if self.call("BO_DESTROY", fd, _abi.DRM_IOCTL_NPU_BO_DESTROY, p, f"handle={handle}") == 0:
             self.bos[fd].pop(handle, None)
 
     def bo_destroy(self, fd: int) -> None:
@@ -272,7 +273,7 @@ class Fuzzer:
         p = self.ptr(self.arg_addr, 24)
         self.put_arg(arg, p)
         what = f"addr={addr:#x} size={size:#x} flags={flags:#x}"
-        e = self.call("BO_USERPTR", fd, _abi.NPU_IOCTL_BO_USERPTR, p, what)
+        e = self.call("BO_USERPTR", fd, _abi.DRM_IOCTL_NPU_BO_USERPTR, p, what)
         if e == 0 and self.read_back(arg, p):
             self.bos[fd][int(arg.handle)] = (size, bool(flags & 1))
 
@@ -500,7 +501,7 @@ class Fuzzer:
         self.put_arg(arg, p)
         what = f"num_ops={num_ops} op_size={op_size} ops_ptr={ops_ptr:#x}"
         cmd = "SUBMIT_T" if tensor else "SUBMIT"
-        if self.call(cmd, fd, _abi.NPU_IOCTL_SUBMIT, p, what) == 0 and self.read_back(arg, p):
+        if self.call(cmd, fd, _abi.DRM_IOCTL_NPU_SUBMIT, p, what) == 0 and self.read_back(arg, p):
             self.last_fence[fd] = int(arg.fence)
 
     def wait(self, fd: int) -> None:
@@ -516,7 +517,7 @@ class Fuzzer:
         timeout = rng.choice([0, 1000, 10**6, 10**9, 60 * 10**9, U64]) if r < 0.9 else self.val(64)
         arg = _abi.NpuWait(
             fence=fence,
-            timeout_ns=timeout,
+            deadline_ns=_abi.deadline_after(timeout),
             queue=self.maybe(0.04, 32),
             flags=self.maybe(0.04, 32),
             rsvd=self.maybe(0.04, 32),
@@ -527,10 +528,10 @@ class Fuzzer:
             # A user queue's fences are the process's own: nothing tells the
             # driver that a fence will never come, so a long timeout would
             # just sleep. Keep those waits short.
-            arg.timeout_ns = min(arg.timeout_ns, 10**6)
+            arg.deadline_ns = min(arg.deadline_ns, _abi.deadline_after(10**6))
         p = self.ptr(self.arg_addr, 40, 0.04)
         self.put_arg(arg, p)
-        self.call("WAIT", fd, _abi.NPU_IOCTL_WAIT, p, f"fence={fence} timeout={timeout}")
+        self.call("WAIT", fd, _abi.DRM_IOCTL_NPU_WAIT, p, f"fence={fence} timeout={timeout}")
 
     def fence_info(self, fd: int) -> None:
         rng = self.rng
@@ -546,7 +547,7 @@ class Fuzzer:
         )
         p = self.ptr(self.arg_addr, 32, 0.04)
         self.put_arg(arg, p)
-        e = self.call("FENCE_INFO", fd, _abi.NPU_IOCTL_FENCE_INFO, p, f"fence={fence}")
+        e = self.call("FENCE_INFO", fd, _abi.DRM_IOCTL_NPU_FENCE_INFO, p, f"fence={fence}")
         if e == 0 and self.read_back(arg, p) and arg.status >= _abi.NPU_ST_COUNT:
             self.violations.append(f"call {self.calls}: FENCE_INFO status {arg.status}")
 
@@ -562,22 +563,29 @@ class Fuzzer:
         )  # fmt: skip
         p = self.ptr(self.arg_addr, 56, 0.04)
         self.put_arg(arg, p)
-        self.call("QUEUE_CREATE", fd, _abi.NPU_IOCTL_QUEUE_CREATE, p, f"entries={arg.entries}")
+        self.call("QUEUE_CREATE", fd, _abi.DRM_IOCTL_NPU_QUEUE_CREATE, p, f"entries={arg.entries}")
 
     def queue_destroy(self, fd: int) -> None:
         queue = self.rng.randrange(9) if self.rng.random() < 0.9 else self.val(32)
         arg = _abi.NpuQueueDestroy(queue=queue, rsvd=self.maybe(0.05, 32))
         p = self.ptr(self.arg_addr, 8, 0.04)
         self.put_arg(arg, p)
-        self.call("QUEUE_DESTROY", fd, _abi.NPU_IOCTL_QUEUE_DESTROY, p, f"queue={queue}")
+        self.call("QUEUE_DESTROY", fd, _abi.DRM_IOCTL_NPU_QUEUE_DESTROY, p, f"queue={queue}")
 
     def bad_nr(self, fd: int) -> None:
         rng = self.rng
         while True:
-            typ = ord("N") if rng.random() < 0.8 else rng.randrange(256)
+            r = rng.random()
+            typ = (
+                ord("N") if r < 0.6 else _abi.NPU_DRM_IOCTL_BASE if r < 0.8 else rng.randrange(256)
+            )
             if typ in VFS_TYPES:
                 continue
-            nr = rng.randrange(8) if rng.random() < 0.7 else rng.randrange(256)
+            if typ == _abi.NPU_DRM_IOCTL_BASE:
+                # Driver numbers past the table (DRM's core ones are valid calls).
+                nr = rng.randrange(_abi.NPU_DRM_COMMAND_BASE + 9, 0xA0)
+            else:
+                nr = rng.randrange(8) if rng.random() < 0.7 else rng.randrange(256)
             size = rng.choice([0, 8, 24, 32, 40, 72, 16, 48, 64]) + rng.choice([0, 0, 8, -8])
             if rng.random() < 0.2:
                 size = rng.randrange(1 << 14)

@@ -58,8 +58,8 @@ def _armed() -> int:
 
 def _wait_status(fd: int, fence: int, timeout_s: float = 60.0) -> tuple[int, int, int]:
     """WAIT through libc (drops the GIL): (errno or 0, status, error_fence)."""
-    arg = _abi.NpuWait(fence=fence, timeout_ns=int(timeout_s * 1e9), queue=0)
-    e = su.raw_ioctl(fd, _abi.NPU_IOCTL_WAIT, ctypes.addressof(arg))
+    arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(int(timeout_s * 1e9)), queue=0)
+    e = su.raw_ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, ctypes.addressof(arg))
     return e, int(arg.status), int(arg.error_fence)
 
 

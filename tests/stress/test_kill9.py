@@ -48,7 +48,7 @@ def _child(ready_w: int, seed: int) -> None:
     # A pinned user buffer as well: its pages must be unpinned on exit.
     up = su.anon_map(16 * su.PAGE)
     arg = _abi.NpuBoUserptr(addr=up, size=16 * su.PAGE)
-    su.check_ioctl(fd, _abi.NPU_IOCTL_BO_USERPTR, arg)
+    su.check_ioctl(fd, _abi.DRM_IOCTL_NPU_BO_USERPTR, arg)
     ubo = SimpleNamespace(handle=int(arg.handle), size=16 * su.PAGE)
     batch = [ops.copy(a, b, BIG).pack(), ops.copy(b, a, BIG).pack()] * 16
     batch += [ops.gemm(ga, gb, gc, D, D, D).pack(), ops.fill(ubo, 0x5A5A5A5A, ubo.size).pack()]

@@ -68,7 +68,10 @@ log = logging.getLogger(__name__)
 
 
 _DEV_DIR = "/dev"
-_UDEV_SUBSYSTEM = "npu"
+#: The driver's devices are DRM accel devices (/dev/accel/accelN); udev links
+#: each as /dev/npuN (guest/99-npu.rules), N the accel index.
+_UDEV_SUBSYSTEM = "accel"
+_DRIVER = "npu"
 _NODE_RE = re.compile(r"npu(\d+)$")
 # WAIT with timeout_s=None is issued in slices of this length.
 _FOREVER_SLICE_NS = 60 * 10**9
@@ -124,19 +127,26 @@ def _node_key(path: str) -> tuple[int, str]:
 
 
 def _udev_nodes() -> list[str]:
-    """Device nodes of the ``npu`` subsystem according to udev ([] if unavailable)."""
+    """The ``/dev/npuN`` links of the accel devices the ``npu`` driver drives, according
+    to udev (their ``/dev/accel/accelN`` nodes where a link is missing; [] if unavailable)."""
     try:
         import pyudev
     except ImportError:
         log.debug("pyudev is not installed; skipping udev discovery")
         return []
+    nodes: list[str] = []
     try:
         context = pyudev.Context()
-        nodes = [str(dev.device_node) for dev in context.list_devices(subsystem=_UDEV_SUBSYSTEM)]
+        for dev in context.list_devices(subsystem=_UDEV_SUBSYSTEM):
+            pci = dev.find_parent("pci")
+            if pci is None or pci.driver != _DRIVER or not dev.device_node:
+                continue
+            link = os.path.join(_DEV_DIR, f"npu{dev.sys_number}")
+            nodes.append(link if os.path.exists(link) else str(dev.device_node))
     except Exception as exc:  # libudev missing, no /sys, ...: fall back to the glob
         log.debug("udev discovery failed: %s", exc)
         return []
-    return [node for node in nodes if node and node != "None"]
+    return nodes
 
 
 def _glob_nodes(dev_dir: str = _DEV_DIR) -> list[str]:
@@ -148,7 +158,7 @@ def _glob_nodes(dev_dir: str = _DEV_DIR) -> list[str]:
 def devices() -> list[str]:
     """Return the NPU device nodes of this machine, sorted by index.
 
-    udev (subsystem ``npu``) is asked first; when it knows of no device (or
+    udev (accel devices of the ``npu`` driver) is asked first; when it knows of no device (or
     pyudev/libudev is unavailable) ``/dev/npu*`` is globbed. Returns ``[]``
     when there is no NPU.
     """

@@ -1,4 +1,5 @@
-"""The driver backend: one open ``/dev/npuN``, driven by ioctl and mmap.
+"""The driver backend: one open ``/dev/npuN`` (the DRM accel device
+``/dev/accel/accelN``), driven by ioctl and mmap.
 
 Each method packs the ``include/npu_uapi.h`` structure of its ioctl, issues
 it and returns plain values; an ``OSError`` from the kernel propagates with
@@ -48,21 +49,21 @@ class DriverBackend:
 
     def query(self) -> HalInfo:
         raw = _abi.NpuInfo()
-        self._ioctl(_abi.NPU_IOCTL_GET_INFO, raw)
+        self._ioctl(_abi.DRM_IOCTL_NPU_GET_INFO, raw)
         return HalInfo(**{f.name: int(getattr(raw, f.name)) for f in dataclasses.fields(HalInfo)})
 
     def bo_create(self, size: int, flags: int) -> BoInfo:
         arg = _abi.NpuBoCreate(size=size, flags=flags)
-        self._ioctl(_abi.NPU_IOCTL_BO_CREATE, arg)
+        self._ioctl(_abi.DRM_IOCTL_NPU_BO_CREATE, arg)
         return BoInfo(int(arg.handle), int(arg.mmap_offset), int(arg.alloc_size), int(arg.va))
 
     def bo_userptr(self, addr: int, size: int, flags: int) -> BoInfo:
         arg = _abi.NpuBoUserptr(addr=addr, size=size, flags=flags, handle=0)
-        self._ioctl(_abi.NPU_IOCTL_BO_USERPTR, arg)
+        self._ioctl(_abi.DRM_IOCTL_NPU_BO_USERPTR, arg)
         return BoInfo(int(arg.handle), 0, size, int(arg.va))
 
     def bo_destroy(self, handle: int) -> None:
-        self._ioctl(_abi.NPU_IOCTL_BO_DESTROY, _abi.NpuBoDestroy(handle=handle, rsvd=0))
+        self._ioctl(_abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=handle, rsvd=0))
 
     def map(self, offset: int, length: int, prot: int) -> mmap.mmap:
         return mmap.mmap(self.fileno(), length, flags=mmap.MAP_SHARED, prot=prot, offset=offset)
@@ -71,13 +72,15 @@ class DriverBackend:
         arg = _abi.NpuSubmit(
             ops_ptr=ctypes.addressof(ops), num_ops=len(ops), queue=queue, flags=0, op_size=op_size
         )
-        self._ioctl(_abi.NPU_IOCTL_SUBMIT, arg)
+        self._ioctl(_abi.DRM_IOCTL_NPU_SUBMIT, arg)
         return int(arg.fence)
 
     def wait(self, fence: int, timeout_ns: int, queue: int) -> None:
-        arg = _abi.NpuWait(fence=fence, timeout_ns=timeout_ns, queue=queue)
+        # The driver takes an absolute deadline, so a WAIT the kernel
+        # restarts after a signal keeps its end.
+        arg = _abi.NpuWait(fence=fence, deadline_ns=_abi.deadline_after(timeout_ns), queue=queue)
         try:
-            self._ioctl(_abi.NPU_IOCTL_WAIT, arg)
+            self._ioctl(_abi.DRM_IOCTL_NPU_WAIT, arg)
         except OSError as exc:
             if exc.errno in (errno.EIO, errno.EBADFD):
                 raise WaitFailed(exc.errno, int(arg.status), int(arg.error_fence)) from exc
@@ -85,12 +88,12 @@ class DriverBackend:
 
     def fence_info(self, fence: int, queue: int) -> FenceTimes:
         arg = _abi.NpuFenceInfo(fence=fence, queue=queue)
-        self._ioctl(_abi.NPU_IOCTL_FENCE_INFO, arg)
+        self._ioctl(_abi.DRM_IOCTL_NPU_FENCE_INFO, arg)
         return FenceTimes(int(arg.status), int(arg.t_start), int(arg.t_end))
 
     def queue_create(self, entries: int, priority: int) -> QueueInfo:
         arg = _abi.NpuQueueCreate(entries=entries, priority=priority)
-        self._ioctl(_abi.NPU_IOCTL_QUEUE_CREATE, arg)
+        self._ioctl(_abi.DRM_IOCTL_NPU_QUEUE_CREATE, arg)
         return QueueInfo(
             index=int(arg.queue),
             mem_offset=int(arg.mem_offset),
@@ -101,4 +104,4 @@ class DriverBackend:
         )
 
     def queue_destroy(self, index: int) -> None:
-        self._ioctl(_abi.NPU_IOCTL_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=index, rsvd=0))
+        self._ioctl(_abi.DRM_IOCTL_NPU_QUEUE_DESTROY, _abi.NpuQueueDestroy(queue=index, rsvd=0))
