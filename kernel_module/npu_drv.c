@@ -209,6 +209,11 @@ static void npu_drm_show_fdinfo(struct drm_printer *p, struct drm_file *file)
 	drm_printf(p, "npu-faulted:\t%u\n", READ_ONCE(ctx->faulted));
 }
 
+/*
+ * DRM_ACCEL_FOPS but for poll (the file's own completions) and mmap (the
+ * driver's offsets); spelled out, since overriding the macro's entries in
+ * one initializer is what W=1's -Woverride-init reports.
+ */
 static const struct file_operations npu_fops = {
 	.owner = THIS_MODULE,
 	.open = accel_open,

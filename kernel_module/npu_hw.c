@@ -115,7 +115,8 @@ void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd, u64 client)
 	u32 slot = q->tail & (q->entries - 1);
 
 	lockdep_assert_held(&q->submit_lock);
-	q->owner[slot] = client;
+	/* Read locklessly by FENCE_INFO. */
+	WRITE_ONCE(q->owner[slot], client);
 	q->ring[slot] = *cmd;
 	q->tail++;
 }
