@@ -395,7 +395,7 @@ int npu_ioctl_wait(struct npu_context *ctx, void *data);
 int npu_ioctl_fence_info(struct npu_context *ctx, void *data);
 __poll_t npu_poll(struct npu_context *ctx, struct file *file,
 		  struct poll_table_struct *wait);
-long npu_deadline_jiffies(s64 deadline_ns);
+ktime_t npu_deadline_left(s64 deadline_ns);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
 

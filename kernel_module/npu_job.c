@@ -447,16 +447,19 @@ out_free:
 }
 
 /*
- * Jiffies from now until the CLOCK_MONOTONIC time @deadline_ns, at least 1;
- * 0 when it has passed (the caller polls).
+ * Time left until the CLOCK_MONOTONIC time @deadline_ns; 0 when it has
+ * passed (the caller polls). The waits sleep on an hrtimer for it, not on
+ * jiffies: a jiffies timeout may end up to a tick before the deadline, and
+ * a WAIT must never report ETIMEDOUT while its deadline is still ahead.
  */
-long npu_deadline_jiffies(s64 deadline_ns)
+ktime_t npu_deadline_left(s64 deadline_ns)
 {
-	s64 left = deadline_ns - ktime_get_ns();
+	s64 left;
 
-	if (left <= 0)
-		return 0;
-	return clamp_t(u64, nsecs_to_jiffies64(left), 1, MAX_SCHEDULE_TIMEOUT - 1);
+	if (deadline_ns == S64_MAX)
+		return KTIME_MAX;
+	left = deadline_ns - ktime_get_ns();
+	return left > 0 ? ns_to_ktime(left) : 0;
 }
 
 /* Take the oldest pending error at or below @fence, if any. */
@@ -509,7 +512,8 @@ int npu_ioctl_wait(struct npu_context *ctx, void *data)
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_queue *q = &ndev->queue;
 	struct npu_wait *args = data;
-	long timeout, ret;
+	ktime_t timeout;
+	int ret;
 
 	if (args->flags || args->rsvd)
 		return -EINVAL;
@@ -521,17 +525,17 @@ int npu_ioctl_wait(struct npu_context *ctx, void *data)
 		return -EINVAL;
 
 	if (!npu_wait_spin(q, args->fence)) {
-		timeout = npu_deadline_jiffies(args->deadline_ns);
+		timeout = npu_deadline_left(args->deadline_ns);
 		if (!timeout)
 			return -ETIMEDOUT;
-		ret = wait_event_interruptible_timeout(q->wq,
-						       npu_fence_done(q, args->fence),
-						       timeout);
+		ret = wait_event_interruptible_hrtimeout(q->wq,
+							 npu_fence_done(q, args->fence),
+							 timeout);
 		/* -ERESTARTSYS: the deadline is absolute, so a restart is exact. */
-		if (ret < 0)
-			return ret;
-		if (ret == 0)
+		if (ret == -ETIME)
 			return -ETIMEDOUT;
+		if (ret)
+			return ret;
 	}
 	trace_npu_wait_done(q->index, args->fence);
 

@@ -557,7 +557,8 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_uqueue *uq;
-	long timeout, ret;
+	ktime_t timeout;
+	int ret;
 
 	if (args->queue >= ndev->hw_queues)
 		return -EINVAL;
@@ -571,17 +572,15 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args)
 
 	ret = 0;
 	if (!npu_uqueue_done(uq, args->fence)) {
-		timeout = npu_deadline_jiffies(args->deadline_ns);
+		timeout = npu_deadline_left(args->deadline_ns);
 		if (!timeout)
 			ret = -ETIMEDOUT;
 		else
-			ret = wait_event_interruptible_timeout(uq->wq,
-							       npu_uqueue_done(uq, args->fence),
-							       timeout);
+			ret = wait_event_interruptible_hrtimeout(uq->wq,
+								 npu_uqueue_done(uq, args->fence),
+								 timeout);
 		/* -ERESTARTSYS: the deadline is absolute, so a restart is exact. */
-		if (ret > 0)
-			ret = 0;
-		else if (ret == 0)
+		if (ret == -ETIME)
 			ret = -ETIMEDOUT;
 	}
 	if (!ret && npu_uqueue_faulted_at(uq, args->fence)) {

@@ -13,6 +13,7 @@ import errno
 import fcntl
 import mmap
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -707,6 +708,22 @@ def test_wait_with_short_timeout_on_running_work_fails_with_etimedout(fd, big_ge
     assert_errno(errno.ETIMEDOUT, lambda: wait(fd, fence, timeout_ns=1_000_000))
 
 
+def test_a_wait_never_times_out_before_its_deadline(fd, big_gemm):
+    # Deadlines of 1 to 21 ms, not whole scheduler ticks: a jiffies-based
+    # sleep (the old driver) rounds the time left down to whole ticks and
+    # then wakes at a tick boundary, up to a tick before the deadline.
+    fence, _ = big_gemm
+    early = []
+    for i in range(40):
+        deadline = time.monotonic_ns() + 1_000_000 + i * 513_000
+        arg = _abi.NpuWait(fence=fence, deadline_ns=deadline, queue=0)
+        assert_errno(errno.ETIMEDOUT, lambda a=arg: ioctl(fd, _abi.DRM_IOCTL_NPU_WAIT, a))
+        now = time.monotonic_ns()
+        if now < deadline:
+            early.append(deadline - now)
+    assert not early, f"{len(early)} of 40 WAITs ended early, by up to {max(early)} ns"
+
+
 def test_a_wait_restarted_after_signals_still_ends_at_its_deadline(fd):
     # Signals every 20 ms with SA_RESTART: the kernel restarts the WAIT with
     # the same argument. The deadline is absolute, so the restarted calls
@@ -714,7 +731,6 @@ def test_a_wait_restarted_after_signals_still_ends_at_its_deadline(fd):
     # started again at each restart and waited for the whole job (64 GEMMs
     # of 1024^3, seconds).
     import signal
-    import time
 
     nbytes = GEMM_BIG * GEMM_BIG * 4
     a, b, c = (bo_create(fd, nbytes).handle for _ in range(3))
