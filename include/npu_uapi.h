@@ -99,6 +99,23 @@ struct npu_bo_userptr {
 };
 
 /*
+ * BO_INFO: what this file knows of one of its handles, for a BO it did not
+ * create itself (a dma-buf imported with DRM_IOCTL_PRIME_FD_TO_HANDLE).
+ */
+#define NPU_BO_INFO_DEVICE	(1u << 0)	/* device memory (NPU_BO_DEVICE) */
+#define NPU_BO_INFO_USERPTR	(1u << 1)	/* from BO_USERPTR: no mmap */
+#define NPU_BO_INFO_IMPORTED	(1u << 2)	/* an imported dma-buf */
+#define NPU_BO_INFO_READONLY	(1u << 3)	/* the device only reads it */
+
+struct npu_bo_info {
+	__u32 handle;		/* in */
+	__u32 flags;		/* in: zero; out: NPU_BO_INFO_* */
+	__u64 size;		/* in: zero; out: bytes */
+	__u64 mmap_offset;	/* in: zero; out: offset to pass to mmap(), 0 for userptr */
+	__u64 va;		/* in: zero; out: device address in this file's space */
+};
+
+/*
  * QUEUE_CREATE: lend a hardware queue to this file (a user-mode queue).
  * The process writes struct npu_cmd descriptors (npu_hw.h) into the ring,
  * with device addresses of its own buffers (npu_bo_create.va) and ctx 0,
@@ -247,6 +264,7 @@ struct npu_wait {
 #define DRM_NPU_FENCE_INFO	0x06
 #define DRM_NPU_QUEUE_CREATE	0x07
 #define DRM_NPU_QUEUE_DESTROY	0x08
+#define DRM_NPU_BO_INFO		0x09
 
 #define NPU_DRM_IOR(nr, type)	_IOR(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + (nr), type)
 #define NPU_DRM_IOW(nr, type)	_IOW(NPU_DRM_IOCTL_BASE, NPU_DRM_COMMAND_BASE + (nr), type)
@@ -261,5 +279,6 @@ struct npu_wait {
 #define DRM_IOCTL_NPU_FENCE_INFO	NPU_DRM_IOWR(DRM_NPU_FENCE_INFO, struct npu_fence_info)
 #define DRM_IOCTL_NPU_QUEUE_CREATE	NPU_DRM_IOWR(DRM_NPU_QUEUE_CREATE, struct npu_queue_create)
 #define DRM_IOCTL_NPU_QUEUE_DESTROY	NPU_DRM_IOW(DRM_NPU_QUEUE_DESTROY, struct npu_queue_destroy)
+#define DRM_IOCTL_NPU_BO_INFO		NPU_DRM_IOWR(DRM_NPU_BO_INFO, struct npu_bo_info)
 
 #endif /* NPU_UAPI_H */

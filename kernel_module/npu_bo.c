@@ -1,12 +1,26 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * NPU buffer objects: host memory pages owned by a file descriptor, named
- * by a per-fd handle, DMA-mapped and mapped into the device's VA space, and
- * mmap-able at a per-handle offset.
+ * NPU buffer objects: GEM objects mapped into the device's VA space of the
+ * file that holds them.
  *
- * mmap offset of a BO = handle << NPU_BO_OFFSET_SHIFT; the low bits select a
- * page inside the BO, so part of a BO can be mapped.
+ * Four kinds share struct npu_bo:
+ *   host memory    shmem pages (the GEM shmem helpers), charged to the
+ *                  creator's memory cgroup, pinned and DMA-mapped for the
+ *                  object's life (it is always mapped in the device MMU);
+ *   device memory  a range of BAR2 (NPU_BO_DEVICE), mapped write-combined;
+ *   user pointer   user pages pinned with FOLL_LONGTERM, charged to
+ *                  RLIMIT_MEMLOCK;
+ *   imported       a dma-buf attached to the device (PRIME).
+ *
+ * Each object belongs to one file's address space: a dma-buf imported by
+ * another file becomes a new object of that file (also for our own
+ * dma-bufs), so a device VA is always the holder's.
+ *
+ * mmap offsets are GEM fake offsets (at or above 4 GiB; below are the user
+ * queues). Unlike drm_gem_mmap(), a mapping may start inside a BO: the
+ * page offset from the object's node is the page in the BO.
  */
+#include <linux/dma-buf.h>
 #include <linux/dma-mapping.h>
 #include <linux/genalloc.h>
 #include <linux/io.h>
@@ -16,24 +30,38 @@
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
+#include <drm/drm_gem.h>
+#include <drm/drm_gem_shmem_helper.h>
+#include <drm/drm_prime.h>
+#include <drm/drm_vma_manager.h>
+
 #include "npu_drv.h"
 #include "npu_trace.h"
 
 /*
- * BO memory is shared with user space and the device without cache
- * maintenance (probe refuses a device without coherent DMA), so mappings
- * skip the CPU syncs. That also makes two BOs over the same pages (one
- * array pinned twice) legal for the DMA API, whose debug code otherwise
- * flags overlapping mappings of a cacheline.
+ * User-pointer memory is shared with user space and the device without
+ * cache maintenance (probe refuses a device without coherent DMA), so its
+ * mapping skips the CPU syncs. That also makes two BOs over the same pages
+ * (one array pinned twice) legal for the DMA API, whose debug code
+ * otherwise flags overlapping mappings of a cacheline.
  */
 #define NPU_BO_DMA_ATTRS DMA_ATTR_SKIP_CPU_SYNC
 
-#define NPU_BO_OFFSET_SHIFT	32
+/* Pages a CPU fault on a host BO maps at once (from the faulting one on). */
+#define NPU_BO_PREFAULT		256
 
 static unsigned int ctx_mem_limit_mib;
 module_param(ctx_mem_limit_mib, uint, 0644);
 MODULE_PARM_DESC(ctx_mem_limit_mib,
 		 "Most MiB of buffer objects one open file may hold (0: no limit)");
+
+static const struct drm_gem_object_funcs npu_bo_shmem_funcs;
+static const struct drm_gem_object_funcs npu_bo_private_funcs;
+
+static struct npu_bo *to_npu_bo(struct drm_gem_object *obj)
+{
+	return container_of(obj, struct npu_bo, base.base);
+}
 
 /* Charge @size bytes to @ctx, or -ENOMEM past ctx_mem_limit_mib. */
 static int npu_ctx_charge(struct npu_context *ctx, u64 size)
@@ -56,153 +84,220 @@ static void npu_ctx_uncharge(struct npu_context *ctx, u64 size)
 	atomic64_dec(&ctx->bo_count);
 }
 
-/* The limit as shown in fdinfo: bytes, 0 for none. */
 u64 npu_ctx_mem_limit(void)
 {
 	return (u64)READ_ONCE(ctx_mem_limit_mib) << 20;
 }
 
-static void npu_bo_free_pages(struct npu_bo *bo)
+/* Give back what the kind of @bo holds, and the object itself. */
+static void npu_bo_release_backing(struct npu_bo *bo)
 {
-	unsigned long i;
-
-	if (bo->userptr) {
-		/* The device may have written them: mark them dirty. */
-		unpin_user_pages_dirty_lock(bo->pages, bo->npages, !bo->dev_readonly);
-		account_locked_vm(bo->mm, bo->npages, false);
-		mmdrop(bo->mm);
-	} else {
-		for (i = 0; i < bo->npages && bo->pages[i]; i++)
-			__free_page(bo->pages[i]);
-	}
-	kvfree(bo->pages);
-}
-
-static void npu_bo_free(struct kref *ref)
-{
-	struct npu_bo *bo = container_of(ref, struct npu_bo, ref);
+	struct drm_gem_object *obj = &bo->base.base;
 	struct npu_device *ndev = bo->ndev;
 
-	trace_npu_bo_free(bo->handle, bo->size);
-	if (!bo->internal) {
-		atomic64_dec(&ndev->bo_count);
-		atomic64_sub(bo->size, &ndev->bo_bytes);
-	}
-	npu_vm_unmap(bo->vm, bo->va, bo->size);
-	/* A user queue's command may still use the old translations. */
-	if (bo->owner)
-		npu_uqueue_sync(bo->owner);
-	if (bo->local) {
+	switch (bo->kind) {
+	case NPU_BO_KIND_SHMEM:
+		/* Unmaps the sg table, puts the pages and frees @bo. */
+		drm_gem_shmem_free(&bo->base);
+		return;
+	case NPU_BO_KIND_LOCAL:
 		gen_pool_free(ndev->mem_pool, bo->local_off + NPU_MEM_POOL_BIAS, bo->size);
 		atomic64_sub(bo->size, &ndev->mem_used);
 		if (bo->owner)
 			atomic64_sub(bo->size, &bo->owner->local_bytes);
-	} else {
-		dma_unmap_sgtable(&ndev->pdev->dev, &bo->sgt, DMA_BIDIRECTIONAL,
+		break;
+	case NPU_BO_KIND_USERPTR:
+		dma_unmap_sgtable(&ndev->pdev->dev, &bo->user_sgt, DMA_BIDIRECTIONAL,
 				  NPU_BO_DMA_ATTRS);
-		sg_free_table(&bo->sgt);
-		npu_bo_free_pages(bo);
+		sg_free_table(&bo->user_sgt);
+		/* The device may have written them: mark them dirty. */
+		unpin_user_pages_dirty_lock(bo->pages, bo->npages, !bo->dev_readonly);
+		account_locked_vm(bo->mm, bo->npages, false);
+		mmdrop(bo->mm);
+		kvfree(bo->pages);
+		break;
+	case NPU_BO_KIND_IMPORT:
+		/* Unmaps the attachment, detaches and drops the dma-buf. */
+		drm_prime_gem_destroy(obj, bo->sgt);
+		break;
 	}
-	if (bo->owner) {
-		npu_ctx_uncharge(bo->owner, bo->size);
-		npu_context_put(bo->owner);
+	drm_gem_object_release(obj);
+	kfree(bo);
+}
+
+/*
+ * The last reference is gone: unmap it from the device, wait until no user
+ * queue command can still use the old translations, and free it.
+ */
+static void npu_bo_destroy(struct npu_bo *bo)
+{
+	struct npu_context *owner = bo->owner;
+	struct npu_device *ndev = bo->ndev;
+
+	trace_npu_bo_free(bo->handle, bo->size);
+	if (bo->counted) {
+		atomic64_dec(&ndev->bo_count);
+		atomic64_sub(bo->size, &ndev->bo_bytes);
 	}
+	if (bo->vm)
+		npu_vm_unmap(bo->vm, bo->va, bo->size);
+	if (owner)
+		npu_uqueue_sync(owner);
+	if (bo->charged)
+		npu_ctx_uncharge(owner, bo->size);
+	npu_bo_release_backing(bo);
+	if (owner)
+		npu_context_put(owner);
+	npu_device_put(ndev);
+}
+
+/* Frees deferred behind the owner's user queues (npu_bo_free()). */
+void npu_bo_free_work(struct work_struct *work)
+{
+	struct npu_context *ctx = container_of(work, struct npu_context, free_work);
+	struct llist_node *list = llist_del_all(&ctx->free_list);
+	struct npu_bo *bo, *next;
+
+	/* One wait for the running commands covers every BO in the batch. */
+	npu_uqueue_sync(ctx);
+	llist_for_each_entry_safe(bo, next, list, free_node) {
+		/* The next BO's context reference keeps @ctx (and this work). */
+		npu_bo_destroy(bo);
+	}
+}
+
+/*
+ * GEM .free. The last reference may go in the completion thread, in a WAIT
+ * of another file or in munmap(): when a user queue of the owner is
+ * running a command, which may still use the BO's translations, the wait
+ * for it and the free run in the owner's own work instead, so no one waits
+ * for another file's queues (at most NPU_UQ_QUIESCE_US). Otherwise the
+ * free is done here.
+ */
+static void npu_bo_free(struct drm_gem_object *obj)
+{
+	struct npu_bo *bo = to_npu_bo(obj);
+	struct npu_context *owner = bo->owner;
+
+	if (owner && npu_uqueue_busy(owner)) {
+		if (llist_add(&bo->free_node, &owner->free_list))
+			queue_work(npu_wq, &owner->free_work);
+		return;
+	}
+	npu_bo_destroy(bo);
+}
+
+/* drm_driver.gem_create_object: the shmem helper allocates an npu_bo. */
+struct drm_gem_object *npu_gem_create_object(struct drm_device *drm, size_t size)
+{
+	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+
+	if (!bo)
+		return ERR_PTR(-ENOMEM);
+	bo->base.base.funcs = &npu_bo_shmem_funcs;
+	return &bo->base.base;
+}
+
+/* A new object of a kind without shmem backing; put with npu_bo_put(). */
+static struct npu_bo *npu_bo_alloc_private(struct npu_device *ndev, size_t size,
+					   enum npu_bo_kind kind, struct dma_resv *resv)
+{
+	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	struct drm_gem_object *obj;
+
+	if (!bo)
+		return ERR_PTR(-ENOMEM);
+	obj = &bo->base.base;
+	obj->funcs = &npu_bo_private_funcs;
+	obj->resv = resv;
+	drm_gem_private_object_init(&ndev->drm, obj, size);
+	bo->kind = kind;
+	bo->size = size;
+	bo->npages = size >> PAGE_SHIFT;
+	bo->ndev = ndev;
+	npu_device_get(ndev);
+	return bo;
+}
+
+/* Free an object from npu_bo_alloc_private() before it got any backing. */
+static void npu_bo_discard(struct npu_bo *bo)
+{
+	struct npu_device *ndev = bo->ndev;
+
+	drm_gem_object_release(&bo->base.base);
 	kfree(bo);
 	npu_device_put(ndev);
 }
 
-/*
- * Map the pages of @bo for DMA and into its address space (bo->vm). On
- * failure the mappings made here are undone; the pages stay with the caller.
- */
-static int npu_bo_map_pages(struct npu_device *ndev, struct npu_bo *bo,
-			    bool device_writable)
+/* Host memory: shmem pages, DMA-mapped and pinned until the object goes. */
+static struct npu_bo *npu_bo_alloc_shmem(struct npu_device *ndev, size_t size)
 {
-	struct device *dev = &ndev->pdev->dev;
-	int ret;
+	struct drm_gem_shmem_object *shmem;
+	struct sg_table *sgt;
+	struct npu_bo *bo;
 
+	shmem = drm_gem_shmem_create(&ndev->drm, size);
+	if (IS_ERR(shmem))
+		return ERR_CAST(shmem);
+	bo = to_npu_bo(&shmem->base);
+	bo->kind = NPU_BO_KIND_SHMEM;
+	bo->size = shmem->base.size;
+	bo->npages = bo->size >> PAGE_SHIFT;
+	bo->ndev = ndev;
+	npu_device_get(ndev);
+	/* Allocates the pages (charged to the caller's memory cgroup). */
+	sgt = drm_gem_shmem_get_pages_sgt(shmem);
+	if (IS_ERR(sgt)) {
+		npu_bo_put(bo);
+		return ERR_CAST(sgt);
+	}
+	bo->sgt = sgt;
+	bo->pages = shmem->pages;
+	return bo;
+}
+
+/* Map @bo into @vm; the free undoes it. */
+static int npu_bo_map_vm(struct npu_bo *bo, struct npu_vm *vm, bool device_writable)
+{
 	bo->dev_readonly = !device_writable;
-	ret = sg_alloc_table_from_pages(&bo->sgt, bo->pages, bo->npages, 0,
-					bo->size, GFP_KERNEL);
-	if (ret)
-		return ret;
-	ret = dma_map_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, NPU_BO_DMA_ATTRS);
-	if (ret)
-		goto err_free_table;
-	bo->va = npu_vm_map(bo->vm, &bo->sgt, bo->size, device_writable);
-	if (!bo->va) {
-		ret = -ENOMEM;
-		goto err_unmap;
-	}
-	return 0;
-
-err_unmap:
-	dma_unmap_sgtable(dev, &bo->sgt, DMA_BIDIRECTIONAL, NPU_BO_DMA_ATTRS);
-err_free_table:
-	sg_free_table(&bo->sgt);
-	return ret;
-}
-
-/*
- * Back @bo with zeroed pages, map them for DMA and into the device's VA
- * space. On failure everything done here is undone.
- */
-static int npu_bo_alloc_backing(struct npu_device *ndev, struct npu_bo *bo,
-				bool device_writable)
-{
-	unsigned long i;
-	int ret;
-
-	/*
-	 * Charged to the memory cgroup of the caller (__GFP_ACCOUNT), as the
-	 * page cache of a file it wrote would be: a container cannot pin host
-	 * memory outside its limit through the device.
-	 */
-	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL_ACCOUNT);
-	if (!bo->pages)
+	if (bo->kind == NPU_BO_KIND_LOCAL)
+		bo->va = npu_vm_map_local(vm, bo->local_off, bo->size, device_writable);
+	else
+		bo->va = npu_vm_map(vm, bo->sgt, bo->size, device_writable);
+	if (!bo->va)
 		return -ENOMEM;
-	for (i = 0; i < bo->npages; i++) {
-		bo->pages[i] = alloc_page(GFP_HIGHUSER | __GFP_ZERO | __GFP_NOWARN |
-					  __GFP_ACCOUNT);
-		if (!bo->pages[i]) {
-			npu_bo_free_pages(bo);
-			return -ENOMEM;
-		}
-	}
-	ret = npu_bo_map_pages(ndev, bo, device_writable);
-	if (ret)
-		npu_bo_free_pages(bo);
-	return ret;
+	bo->vm = vm;
+	return 0;
 }
 
 /*
- * Back @bo with device memory, cleared (it may hold another file's data),
- * and map it into bo->vm. On failure everything done here is undone.
+ * Device memory, cleared (it may hold another file's data). The range is
+ * taken here and given back by the free.
  */
-static int npu_bo_alloc_local(struct npu_device *ndev, struct npu_bo *bo)
+static struct npu_bo *npu_bo_alloc_local(struct npu_device *ndev, size_t size)
 {
 	unsigned long addr;
+	struct npu_bo *bo;
 
 	if (!ndev->mem_pool)
-		return -EOPNOTSUPP;
-	addr = gen_pool_alloc(ndev->mem_pool, bo->size);
+		return ERR_PTR(-EOPNOTSUPP);
+	addr = gen_pool_alloc(ndev->mem_pool, size);
 	if (!addr)
-		return -ENOMEM;
-	bo->local = true;
-	bo->local_off = addr - NPU_MEM_POOL_BIAS;
-	memset_io(ndev->mem + bo->local_off, 0, bo->size);
-	bo->va = npu_vm_map_local(bo->vm, bo->local_off, bo->size, true);
-	if (!bo->va) {
-		gen_pool_free(ndev->mem_pool, addr, bo->size);
-		return -ENOMEM;
+		return ERR_PTR(-ENOMEM);
+	bo = npu_bo_alloc_private(ndev, size, NPU_BO_KIND_LOCAL, NULL);
+	if (IS_ERR(bo)) {
+		gen_pool_free(ndev->mem_pool, addr, size);
+		return bo;
 	}
-	atomic64_add(bo->size, &ndev->mem_used);
-	return 0;
+	bo->local_off = addr - NPU_MEM_POOL_BIAS;
+	atomic64_add(size, &ndev->mem_used);
+	memset_io(ndev->mem + bo->local_off, 0, size);
+	return bo;
 }
 
 void npu_bo_put(struct npu_bo *bo)
 {
-	kref_put(&bo->ref, npu_bo_free);
+	drm_gem_object_put(&bo->base.base);
 }
 
 /*
@@ -216,79 +311,71 @@ struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
 	struct npu_bo *bo;
 	int ret;
 
-	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
-	if (!bo)
-		return ERR_PTR(-ENOMEM);
-	kref_init(&bo->ref);
-	bo->size = PAGE_ALIGN(size);
-	bo->npages = bo->size >> PAGE_SHIFT;
-	bo->vm = vm;
-	bo->internal = true;
-	ret = npu_bo_alloc_backing(ndev, bo, false);
-	if (ret) {
-		kfree(bo);
-		return ERR_PTR(ret);
-	}
-	bo->ndev = ndev;
-	npu_device_get(ndev);
+	bo = npu_bo_alloc_shmem(ndev, PAGE_ALIGN(size));
+	if (IS_ERR(bo))
+		return bo;
+	ret = npu_bo_map_vm(bo, vm, false);
+	if (ret)
+		goto err_put;
 	*vaddr = vmap(bo->pages, bo->npages, VM_MAP, PAGE_KERNEL);
 	if (!*vaddr) {
-		npu_bo_put(bo);
-		return ERR_PTR(-ENOMEM);
+		ret = -ENOMEM;
+		goto err_put;
 	}
 	return bo;
+
+err_put:
+	npu_bo_put(bo);
+	return ERR_PTR(ret);
 }
 
-/* Look up @handle and take a reference, or NULL. */
+/* Look up @handle in the context's file and take a reference, or NULL. */
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle)
 {
-	struct npu_bo *bo;
+	struct drm_gem_object *obj = drm_gem_object_lookup(ctx->file, handle);
 
-	xa_lock(&ctx->bos);
-	bo = xa_load(&ctx->bos, handle);
-	if (bo)
-		kref_get(&bo->ref);
-	xa_unlock(&ctx->bos);
-	return bo;
+	return obj ? to_npu_bo(obj) : NULL;
 }
 
-/*
- * Hand a backed, charged BO to @ctx: count it, take the device and context
- * references and give it a handle. The handle is reserved first and the BO
- * stored in it last: from then on another thread may destroy it (handles
- * are predictable), so the caller must not touch @bo after a success. On
- * failure the BO is put, which undoes everything.
- */
-static int npu_bo_publish(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
+/* Count @bo as @ctx's: in the device's and the file's BO counts. */
+static void npu_bo_set_owner(struct npu_context *ctx, struct npu_bo *bo)
 {
 	struct npu_device *ndev = ctx->ndev;
-	int ret;
 
-	bo->ndev = ndev;
-	npu_device_get(ndev);
 	atomic64_inc(&ndev->bo_count);
 	atomic64_add(bo->size, &ndev->bo_bytes);
+	bo->counted = true;
 	/* The BO stays charged to its creator until its last reference goes. */
 	kref_get(&ctx->ref);
 	bo->owner = ctx;
-	/* A reserved entry reads as NULL: BO_DESTROY and lookups miss it. */
-	ret = xa_alloc(&ctx->bos, handle, NULL, XA_LIMIT(1, INT_MAX), GFP_KERNEL);
-	if (ret) {
-		npu_bo_put(bo);
-		return ret;
+	if (bo->kind == NPU_BO_KIND_LOCAL)
+		atomic64_add(bo->size, &ctx->local_bytes);
+}
+
+/*
+ * Give @bo a handle in @ctx's file and drop the caller's reference. From
+ * then on another thread may close the handle (handles are predictable):
+ * the caller must not touch @bo after this returns.
+ */
+static int npu_bo_publish(struct npu_context *ctx, struct npu_bo *bo, u32 *handle)
+{
+	int ret;
+
+	ret = drm_gem_handle_create(ctx->file, &bo->base.base, handle);
+	if (!ret) {
+		/* Still ours: the caller's reference holds it. */
+		bo->handle = *handle;
+		trace_npu_bo_create(*handle, bo->size);
 	}
-	bo->handle = *handle;
-	trace_npu_bo_create(*handle, bo->size);
-	/* Cannot fail: the entry exists, so no memory is needed. */
-	xa_store(&ctx->bos, *handle, bo, GFP_KERNEL);
-	return 0;
+	npu_bo_put(bo);
+	return ret;
 }
 
 int npu_ioctl_bo_create(struct npu_context *ctx, void *data)
 {
 	struct npu_bo_create *args = data;
+	u64 size, offset, va;
 	struct npu_bo *bo;
-	u64 alloc_size, va;
 	u32 handle;
 	int ret;
 
@@ -300,37 +387,35 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void *data)
 	if ((args->flags & NPU_BO_DEVICE) && !ctx->ndev->mem_pool)
 		return -EOPNOTSUPP;
 
-	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
-	if (!bo)
-		return -ENOMEM;
-	kref_init(&bo->ref);
-	bo->size = PAGE_ALIGN(args->size);
-	bo->npages = bo->size >> PAGE_SHIFT;
-	bo->vm = &ctx->vm;
-	ret = npu_ctx_charge(ctx, bo->size);
-	if (ret) {
-		kfree(bo);
+	size = PAGE_ALIGN(args->size);
+	ret = npu_ctx_charge(ctx, size);
+	if (ret)
 		return ret;
-	}
 	if (args->flags & NPU_BO_DEVICE)
-		ret = npu_bo_alloc_local(ctx->ndev, bo);
+		bo = npu_bo_alloc_local(ctx->ndev, size);
 	else
-		ret = npu_bo_alloc_backing(ctx->ndev, bo, true);
+		bo = npu_bo_alloc_shmem(ctx->ndev, size);
+	if (IS_ERR(bo)) {
+		npu_ctx_uncharge(ctx, size);
+		return PTR_ERR(bo);
+	}
+	bo->charged = true;
+	npu_bo_set_owner(ctx, bo);
+	ret = npu_bo_map_vm(bo, &ctx->vm, true);
+	if (!ret)
+		ret = drm_gem_create_mmap_offset(&bo->base.base);
 	if (ret) {
-		npu_ctx_uncharge(ctx, bo->size);
-		kfree(bo);
+		npu_bo_put(bo);
 		return ret;
 	}
-	if (bo->local)
-		atomic64_add(bo->size, &ctx->local_bytes);
-	alloc_size = bo->size;
+	offset = drm_vma_node_offset_addr(&bo->base.base.vma_node);
 	va = bo->va;
 	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
 		return ret;
 	args->handle = handle;
-	args->mmap_offset = (u64)handle << NPU_BO_OFFSET_SHIFT;
-	args->alloc_size = alloc_size;
+	args->mmap_offset = offset;
+	args->alloc_size = size;
 	args->va = va;
 	return 0;
 }
@@ -338,31 +423,58 @@ int npu_ioctl_bo_create(struct npu_context *ctx, void *data)
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void *data)
 {
 	struct npu_bo_destroy *args = data;
-	struct npu_bo *bo;
+	int ret;
 
 	if (args->rsvd)
 		return -EINVAL;
-	/* Only a published BO: a handle still being created stays reserved. */
-	xa_lock(&ctx->bos);
-	bo = xa_load(&ctx->bos, args->handle);
-	if (bo)
-		__xa_erase(&ctx->bos, args->handle);
-	xa_unlock(&ctx->bos);
+	/* Mappings and jobs in flight keep their own references. */
+	ret = drm_gem_handle_delete(ctx->file, args->handle);
+	/* DRM's "no such handle" is -EINVAL; ours is -ENOENT, as for SUBMIT. */
+	return ret == -EINVAL ? -ENOENT : ret;
+}
+
+int npu_ioctl_bo_info(struct npu_context *ctx, void *data)
+{
+	struct npu_bo_info *args = data;
+	struct npu_bo *bo;
+
+	if (args->flags || args->size || args->mmap_offset || args->va)
+		return -EINVAL;
+	bo = npu_bo_lookup(ctx, args->handle);
 	if (!bo)
 		return -ENOENT;
-	/* Mappings and jobs in flight keep their own references. */
+	args->size = bo->size;
+	args->va = bo->va;
+	switch (bo->kind) {
+	case NPU_BO_KIND_SHMEM:
+		break;
+	case NPU_BO_KIND_LOCAL:
+		args->flags |= NPU_BO_INFO_DEVICE;
+		break;
+	case NPU_BO_KIND_USERPTR:
+		args->flags |= NPU_BO_INFO_USERPTR;
+		break;
+	case NPU_BO_KIND_IMPORT:
+		args->flags |= NPU_BO_INFO_IMPORTED;
+		break;
+	}
+	if (bo->dev_readonly)
+		args->flags |= NPU_BO_INFO_READONLY;
+	if (bo->kind != NPU_BO_KIND_USERPTR)
+		args->mmap_offset = drm_vma_node_offset_addr(&bo->base.base.vma_node);
 	npu_bo_put(bo);
 	return 0;
 }
 
 int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data)
 {
+	struct npu_device *ndev = ctx->ndev;
 	struct npu_bo_userptr *args = data;
 	bool writable;
 	struct npu_bo *bo;
-	u64 end, va;
 	u32 handle;
 	int pinned, ret;
+	u64 end, va;
 
 	if ((args->flags & ~NPU_BO_USERPTR_FLAGS) || args->handle || !args->size ||
 	    !PAGE_ALIGNED(args->addr) || !PAGE_ALIGNED(args->size) ||
@@ -372,32 +484,26 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data)
 		return -E2BIG;
 	writable = !(args->flags & NPU_BO_USERPTR_READONLY);
 
-	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
-	if (!bo)
-		return -ENOMEM;
-	kref_init(&bo->ref);
-	bo->size = args->size;
-	bo->npages = bo->size >> PAGE_SHIFT;
-	bo->userptr = true;
-	bo->dev_readonly = !writable;
-	bo->vm = &ctx->vm;
-	ret = npu_ctx_charge(ctx, bo->size);
+	ret = npu_ctx_charge(ctx, args->size);
 	if (ret)
-		goto err_free_bo;
+		return ret;
 	/*
 	 * Long-term pinned pages count as locked memory of the process, against
 	 * its RLIMIT_MEMLOCK (unless CAP_IPC_LOCK), as RDMA and VFIO pins do:
 	 * until the BO's last reference goes, even after the process exits.
 	 */
-	ret = account_locked_vm(current->mm, bo->npages, true);
+	ret = account_locked_vm(current->mm, args->size >> PAGE_SHIFT, true);
 	if (ret)
 		goto err_uncharge;
-	bo->mm = current->mm;
-	mmgrab(bo->mm);
+	bo = npu_bo_alloc_private(ndev, args->size, NPU_BO_KIND_USERPTR, NULL);
+	if (IS_ERR(bo)) {
+		ret = PTR_ERR(bo);
+		goto err_unlock_vm;
+	}
 	bo->pages = kvcalloc(bo->npages, sizeof(*bo->pages), GFP_KERNEL_ACCOUNT);
 	if (!bo->pages) {
 		ret = -ENOMEM;
-		goto err_unlock_vm;
+		goto err_discard;
 	}
 	pinned = pin_user_pages_fast(args->addr, bo->npages,
 				     FOLL_LONGTERM | (writable ? FOLL_WRITE : 0),
@@ -408,9 +514,25 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data)
 		ret = pinned < 0 ? pinned : -EFAULT;
 		goto err_free_array;
 	}
-	ret = npu_bo_map_pages(ctx->ndev, bo, writable);
+	ret = sg_alloc_table_from_pages(&bo->user_sgt, bo->pages, bo->npages, 0,
+					bo->size, GFP_KERNEL);
 	if (ret)
 		goto err_unpin;
+	ret = dma_map_sgtable(&ndev->pdev->dev, &bo->user_sgt, DMA_BIDIRECTIONAL,
+			      NPU_BO_DMA_ATTRS);
+	if (ret)
+		goto err_free_table;
+	/* From here on the free undoes everything. */
+	bo->sgt = &bo->user_sgt;
+	bo->mm = current->mm;
+	mmgrab(bo->mm);
+	bo->charged = true;
+	npu_bo_set_owner(ctx, bo);
+	ret = npu_bo_map_vm(bo, &ctx->vm, writable);
+	if (ret) {
+		npu_bo_put(bo);
+		return ret;
+	}
 	va = bo->va;
 	ret = npu_bo_publish(ctx, bo, &handle);
 	if (ret)
@@ -419,98 +541,227 @@ int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data)
 	args->va = va;
 	return 0;
 
+err_free_table:
+	sg_free_table(&bo->user_sgt);
 err_unpin:
 	unpin_user_pages(bo->pages, bo->npages);
 err_free_array:
 	kvfree(bo->pages);
+err_discard:
+	npu_bo_discard(bo);
 err_unlock_vm:
-	account_locked_vm(bo->mm, bo->npages, false);
-	mmdrop(bo->mm);
+	account_locked_vm(current->mm, args->size >> PAGE_SHIFT, false);
 err_uncharge:
-	npu_ctx_uncharge(ctx, bo->size);
-err_free_bo:
-	kfree(bo);
+	npu_ctx_uncharge(ctx, args->size);
 	return ret;
 }
 
-void npu_bo_release_all(struct npu_context *ctx)
+/*
+ * drm_driver.gem_prime_import: attach the dma-buf to the device and wrap
+ * it in a new object, also when it is one of ours, so that the importing
+ * file maps it in its own address space (npu_bo_open()). The exporter
+ * keeps the pages; they are not charged to the importer.
+ */
+struct drm_gem_object *npu_gem_prime_import(struct drm_device *drm,
+					    struct dma_buf *dmabuf)
 {
-	struct npu_bo *bo;
-	unsigned long handle;
-
-	xa_for_each(&ctx->bos, handle, bo) {
-		xa_erase(&ctx->bos, handle);
-		npu_bo_put(bo);
-	}
-	xa_destroy(&ctx->bos);
-}
-
-static void npu_bo_vm_open(struct vm_area_struct *vma)
-{
-	struct npu_bo *bo = vma->vm_private_data;
-
-	kref_get(&bo->ref);
-}
-
-static void npu_bo_vm_close(struct vm_area_struct *vma)
-{
-	npu_bo_put(vma->vm_private_data);
-}
-
-static const struct vm_operations_struct npu_bo_vm_ops = {
-	.open = npu_bo_vm_open,
-	.close = npu_bo_vm_close,
-};
-
-int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
-{
-	u64 offset = (u64)vma->vm_pgoff << PAGE_SHIFT;
-	u32 handle = offset >> NPU_BO_OFFSET_SHIFT;
-	u64 start = offset & (BIT_ULL(NPU_BO_OFFSET_SHIFT) - 1);
-	u64 len = vma->vm_end - vma->vm_start;
-	unsigned long pgoff;
+	struct npu_device *ndev = to_npu_device(drm);
+	struct dma_buf_attachment *attach;
+	struct sg_table *sgt;
 	struct npu_bo *bo;
 	int ret;
 
-	if (!(vma->vm_flags & VM_SHARED))
+	if (!dmabuf->size || !PAGE_ALIGNED(dmabuf->size) ||
+	    dmabuf->size > NPU_BO_MAX_SIZE)
+		return ERR_PTR(-EINVAL);
+	attach = dma_buf_attach(dmabuf, drm->dev);
+	if (IS_ERR(attach))
+		return ERR_CAST(attach);
+	get_dma_buf(dmabuf);
+	sgt = dma_buf_map_attachment_unlocked(attach, DMA_BIDIRECTIONAL);
+	if (IS_ERR(sgt)) {
+		ret = PTR_ERR(sgt);
+		goto err_detach;
+	}
+	bo = npu_bo_alloc_private(ndev, dmabuf->size, NPU_BO_KIND_IMPORT, dmabuf->resv);
+	if (IS_ERR(bo)) {
+		ret = PTR_ERR(bo);
+		goto err_unmap;
+	}
+	bo->base.base.import_attach = attach;
+	bo->sgt = sgt;
+	ret = drm_gem_create_mmap_offset(&bo->base.base);
+	if (ret) {
+		npu_bo_put(bo);
+		return ERR_PTR(ret);
+	}
+	return &bo->base.base;
+
+err_unmap:
+	dma_buf_unmap_attachment_unlocked(attach, sgt, DMA_BIDIRECTIONAL);
+err_detach:
+	dma_buf_detach(dmabuf, attach);
+	dma_buf_put(dmabuf);
+	return ERR_PTR(ret);
+}
+
+/*
+ * GEM .open, on each new handle: an imported object is mapped into the
+ * address space of the file that imported it. An object has one file: the
+ * one that created or imported it.
+ */
+static int npu_bo_open(struct drm_gem_object *obj, struct drm_file *file)
+{
+	struct npu_context *ctx = file->driver_priv;
+	struct npu_bo *bo = to_npu_bo(obj);
+	int ret;
+
+	if (bo->vm)
+		return bo->vm == &ctx->vm ? 0 : -EINVAL;
+	if (bo->kind != NPU_BO_KIND_IMPORT)
 		return -EINVAL;
-	if (handle == NPU_MMAP_QUEUE_HANDLE)
-		return npu_uqueue_mmap(ctx, vma);
-	bo = npu_bo_lookup(ctx, handle);
-	if (!bo)
+	ret = npu_bo_map_vm(bo, &ctx->vm, true);
+	if (ret)
+		return ret;
+	npu_bo_set_owner(ctx, bo);
+	return 0;
+}
+
+/*
+ * Device memory and user pointers stay with the device: no dma-buf (the
+ * one is BAR memory, the other is already another process's memory).
+ */
+static struct dma_buf *npu_bo_no_export(struct drm_gem_object *obj, int flags)
+{
+	return ERR_PTR(-EOPNOTSUPP);
+}
+
+static vm_fault_t npu_bo_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct drm_gem_object *obj = vma->vm_private_data;
+	struct npu_bo *bo = to_npu_bo(obj);
+	unsigned long addr = vmf->address & PAGE_MASK;
+	pgoff_t page = vmf->pgoff - drm_vma_node_start(&obj->vma_node);
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+	pgoff_t end;
+	int idx;
+
+	/* After an unplug the mappings were zapped; they stay gone. */
+	if (!drm_dev_enter(obj->dev, &idx))
+		return VM_FAULT_SIGBUS;
+	if (page >= bo->npages)
+		goto out;
+	ret = vmf_insert_pfn(vma, addr, page_to_pfn(bo->pages[page]));
+	/* The following pages too: a BO is usually read or written through. */
+	end = min_t(pgoff_t, bo->npages, page + NPU_BO_PREFAULT);
+	for (page++, addr += PAGE_SIZE; page < end && addr < vma->vm_end;
+	     page++, addr += PAGE_SIZE) {
+		if (vmf_insert_pfn(vma, addr, page_to_pfn(bo->pages[page])) &
+		    VM_FAULT_ERROR)
+			break;
+	}
+out:
+	drm_dev_exit(idx);
+	return ret;
+}
+
+static const struct vm_operations_struct npu_bo_vm_ops = {
+	.fault = npu_bo_fault,
+	.open = drm_gem_vm_open,
+	.close = drm_gem_vm_close,
+};
+
+/*
+ * GEM .mmap, from npu_bo_mmap() or the mmap of an exported dma-buf: in
+ * both, vm_pgoff is the object's fake offset plus the first page mapped.
+ */
+static int npu_bo_mmap_obj(struct drm_gem_object *obj, struct vm_area_struct *vma)
+{
+	struct npu_bo *bo = to_npu_bo(obj);
+	u64 start = (u64)(vma->vm_pgoff - drm_vma_node_start(&obj->vma_node)) << PAGE_SHIFT;
+	u64 len = vma->vm_end - vma->vm_start;
+	phys_addr_t phys;
+
+	if (!(vma->vm_flags & VM_SHARED) || bo->kind == NPU_BO_KIND_USERPTR ||
+	    start >= bo->size || len > bo->size - start)
 		return -EINVAL;
-	if (bo->userptr || start >= bo->size || len > bo->size - start) {
+	vm_flags_set(vma, VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	if (bo->kind != NPU_BO_KIND_LOCAL) {
+		vma->vm_page_prot = vm_get_page_prot(vma->vm_flags);
+		return 0;	/* npu_bo_fault() maps the pages */
+	}
+	/* Device memory: write-combined through the BAR. */
+	vm_flags_set(vma, VM_IO);
+	vma->vm_page_prot = pgprot_writecombine(vm_get_page_prot(vma->vm_flags));
+	phys = bo->ndev->mem_phys + bo->local_off + start;
+	return io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT, len,
+				  vma->vm_page_prot);
+}
+
+/*
+ * mmap of a BO at or above 4 GiB: the GEM node holding the whole range,
+ * which this file must hold a handle to (else -EINVAL, as for an offset
+ * that names no BO: other files' objects are not told apart). Inside
+ * npu_dev_enter().
+ */
+int npu_bo_mmap(struct drm_file *file, struct vm_area_struct *vma)
+{
+	struct drm_vma_offset_manager *mgr = file->minor->dev->vma_offset_manager;
+	struct drm_vma_offset_node *node;
+	struct drm_gem_object *obj = NULL;
+	int ret;
+
+	drm_vma_offset_lock_lookup(mgr);
+	node = drm_vma_offset_lookup_locked(mgr, vma->vm_pgoff, vma_pages(vma));
+	if (node) {
+		obj = container_of(node, struct drm_gem_object, vma_node);
+		/* A node of an object being freed: its refcount is 0. */
+		if (!kref_get_unless_zero(&obj->refcount))
+			obj = NULL;
+	}
+	drm_vma_offset_unlock_lookup(mgr);
+	if (!obj)
+		return -EINVAL;
+	if (!drm_vma_node_is_allowed(node, file)) {
 		ret = -EINVAL;
 		goto err_put;
 	}
-	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
-	if (bo->local) {
-		/* Device memory: write-combined through the BAR. */
-		vm_flags_set(vma, VM_IO);
-		vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
-		phys_addr_t phys = ctx->ndev->mem_phys + bo->local_off + start;
-
-		ret = io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT,
-					 len, vma->vm_page_prot);
-	} else {
-		/*
-		 * vm_map_pages() takes vm_pgoff as the page index into the BO;
-		 * put the vma's own offset back after it, so that the vma stays
-		 * at its place in the device's address_space and a zap of
-		 * another range (a user queue's doorbell) cannot reach it.
-		 */
-		pgoff = vma->vm_pgoff;
-		vma->vm_pgoff = start >> PAGE_SHIFT;
-		ret = vm_map_pages(vma, bo->pages, bo->npages);
-		vma->vm_pgoff = pgoff;
+	if (obj->import_attach) {
+		/* The exporter maps it; the vma moves to the dma-buf's file. */
+		ret = dma_buf_mmap(obj->import_attach->dmabuf, vma,
+				   vma->vm_pgoff - drm_vma_node_start(node));
+		goto err_put;
 	}
+	vma->vm_private_data = obj;
+	vma->vm_ops = &npu_bo_vm_ops;
+	ret = npu_bo_mmap_obj(obj, vma);
 	if (ret)
 		goto err_put;
-	vma->vm_private_data = bo;
-	vma->vm_ops = &npu_bo_vm_ops;
-	return 0;
+	return 0;	/* the vma holds the reference (drm_gem_vm_close()) */
 
 err_put:
-	npu_bo_put(bo);
+	drm_gem_object_put(obj);
 	return ret;
 }
+
+static const struct drm_gem_object_funcs npu_bo_shmem_funcs = {
+	.free = npu_bo_free,
+	.open = npu_bo_open,
+	.print_info = drm_gem_shmem_object_print_info,
+	.pin = drm_gem_shmem_object_pin,
+	.unpin = drm_gem_shmem_object_unpin,
+	.get_sg_table = drm_gem_shmem_object_get_sg_table,
+	.vmap = drm_gem_shmem_object_vmap,
+	.vunmap = drm_gem_shmem_object_vunmap,
+	.mmap = npu_bo_mmap_obj,
+	.vm_ops = &npu_bo_vm_ops,
+};
+
+static const struct drm_gem_object_funcs npu_bo_private_funcs = {
+	.free = npu_bo_free,
+	.open = npu_bo_open,
+	.export = npu_bo_no_export,
+	.mmap = npu_bo_mmap_obj,
+	.vm_ops = &npu_bo_vm_ops,
+};

@@ -50,7 +50,9 @@ static int npu_drm_open(struct drm_device *drm, struct drm_file *file)
 	npu_device_get(ndev);
 	mutex_init(&ctx->params_lock);
 	kref_init(&ctx->ref);
-	xa_init_flags(&ctx->bos, XA_FLAGS_ALLOC1);
+	ctx->file = file;
+	init_llist_head(&ctx->free_list);
+	INIT_WORK(&ctx->free_work, npu_bo_free_work);
 	spin_lock_init(&ctx->err_lock);
 	INIT_LIST_HEAD(&ctx->errors);
 	init_waitqueue_head(&ctx->poll_wq);
@@ -63,13 +65,18 @@ out_exit:
 	return ret;
 }
 
+/*
+ * DRM has closed the file's GEM handles already. Jobs in flight keep the
+ * context and their buffers until they retire; the frees that waited for
+ * the user queues are done once those are stopped.
+ */
 static void npu_drm_postclose(struct drm_device *drm, struct drm_file *file)
 {
 	struct npu_context *ctx = file->driver_priv;
 
-	/* Jobs in flight keep the context and their buffers until they retire. */
 	npu_uqueue_release_all(ctx);
-	npu_bo_release_all(ctx);
+	flush_work(&ctx->free_work);
+	ctx->file = NULL;
 	npu_context_put(ctx);
 }
 
@@ -119,6 +126,7 @@ NPU_IOCTL_ENTER(get_info)
 NPU_IOCTL_ENTER(bo_create)
 NPU_IOCTL_ENTER(bo_destroy)
 NPU_IOCTL_ENTER(bo_userptr)
+NPU_IOCTL_ENTER(bo_info)
 NPU_IOCTL_ENTER(fence_info)
 NPU_IOCTL_ENTER(submit)
 NPU_IOCTL_ENTER(queue_create)
@@ -147,6 +155,7 @@ static const struct drm_ioctl_desc npu_drm_ioctls[] = {
 	NPU_IOCTL(FENCE_INFO, fence_info),
 	NPU_IOCTL(QUEUE_CREATE, queue_create),
 	NPU_IOCTL(QUEUE_DESTROY, queue_destroy),
+	NPU_IOCTL(BO_INFO, bo_info),
 };
 
 static struct npu_context *npu_file_ctx(struct file *file)
@@ -157,8 +166,8 @@ static struct npu_context *npu_file_ctx(struct file *file)
 }
 
 /*
- * mmap offsets are the driver's own (docs/uapi.md), not GEM fake offsets:
- * user queue regions below 4 GiB, buffer objects at handle << 32.
+ * mmap offsets below 4 GiB are user queue regions (docs/uapi.md), the
+ * rest GEM fake offsets of buffer objects.
  */
 static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 {
@@ -166,9 +175,15 @@ static int npu_mmap(struct file *file, struct vm_area_struct *vma)
 	struct npu_device *ndev = ctx->ndev;
 	int ret, idx;
 
+	/* Shared memory with the device: a private (COW) copy means nothing. */
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
 	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
-	ret = npu_bo_mmap(ctx, vma);
+	if (vma->vm_pgoff < DRM_FILE_PAGE_OFFSET_START)
+		ret = npu_uqueue_mmap(ctx, vma);
+	else
+		ret = npu_bo_mmap(file->private_data, vma);
 	npu_dev_exit(ndev, idx);
 	return ret;
 }
@@ -182,27 +197,38 @@ static __poll_t npu_drm_poll(struct file *file, struct poll_table_struct *wait)
  * /proc/<pid>/fdinfo/<fd>: DRM prints drm-driver, drm-client-id and
  * drm-pdev; the engine and memory keys follow
  * Documentation/gpu/drm-usage-stats.rst (engine "compute": the device time
- * of the file's retired SUBMIT ops; regions "host" and "device"); the npu-
- * keys are the driver's own.
- * Buffers stay charged to the file that created them until their last
- * mapping or job is gone.
+ * of the file's retired SUBMIT ops; regions "host" and "device": the BOs
+ * the file holds handles to, shared when exported or imported). The npu-
+ * keys are the driver's own: npu-memory-* is what is charged to the file,
+ * which keeps a BO it created until its last mapping or job is gone.
  */
 static void npu_drm_show_fdinfo(struct drm_printer *p, struct drm_file *file)
 {
 	struct npu_context *ctx = file->driver_priv;
 	u64 local = atomic64_read(&ctx->local_bytes);
-	struct drm_memory_stats host = {
-		.private = atomic64_read(&ctx->bo_bytes) - local,
-	};
-	struct drm_memory_stats device = { .private = local };
+	struct drm_memory_stats stats[2] = {};
+	struct drm_gem_object *obj;
+	int id;
 
-	host.resident = host.private;
-	device.resident = device.private;
+	spin_lock(&file->table_lock);
+	idr_for_each_entry(&file->object_idr, obj, id) {
+		const struct npu_bo *bo = container_of(obj, struct npu_bo, base.base);
+		struct drm_memory_stats *s = &stats[bo->kind == NPU_BO_KIND_LOCAL];
+
+		if (drm_gem_object_is_shared_for_memory_stats(obj))
+			s->shared += obj->size;
+		else
+			s->private += obj->size;
+		/* Every kind is resident: pinned, device memory or imported. */
+		s->resident += obj->size;
+	}
+	spin_unlock(&file->table_lock);
 	drm_printf(p, "drm-engine-compute:\t%lld ns\n", atomic64_read(&ctx->busy_ns));
-	drm_print_memory_stats(p, &host, DRM_GEM_OBJECT_RESIDENT, "host");
-	drm_print_memory_stats(p, &device, DRM_GEM_OBJECT_RESIDENT, "device");
+	drm_print_memory_stats(p, &stats[0], DRM_GEM_OBJECT_RESIDENT, "host");
+	drm_print_memory_stats(p, &stats[1], DRM_GEM_OBJECT_RESIDENT, "device");
 	drm_printf(p, "npu-bo-count:\t%lld\n", atomic64_read(&ctx->bo_count));
-	drm_printf(p, "npu-memory-host:\t%llu KiB\n", host.private >> 10);
+	drm_printf(p, "npu-memory-host:\t%llu KiB\n",
+		   (atomic64_read(&ctx->bo_bytes) - local) >> 10);
 	drm_printf(p, "npu-memory-device:\t%llu KiB\n", local >> 10);
 	drm_printf(p, "npu-memory-limit:\t%llu KiB\n", npu_ctx_mem_limit() >> 10);
 	drm_printf(p, "npu-ctx:\t%u\n", ctx->vm.ctx);
@@ -229,8 +255,10 @@ static const struct file_operations npu_fops = {
 };
 
 static const struct drm_driver npu_drm_driver = {
-	.driver_features = DRIVER_COMPUTE_ACCEL,
+	.driver_features = DRIVER_COMPUTE_ACCEL | DRIVER_GEM,
 	.open = npu_drm_open,
+	.gem_create_object = npu_gem_create_object,
+	.gem_prime_import = npu_gem_prime_import,
 	.postclose = npu_drm_postclose,
 	.show_fdinfo = npu_drm_show_fdinfo,
 	.ioctls = npu_drm_ioctls,
@@ -340,14 +368,21 @@ static struct pci_driver npu_pci_driver = {
 	.dev_groups = npu_attr_groups,
 };
 
+struct workqueue_struct *npu_wq;
+
 static int __init npu_init(void)
 {
 	int ret;
 
+	npu_wq = alloc_workqueue(NPU_DRIVER_NAME, WQ_UNBOUND, 0);
+	if (!npu_wq)
+		return -ENOMEM;
 	npu_debugfs_module_init();
 	ret = pci_register_driver(&npu_pci_driver);
-	if (ret)
+	if (ret) {
 		npu_debugfs_module_exit();
+		destroy_workqueue(npu_wq);
+	}
 	return ret;
 }
 
@@ -355,6 +390,8 @@ static void __exit npu_exit(void)
 {
 	pci_unregister_driver(&npu_pci_driver);
 	npu_debugfs_module_exit();
+	/* Drains the deferred frees of files closed just before. */
+	destroy_workqueue(npu_wq);
 }
 
 module_init(npu_init);
@@ -363,3 +400,4 @@ module_exit(npu_exit);
 MODULE_DESCRIPTION("Driver for the emulated NPU PCI device");
 MODULE_AUTHOR("NPU stack team");
 MODULE_LICENSE("GPL");
+MODULE_IMPORT_NS(DMA_BUF);

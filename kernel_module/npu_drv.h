@@ -19,6 +19,7 @@
 #include <linux/idr.h>
 #include <linux/kref.h>
 #include <linux/list.h>
+#include <linux/llist.h>
 #include <linux/mutex.h>
 #include <linux/pci.h>
 #include <linux/scatterlist.h>
@@ -32,6 +33,7 @@
 #include <drm/drm_device.h>
 #include <drm/drm_drv.h>
 #include <drm/drm_file.h>
+#include <drm/drm_gem_shmem_helper.h>
 
 #include "npu_hw.h"
 #include "npu_uapi.h"
@@ -40,13 +42,13 @@
 #define NPU_DRIVER_VERSION	0x00010000	/* major << 16 | minor */
 #define NPU_RING_ENTRIES	4096
 #define NPU_MAX_CONTEXTS	1024	/* open files per device, ctx 0 is the driver's */
-#define NPU_MMAP_QUEUE_HANDLE	0	/* mmap offsets below 4 GiB: user queues */
 /* Device memory offsets in mem_pool are biased: gen_pool cannot hand out 0. */
 #define NPU_MEM_POOL_BIAS	BIT_ULL(40)
 
 #define npu_dbg(ndev, fmt, ...) \
 	dev_dbg(&(ndev)->pdev->dev, fmt, ##__VA_ARGS__)
 
+struct dma_buf;
 struct npu_device;
 struct npu_uqueue;
 
@@ -71,7 +73,8 @@ struct npu_error {
 struct npu_context {
 	struct npu_device *ndev;
 	struct kref ref;		/* the file, plus one per job in flight */
-	struct xarray bos;		/* handle -> struct npu_bo; has its own lock */
+	/* The open file (its GEM handles); only ioctls, while it is open, use it. */
+	struct drm_file *file;
 	spinlock_t err_lock;		/* protects errors and num_errors */
 	struct list_head errors;	/* struct npu_error, by fence */
 	u32 num_errors;
@@ -92,6 +95,9 @@ struct npu_context {
 	 * user queue, which QUEUE_DESTROY may free while the file is polled.
 	 */
 	wait_queue_head_t poll_wq;
+	/* Its BOs whose free waits for its user queues (npu_bo_free_work()). */
+	struct llist_head free_list;
+	struct work_struct free_work;
 	/*
 	 * The parameter blocks of its tensor ops on queue 0, one per ring
 	 * slot, device read-only, in its own address space only; created by
@@ -102,23 +108,36 @@ struct npu_context {
 	struct npu_tensor_params *params;
 };
 
+enum npu_bo_kind {
+	NPU_BO_KIND_SHMEM,		/* host memory: shmem pages */
+	NPU_BO_KIND_LOCAL,		/* device memory (BAR2) at local_off */
+	NPU_BO_KIND_USERPTR,		/* user pages pinned long-term */
+	NPU_BO_KIND_IMPORT,		/* a dma-buf attached to the device */
+};
+
+/*
+ * A buffer object (npu_bo.c): a GEM object, whose reference count counts
+ * its handle, each CPU mapping, each job and each dma-buf export.
+ */
 struct npu_bo {
-	struct kref ref;		/* the handle, each mapping, each job */
-	struct npu_device *ndev;
+	struct drm_gem_shmem_object base;	/* first: the shmem helper frees it */
+	struct npu_device *ndev;	/* holds a reference */
+	enum npu_bo_kind kind;
 	size_t size;
 	unsigned long npages;
-	struct page **pages;
-	struct sg_table sgt;		/* DMA-mapped pages */
+	struct page **pages;		/* shmem's or the pinned user pages */
+	struct sg_table *sgt;		/* DMA-mapped for the device */
+	struct sg_table user_sgt;	/* userptr: what sgt points to */
 	u64 va;				/* device virtual address in vm */
-	struct npu_vm *vm;		/* the owner's address space, or the driver's */
-	u32 handle;
-	struct npu_context *owner;	/* charged context (holds a ref); NULL: kernel BO */
-	bool userptr;			/* pages pinned from user memory */
+	struct npu_vm *vm;		/* the holder's address space, or the driver's */
+	u32 handle;			/* in the holder's file (traces) */
+	struct npu_context *owner;	/* holder (holds a ref); NULL: kernel BO */
+	bool counted;			/* in the device's and owner's BO counts */
+	bool charged;			/* its size is charged to the owner's limit */
 	struct mm_struct *mm;		/* userptr: whose locked_vm the pins count in */
-	bool local;			/* in device memory at local_off, no pages */
 	u64 local_off;
 	bool dev_readonly;		/* the device may not write it */
-	bool internal;			/* the driver's: not in the device's BO counts */
+	struct llist_node free_node;	/* in owner->free_list: free deferred */
 };
 
 /*
@@ -353,6 +372,7 @@ int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args);
 int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 void npu_uqueue_release_all(struct npu_context *ctx);
 void npu_uqueue_sync(struct npu_context *ctx);
+bool npu_uqueue_busy(struct npu_context *ctx);
 void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
 void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
@@ -381,12 +401,16 @@ void npu_reset_uevent(struct npu_device *ndev, const char *reason);
 int npu_ioctl_bo_create(struct npu_context *ctx, void *data);
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void *data);
 int npu_ioctl_bo_userptr(struct npu_context *ctx, void *data);
+int npu_ioctl_bo_info(struct npu_context *ctx, void *data);
 struct npu_bo *npu_bo_lookup(struct npu_context *ctx, u32 handle);
 void npu_bo_put(struct npu_bo *bo);
 struct npu_bo *npu_bo_create_kernel(struct npu_device *ndev, struct npu_vm *vm,
 				    size_t size, void **vaddr);
-void npu_bo_release_all(struct npu_context *ctx);
-int npu_bo_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
+int npu_bo_mmap(struct drm_file *file, struct vm_area_struct *vma);
+void npu_bo_free_work(struct work_struct *work);
+struct drm_gem_object *npu_gem_create_object(struct drm_device *drm, size_t size);
+struct drm_gem_object *npu_gem_prime_import(struct drm_device *drm,
+					    struct dma_buf *dmabuf);
 u64 npu_ctx_mem_limit(void);
 
 /* npu_job.c */
@@ -407,5 +431,8 @@ void npu_debugfs_module_exit(void);
 
 /* npu_sysfs.c */
 extern const struct attribute_group *npu_attr_groups[];
+
+/* npu_drv.c: the module's workqueue (deferred BO frees), drained at unload */
+extern struct workqueue_struct *npu_wq;
 
 #endif /* NPU_DRV_H */

@@ -71,6 +71,26 @@ static int npu_hwq_quiesce(struct npu_device *ndev, u32 index)
 }
 
 /*
+ * Whether a user queue of @ctx is running a command (the device reports
+ * it ACTIVE): a buffer freed now would have to wait for it.
+ */
+bool npu_uqueue_busy(struct npu_context *ctx)
+{
+	struct npu_device *ndev = ctx->ndev;
+	bool busy = false;
+	u32 i;
+
+	if (!atomic_read(&ctx->num_uqs))
+		return false;
+	mutex_lock(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues && !busy && !npu_unplugged(ndev); i++)
+		busy = ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped &&
+		       (npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_ACTIVE);
+	mutex_unlock(&ndev->uq_mutex);
+	return busy;
+}
+
+/*
  * Called after the PTEs of a buffer of @ctx were cleared and before its
  * pages are freed: a command of the context's user queues that started
  * earlier may hold the old translations (the device reads page tables

@@ -151,7 +151,9 @@ class GuestKernel:
         """The guest command that loads the driver built for this kernel."""
         if self.kind == "buildroot":  # installed into the image by package/npu-driver
             return "modprobe npu"
-        return f"insmod {GUEST_ROOT}/build/module/{self.kver}/npu.ko"
+        # insmod does not load what npu.ko needs: DRM's GEM shmem helpers
+        # (a module on the distribution kernel; a no-op where built in).
+        return f"modprobe -q drm_shmem_helper; insmod {GUEST_ROOT}/build/module/{self.kver}/npu.ko"
 
     @property
     def host_module_path(self) -> Path | None:
@@ -586,7 +588,7 @@ class Guest:
                 raise GuestSetupError(f"kernel module {hm} is not built (make module)")
             cmd = self.kernel.load_command
         else:
-            cmd = f"insmod {shlex.quote(path)}"
+            cmd = f"modprobe -q drm_shmem_helper; insmod {shlex.quote(path)}"
         mark = self.dmesg_mark()
         rc, out = self.run(f"{cmd} {params}".rstrip(), timeout=120)
         new = self.new_dmesg(mark)

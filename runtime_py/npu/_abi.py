@@ -659,6 +659,43 @@ class NpuQueueCreate(ctypes.Structure):
     ]
 
 
+NPU_BO_INFO_DEVICE: Final = 1 << 0
+NPU_BO_INFO_USERPTR: Final = 1 << 1
+NPU_BO_INFO_IMPORTED: Final = 1 << 2
+NPU_BO_INFO_READONLY: Final = 1 << 3
+
+
+class NpuBoInfo(ctypes.Structure):
+    """``struct npu_bo_info`` (BO_INFO: size, mmap offset and VA of a handle)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("size", ctypes.c_uint64),
+        ("mmap_offset", ctypes.c_uint64),
+        ("va", ctypes.c_uint64),
+    ]
+
+
+class DrmPrimeHandle(ctypes.Structure):
+    """``struct drm_prime_handle`` (drm.h: PRIME_HANDLE_TO_FD, PRIME_FD_TO_HANDLE)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("fd", ctypes.c_int32),
+    ]
+
+
+class DrmGemClose(ctypes.Structure):
+    """``struct drm_gem_close`` (drm.h: GEM_CLOSE)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
 class NpuQueueDestroy(ctypes.Structure):
     """``struct npu_queue_destroy`` (QUEUE_DESTROY)."""
 
@@ -767,6 +804,7 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_wait": NpuWait,
     "npu_queue_create": NpuQueueCreate,
     "npu_queue_destroy": NpuQueueDestroy,
+    "npu_bo_info": NpuBoInfo,
 }
 
 # --------------------------------------------------------------------------
@@ -782,6 +820,7 @@ DRM_NPU_BO_USERPTR: Final = 0x05
 DRM_NPU_FENCE_INFO: Final = 0x06
 DRM_NPU_QUEUE_CREATE: Final = 0x07
 DRM_NPU_QUEUE_DESTROY: Final = 0x08
+DRM_NPU_BO_INFO: Final = 0x09
 
 
 def _drm(direction: Callable[[int, int, object], int], nr: int, struct: type) -> int:
@@ -797,6 +836,14 @@ DRM_IOCTL_NPU_BO_USERPTR: Final[int] = _drm(IOWR, DRM_NPU_BO_USERPTR, NpuBoUserp
 DRM_IOCTL_NPU_FENCE_INFO: Final[int] = _drm(IOWR, DRM_NPU_FENCE_INFO, NpuFenceInfo)
 DRM_IOCTL_NPU_QUEUE_CREATE: Final[int] = _drm(IOWR, DRM_NPU_QUEUE_CREATE, NpuQueueCreate)
 DRM_IOCTL_NPU_QUEUE_DESTROY: Final[int] = _drm(IOW, DRM_NPU_QUEUE_DESTROY, NpuQueueDestroy)
+DRM_IOCTL_NPU_BO_INFO: Final[int] = _drm(IOWR, DRM_NPU_BO_INFO, NpuBoInfo)
+
+# DRM core ioctls (drm.h) the driver serves: GEM handles and PRIME dma-bufs.
+DRM_CLOEXEC: Final = 0o2000000  # O_CLOEXEC
+DRM_RDWR: Final = 0o2  # O_RDWR
+DRM_IOCTL_GEM_CLOSE: Final[int] = int(IOW(NPU_DRM_IOCTL_BASE, 0x09, DrmGemClose))
+DRM_IOCTL_PRIME_HANDLE_TO_FD: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0x2D, DrmPrimeHandle))
+DRM_IOCTL_PRIME_FD_TO_HANDLE: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0x2E, DrmPrimeHandle))
 
 
 def deadline_after(timeout_ns: int) -> int:

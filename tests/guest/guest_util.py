@@ -16,6 +16,8 @@ def load_driver() -> str | None:
     """insmod npu.ko unless it is loaded, and wait for /dev/npu0; None, or
     what went wrong."""
     if not os.path.isdir("/sys/module/npu"):
+        # What npu.ko needs and insmod does not load (a no-op where built in).
+        subprocess.run(["modprobe", "-q", "drm_shmem_helper"], check=False)
         r = subprocess.run(["insmod", MODULE], capture_output=True, text=True)
         if r.returncode != 0:
             return f"insmod {MODULE} failed: {r.stderr.strip()}"

@@ -203,6 +203,7 @@ class Removed:
     num_jobs: int
     mapping: mmap.mmap
     handle: int
+    mmap_offset: int
     waiter: tuple[int, int, int]  # errno, status, error_fence of a WAIT across removal
 
 
@@ -230,6 +231,7 @@ def removed(dev_path, idle) -> Iterator[Removed]:
             ioctl(r.fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg)
             bos.append(arg)
         r.handle = bos[0].handle
+        r.mmap_offset = bos[0].mmap_offset
         r.mapping = mmap.mmap(
             r.fd,
             4 * MiB,
@@ -314,7 +316,7 @@ def test_every_call_fails_with_enodev_after_removal(removed):
             ),
         ),
         "mmap": lambda: mmap.mmap(
-            fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ, offset=removed.handle << 32
+            fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ, offset=removed.mmap_offset
         ),
     }
     _keep = _abi.NpuOp()

@@ -253,6 +253,8 @@ def wait_dev(present: bool = True, timeout_s: float = 30.0) -> None:
 
 
 def insmod(params: str = "") -> None:
+    # What npu.ko needs and insmod does not load (a no-op where built in).
+    subprocess.run(["modprobe", "-q", "drm_shmem_helper"], check=False)
     r = subprocess.run(["insmod", MODULE, *params.split()], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"insmod {MODULE} failed: {r.stderr.strip()}")

@@ -3,10 +3,12 @@
 A seeded generator (NPU_STRESS_SEED, printed; a failure names it and the
 call) makes calls over two open files:
 
-- every ioctl (GET_INFO, BO_CREATE, BO_DESTROY, BO_USERPTR, SUBMIT in both
-  op formats, WAIT, FENCE_INFO) with each field drawn from boundary values (0, 1, -1,
-  page boundaries, 2^24, 2^31, 2^32, 2^63, U64_MAX, ...), random bits, or
-  valid values (live handles, sizes that fit, this file's fences);
+- every ioctl (GET_INFO, BO_CREATE, BO_DESTROY, BO_USERPTR, BO_INFO, SUBMIT
+  in both op formats, WAIT, FENCE_INFO, QUEUE_*, and DRM's GEM_CLOSE and
+  PRIME export/import with dma-bufs passed between the two files) with
+  each field drawn from boundary values (0, 1, -1, page boundaries, 2^24,
+  2^31, 2^32, 2^63, U64_MAX, ...), random bits, or valid values (live
+  handles, sizes that fit, this file's fences);
 - SUBMIT op arrays mixing valid ops on live handles (COPY/FILL/GEMM,
   ELTWISE/UNARY/CONVERT, broadcasting views), valid ops with a few fields
   mutated, and random bytes; op arrays and arguments at bad pointers
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as E
+import fcntl
 import mmap
 import os
 import random
@@ -68,6 +71,13 @@ ALLOWED = {
     # EBUSY: all seven user queues are lent; EACCES: priority above 1.
     "QUEUE_CREATE": {E.EINVAL, E.EBUSY, E.EACCES, E.ENOMEM},
     "QUEUE_DESTROY": {E.EINVAL, E.ENOENT},
+    "BO_INFO": {E.EINVAL, E.ENOENT},
+    # DRM core: GEM_CLOSE's unknown handle is EINVAL; PRIME export of an
+    # unknown handle ENOENT, of a device-memory or userptr BO EOPNOTSUPP;
+    # import of a closed fd EBADF, of a file that is no dma-buf EINVAL.
+    "GEM_CLOSE": {E.EINVAL},
+    "PRIME_EXPORT": {E.EINVAL, E.ENOENT, E.EOPNOTSUPP, E.EMFILE},
+    "PRIME_IMPORT": {E.EINVAL, E.EBADF, E.ENOMEM},
     "BAD_NR": set(),
     # mmap(2) of the device: the driver's EINVAL, and the core's own checks.
     "MMAP": {E.EINVAL, E.ENOMEM, E.EOVERFLOW},
@@ -83,6 +93,10 @@ REQUESTS = {
     "FENCE_INFO": _abi.DRM_IOCTL_NPU_FENCE_INFO,
     "QUEUE_CREATE": _abi.DRM_IOCTL_NPU_QUEUE_CREATE,
     "QUEUE_DESTROY": _abi.DRM_IOCTL_NPU_QUEUE_DESTROY,
+    "BO_INFO": _abi.DRM_IOCTL_NPU_BO_INFO,
+    "GEM_CLOSE": _abi.DRM_IOCTL_GEM_CLOSE,
+    "PRIME_EXPORT": _abi.DRM_IOCTL_PRIME_HANDLE_TO_FD,
+    "PRIME_IMPORT": _abi.DRM_IOCTL_PRIME_FD_TO_HANDLE,
 }
 VALID_REQUESTS = set(REQUESTS.values())
 # Type letters of ioctls the VFS handles itself before the driver (FIOCLEX,
@@ -99,6 +113,10 @@ WEIGHTS = {
     "FENCE_INFO": 5,
     "QUEUE_CREATE": 2,
     "QUEUE_DESTROY": 2,
+    "BO_INFO": 3,
+    "GEM_CLOSE": 2,
+    "PRIME_EXPORT": 3,
+    "PRIME_IMPORT": 3,
     "BAD_NR": 8,
     "MMAP": 5,
     "REOPEN": 0.2,
@@ -114,7 +132,8 @@ class Fuzzer:
         self.seed = seed
         self.rng = random.Random(seed)
         self.fds = [os.open(su.DEV_PATH, os.O_RDWR) for _ in range(2)]
-        self.bos: dict[int, dict[int, tuple[int, bool]]] = {f: {} for f in self.fds}
+        self.dmabufs: list[int] = []  # exported dma-buf fds, shared by both files
+        self.bos: dict[int, dict[int, tuple[int, bool, int]]] = {f: {} for f in self.fds}
         self.last_fence = {f: 0 for f in self.fds}
         self.calls = 0
         self.by_cmd: dict[str, int] = {}
@@ -233,7 +252,7 @@ class Fuzzer:
         self.put_arg(arg, p)
         e = self.call("BO_CREATE", fd, _abi.DRM_IOCTL_NPU_BO_CREATE, p, f"size={size}")
         if e == 0 and self.read_back(arg, p):
-            self.bos[fd][int(arg.handle)] = (int(arg.alloc_size), False)
+            self.bos[fd][int(arg.handle)] = (int(arg.alloc_size), False, int(arg.mmap_offset))
         if len(self.bos[fd]) > 40:
             self.destroy(fd, rng.choice(self.live(fd)))
 
@@ -275,7 +294,7 @@ class Fuzzer:
         what = f"addr={addr:#x} size={size:#x} flags={flags:#x}"
         e = self.call("BO_USERPTR", fd, _abi.DRM_IOCTL_NPU_BO_USERPTR, p, what)
         if e == 0 and self.read_back(arg, p):
-            self.bos[fd][int(arg.handle)] = (size, bool(flags & 1))
+            self.bos[fd][int(arg.handle)] = (size, bool(flags & 1), 0)  # no mmap
 
     # v1 ops ------------------------------------------------------------------
 
@@ -572,6 +591,53 @@ class Fuzzer:
         self.put_arg(arg, p)
         self.call("QUEUE_DESTROY", fd, _abi.DRM_IOCTL_NPU_QUEUE_DESTROY, p, f"queue={queue}")
 
+    def bo_info(self, fd: int) -> None:
+        handle = self.handle(fd, 0.8)
+        arg = _abi.NpuBoInfo(handle=handle, flags=self.maybe(0.05, 32), va=self.maybe(0.03, 64))
+        p = self.ptr(self.arg_addr, 32, 0.03)
+        self.put_arg(arg, p)
+        e = self.call("BO_INFO", fd, _abi.DRM_IOCTL_NPU_BO_INFO, p, f"handle={handle}")
+        if e == 0 and self.read_back(arg, p) and handle in self.bos[fd]:
+            size = self.bos[fd][handle][0]
+            if int(arg.size) != size and not int(arg.flags) & _abi.NPU_BO_INFO_USERPTR:
+                self.violations.append(f"call {self.calls}: BO_INFO size {arg.size} != {size}")
+
+    def gem_close(self, fd: int) -> None:
+        handle = self.handle(fd, 0.7)
+        arg = _abi.DrmGemClose(handle=handle, pad=self.maybe(0.05, 32))
+        p = self.ptr(self.arg_addr, 8, 0.03)
+        self.put_arg(arg, p)
+        if self.call("GEM_CLOSE", fd, _abi.DRM_IOCTL_GEM_CLOSE, p, f"handle={handle}") == 0:
+            self.bos[fd].pop(handle, None)
+
+    def prime_export(self, fd: int) -> None:
+        handle = self.handle(fd, 0.85)
+        flags = _abi.DRM_CLOEXEC | _abi.DRM_RDWR if self.rng.random() < 0.9 else self.val(32)
+        arg = _abi.DrmPrimeHandle(handle=handle, flags=flags, fd=self.maybe(0.05, 32))
+        p = self.ptr(self.arg_addr, 12, 0.03)
+        self.put_arg(arg, p)
+        what = f"handle={handle} flags={flags:#x}"
+        if self.call("PRIME_EXPORT", fd, _abi.DRM_IOCTL_PRIME_HANDLE_TO_FD, p, what) == 0:
+            if self.read_back(arg, p):
+                self.dmabufs.append(int(arg.fd))
+            if len(self.dmabufs) > 16:
+                os.close(self.dmabufs.pop(self.rng.randrange(len(self.dmabufs))))
+
+    def prime_import(self, fd: int) -> None:
+        rng = self.rng
+        if self.dmabufs and rng.random() < 0.8:
+            dmabuf = rng.choice(self.dmabufs)
+        else:  # not a dma-buf: the device file, stdin, a closed or bogus fd
+            dmabuf = rng.choice([fd, 0, -1, 1 << 20, self.val(32)])
+        arg = _abi.DrmPrimeHandle(fd=dmabuf, flags=self.maybe(0.05, 32))
+        p = self.ptr(self.arg_addr, 12, 0.03)
+        self.put_arg(arg, p)
+        e = self.call("PRIME_IMPORT", fd, _abi.DRM_IOCTL_PRIME_FD_TO_HANDLE, p, f"fd={dmabuf}")
+        if e == 0 and self.read_back(arg, p):
+            info = _abi.NpuBoInfo(handle=arg.handle)
+            fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_INFO, info, True)
+            self.bos[fd][int(arg.handle)] = (int(info.size), False, int(info.mmap_offset))
+
     def bad_nr(self, fd: int) -> None:
         rng = self.rng
         while True:
@@ -583,7 +649,7 @@ class Fuzzer:
                 continue
             if typ == _abi.NPU_DRM_IOCTL_BASE:
                 # Driver numbers past the table (DRM's core ones are valid calls).
-                nr = rng.randrange(_abi.NPU_DRM_COMMAND_BASE + 9, 0xA0)
+                nr = rng.randrange(_abi.NPU_DRM_COMMAND_BASE + 10, 0xA0)
             else:
                 nr = rng.randrange(8) if rng.random() < 0.7 else rng.randrange(256)
             size = rng.choice([0, 8, 24, 32, 40, 72, 16, 48, 64]) + rng.choice([0, 0, 8, -8])
@@ -601,7 +667,7 @@ class Fuzzer:
             h = rng.choice(live)
             s = self.bos[fd][h][0]
             pages = max(1, s // PAGE)
-            off = (h << 32) + rng.randrange(pages + 1) * PAGE
+            off = self.bos[fd][h][2] + rng.randrange(pages + 1) * PAGE
             length = rng.randrange(1, pages + 2) * PAGE
         else:
             off = self.val(64) & ~(PAGE - 1) & ((1 << 63) - 1)
@@ -663,6 +729,14 @@ class Fuzzer:
                 self.queue_create(fd)
             elif cmd == "QUEUE_DESTROY":
                 self.queue_destroy(fd)
+            elif cmd == "BO_INFO":
+                self.bo_info(fd)
+            elif cmd == "GEM_CLOSE":
+                self.gem_close(fd)
+            elif cmd == "PRIME_EXPORT":
+                self.prime_export(fd)
+            elif cmd == "PRIME_IMPORT":
+                self.prime_import(fd)
             elif cmd == "BAD_NR":
                 self.bad_nr(fd)
             elif cmd == "MMAP":
@@ -673,7 +747,7 @@ class Fuzzer:
                 break
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in self.fds + self.dmabufs:
             os.close(fd)
         for a, n in self.maps:
             su.libc.munmap(a, n)
