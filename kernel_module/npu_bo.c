@@ -229,6 +229,15 @@ static void npu_bo_discard(struct npu_bo *bo)
 	npu_device_put(ndev);
 }
 
+/*
+ * shmem answers a page it cannot allocate with -ENOSPC (a full file
+ * system); for a buffer object that is out of memory.
+ */
+static void *npu_shmem_err(void *err)
+{
+	return PTR_ERR(err) == -ENOSPC ? ERR_PTR(-ENOMEM) : err;
+}
+
 /* Host memory: shmem pages, DMA-mapped and pinned until the object goes. */
 static struct npu_bo *npu_bo_alloc_shmem(struct npu_device *ndev, size_t size)
 {
@@ -238,7 +247,7 @@ static struct npu_bo *npu_bo_alloc_shmem(struct npu_device *ndev, size_t size)
 
 	shmem = drm_gem_shmem_create(&ndev->drm, size);
 	if (IS_ERR(shmem))
-		return ERR_CAST(shmem);
+		return npu_shmem_err(shmem);
 	bo = to_npu_bo(&shmem->base);
 	bo->kind = NPU_BO_KIND_SHMEM;
 	bo->size = shmem->base.size;
@@ -249,7 +258,7 @@ static struct npu_bo *npu_bo_alloc_shmem(struct npu_device *ndev, size_t size)
 	sgt = drm_gem_shmem_get_pages_sgt(shmem);
 	if (IS_ERR(sgt)) {
 		npu_bo_put(bo);
-		return ERR_CAST(sgt);
+		return npu_shmem_err(sgt);
 	}
 	bo->sgt = sgt;
 	bo->pages = shmem->pages;
