@@ -69,11 +69,17 @@ class BufferOwner(BackendOwner, Protocol):
         """Drop a freed buffer from the device's list."""
         ...
 
+    def export_dmabuf(self, buffer: Buffer) -> int:
+        """Share ``buffer`` as a dma-buf: a new file descriptor (PRIME_HANDLE_TO_FD)."""
+        ...
+
 
 class Buffer(Closing):
     """A mapped buffer object of a :class:`npu.Device`.
 
-    Do not construct directly; use :meth:`npu.Device.alloc`.
+    Do not construct directly; use :meth:`npu.Device.alloc` (or
+    :meth:`npu.Device.import_dmabuf` for a dma-buf shared by another device,
+    process or driver).
 
     Attributes:
         device: the device owning the buffer object.
@@ -213,6 +219,23 @@ class Buffer(Closing):
         if offset < 0 or end < offset or end > self.size:
             raise ValueError(f"range [{offset}, {end}) is outside the buffer of {self.size} bytes")
         return bytes(self.view[offset:end])
+
+    # -- sharing --------------------------------------------------------------
+
+    def export_dmabuf(self) -> int:
+        """Share the buffer as a dma-buf; return its new file descriptor (the caller's to close).
+
+        Import it with :meth:`npu.Device.import_dmabuf` on another device
+        (or in another process, or into another driver); see
+        :meth:`npu.Device.export_dmabuf`.
+
+        Raises:
+            NpuError: ``EBADF`` (the buffer was freed), ``EOPNOTSUPP``
+                (device memory, user memory, or the CPU backend), as
+                :meth:`npu.Device.export_dmabuf`.
+        """
+        self._check_alive("export_dmabuf")
+        return self.device.export_dmabuf(self)
 
     # -- lifetime -------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from ..errors import (
     NpuError,
     NpuTimeoutError,
 )
-from ..hal import Backend, CpuBackend, DriverBackend, WaitFailed
+from ..hal import Backend, BoInfo, CpuBackend, DriverBackend, WaitFailed
 from ..kernels.ops import AnyOp, Op, TensorOp
 from ..kernels.template import BoundOp
 from .buffer import Buffer, UserBuffer
@@ -78,6 +78,7 @@ _FOREVER_SLICE_NS = 60 * 10**9
 # Submissions remembered per queue to name the op of a device error.
 _INFLIGHT_HISTORY = 1024
 _PAGE = mmap.PAGESIZE
+_FD_MAX = (1 << 31) - 1  # file descriptors are C ints
 _TIMEOUT_ERRNOS = frozenset({errno.ETIMEDOUT, errno.ETIME})
 _T = TypeVar("_T")
 _INDEX_RE = re.compile(r"npu:(\d+)$")
@@ -307,6 +308,8 @@ class Device(Closing):
         # Device VAs from BO_CREATE / BO_USERPTR, until alloc() takes them.
         self._bo_vas: dict[int, int] = {}
         self._lock = threading.Lock()
+        # Serializes import_dmabuf: a dma-buf imported twice gives one handle, one Buffer.
+        self._import_lock = threading.Lock()
         self._inflight: dict[int, deque[_Submitted]] = {}
         # Per queue: the last fence submitted, and the highest fence a WAIT
         # saw complete (what the caching allocator checks before it lets the
@@ -559,6 +562,22 @@ class Device(Closing):
         self._call(f"BO_DESTROY(handle={handle})", self.backend.bo_destroy, handle)
         self._bo_vas.pop(handle, None)
         log.debug("BO_DESTROY handle=%d", handle)
+
+    def bo_info(self, handle: int) -> BoInfo:
+        """What the driver reports of buffer object ``handle`` (BO_INFO).
+
+        Returns:
+            An :class:`npu.hal.BoInfo`: ``handle``, ``mmap_offset``,
+            ``alloc_size`` (the object's size), ``va`` (its device address in
+            this file's address space) and ``flags`` (``NPU_BO_INFO_*``:
+            device memory, user pointer, imported, read-only).
+
+        Raises:
+            NpuError: ``ENOENT`` for an unknown handle; the context reads
+                ``"BO_INFO(handle=...)"``.
+        """
+        handle = _check_u(f"BO_INFO handle={handle}", handle, _abi.U32_MAX)
+        return self._call(f"BO_INFO(handle={handle})", self.backend.bo_info, handle)
 
     def submit(self, ops: Sequence[AnyOp], queue: int = 0) -> int:
         """Submit operations to a queue (SUBMIT) and return the fence of the last one.
@@ -917,6 +936,107 @@ class Device(Closing):
             raise
         self._buffers.add(buf)
         return buf, lo - base
+
+    def export_dmabuf(self, buffer: Buffer) -> int:
+        """Share ``buffer`` as a dma-buf (PRIME_HANDLE_TO_FD); return its file descriptor.
+
+        The new descriptor (close-on-exec, read-write) is the caller's to
+        close: pass it to another :class:`Device` (:meth:`import_dmabuf`),
+        another process (over a Unix socket) or another driver; it keeps the
+        memory alive, also after ``buffer`` is freed. A dma-buf carries no
+        fences: wait for the work writing the buffer before another user
+        reads it, and the other way round. Same as
+        :meth:`npu.Buffer.export_dmabuf`.
+
+        Raises:
+            ValueError: ``buffer`` belongs to another device.
+            NpuError: ``EBADF`` (the buffer was freed), ``EOPNOTSUPP`` (a
+                buffer in device memory or over user memory, which the
+                driver cannot share; or the CPU backend, which has no
+                dma-bufs), ``EMFILE`` (out of file descriptors); the context
+                reads ``"PRIME_HANDLE_TO_FD(handle=...)"``.
+        """
+        if buffer.device is not self:
+            raise ValueError(f"export_dmabuf: {buffer!r} belongs to {buffer.device!r}")
+        handle = buffer.handle  # raises NpuError(EBADF) if freed
+        backend = self.backend
+
+        def context() -> str:
+            kind = ""
+            if isinstance(buffer, UserBuffer):
+                kind = ", user memory"
+            else:
+                try:
+                    if backend.bo_info(handle).flags & _abi.NPU_BO_INFO_DEVICE:
+                        kind = ", device memory"
+                except OSError:
+                    pass  # only a detail of the message
+            return f"PRIME_HANDLE_TO_FD(handle={handle}{kind})"
+
+        fd = self._call(context, backend.dmabuf_export, handle)
+        log.debug("PRIME_HANDLE_TO_FD handle=%d -> fd %d", handle, fd)
+        return fd
+
+    def import_dmabuf(self, fd: SupportsIndex) -> Buffer:
+        """A :class:`npu.Buffer` over the dma-buf ``fd`` (PRIME_FD_TO_HANDLE + BO_INFO + mmap).
+
+        ``fd`` stays the caller's (close it whenever; the buffer keeps the
+        memory). The dma-buf may come from another :class:`Device` (another
+        open file, here or in another process: :meth:`export_dmabuf`) or
+        from another exporter, such as a udmabuf over a memfd. The buffer is
+        mapped through this device's file, has a device address in this
+        file's address space (``Buffer.va``), can be named by ops like any
+        buffer and is freed like any (:meth:`npu.Buffer.free`, garbage
+        collection, :meth:`close`); freeing it drops this file's reference
+        only. Its ``size`` is the dma-buf's size.
+
+        A dma-buf this device exported, or one it imported already, is the
+        same buffer object to the driver: the live :class:`npu.Buffer` of
+        that handle is returned again (freeing it frees it for every
+        caller).
+
+        Raises:
+            ValueError: ``fd`` is negative or too large.
+            TypeError: ``fd`` is not an int.
+            NpuError: ``EBADF`` (not an open file), ``EINVAL`` (not a
+                dma-buf, or one the device cannot address), ``EOPNOTSUPP``
+                (the CPU backend has no dma-bufs), ``ENOMEM``; the context
+                reads ``"PRIME_FD_TO_HANDLE(fd=...)"``, or ``"mmap(...)"``
+                when the mapping failed.
+        """
+        fd = _check_u(f"PRIME_FD_TO_HANDLE fd={fd}", fd, _FD_MAX)
+        with self._import_lock:
+            info = self._call(f"PRIME_FD_TO_HANDLE(fd={fd})", self.backend.dmabuf_import, fd)
+            for buf in list(self._buffers):
+                if not buf.freed and buf.handle == info.handle:
+                    log.debug("PRIME_FD_TO_HANDLE fd=%d -> %r again", fd, buf)
+                    return buf
+            self._bo_vas.pop(info.handle, None)  # a handle of bo_create() not made a Buffer
+            try:
+                buf = Buffer(
+                    self,
+                    info.handle,
+                    info.alloc_size,
+                    info.alloc_size,
+                    info.mmap_offset,
+                    va=info.va,
+                )
+            except BaseException:
+                try:
+                    self.bo_destroy(info.handle)
+                except NpuError as exc:
+                    log.warning("BO_DESTROY after a failed mmap failed: %s", exc)
+                raise
+            self._buffers.add(buf)
+        log.debug(
+            "PRIME_FD_TO_HANDLE fd=%d -> handle=%d size=%d offset=%#x va=%#x",
+            fd,
+            info.handle,
+            info.alloc_size,
+            info.mmap_offset,
+            info.va,
+        )
+        return buf
 
     @property
     def buffers(self) -> list[Buffer]:

@@ -1,7 +1,8 @@
 """The hardware abstraction layer: what the runtime needs of a device.
 
 A backend owns one open device (a driver file, or the CPU backend's
-in-process state) and offers buffer objects, their mappings, submission of
+in-process state) and offers buffer objects, their mappings, their sharing
+as dma-bufs, submission of
 packed command descriptors (arrays of ``struct npu_op`` or ``struct
 npu_tensor_op``: the device's command format, not the driver's ABI), fences
 and user-mode queues. Every failure is an :class:`OSError` with the errno the
@@ -51,6 +52,24 @@ class Backend(Protocol):
 
     def bo_destroy(self, handle: int) -> None:
         """Free a buffer object (its mappings stay valid until unmapped)."""
+        ...
+
+    def bo_info(self, handle: int) -> BoInfo:
+        """What the backend knows of buffer object ``handle`` (BO_INFO), with its flags."""
+        ...
+
+    def dmabuf_export(self, handle: int) -> int:
+        """Share buffer object ``handle`` as a dma-buf: a new file descriptor the caller owns
+        (close-on-exec, read-write). Device-memory and user-pointer buffers fail with
+        ``EOPNOTSUPP``."""
+        ...
+
+    def dmabuf_import(self, fd: int) -> BoInfo:
+        """A buffer object of this device over the dma-buf ``fd`` (which stays the caller's).
+
+        Importing a dma-buf this device exported, or one already imported,
+        gives that buffer object's handle again, not a new one.
+        """
         ...
 
     def map(self, offset: int, length: int, prot: int) -> mmap.mmap:

@@ -8,7 +8,8 @@ driver checks it and run at once by :class:`npu.hal.cpu_kernels.Executor`,
 and its fences complete before ``submit`` returns. It lends seven user-mode
 queues (rings in shared memory run by a firmware thread,
 :mod:`npu.hal.cpu_queues`), has no device memory and no user-pointer buffers
-(those calls fail with ``EOPNOTSUPP``), and reports the capabilities of the
+(those calls fail with ``EOPNOTSUPP``), no dma-bufs (export and import fail
+with ``EOPNOTSUPP``), and reports the capabilities of the
 ops it implements. A buffer's device VA is its mapping offset (from 4 GiB on,
 as the driver's: below are the queues' regions), never reused.
 
@@ -65,6 +66,11 @@ _WAIT_SLICE_S = (20e-6, 1e-3)  # a user-queue WAIT's sleeps between passes, grow
 
 def _err(code: int) -> OSError:
     return OSError(code, os.strerror(code))
+
+
+def _no_dmabufs() -> OSError:
+    code = errno.EOPNOTSUPP
+    return OSError(code, f"{os.strerror(code)}: the CPU backend has no dma-bufs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +242,22 @@ class CpuBackend:
             del self._starts[bisect.bisect_left(self._starts, bo.offset)]
             # The memory goes back to the system once no mapping holds it.
             os.close(bo.fd)
+
+    def bo_info(self, handle: int) -> BoInfo:
+        self._note("bo_info", handle)
+        with self._lock:
+            bo = self._bos.get(handle)
+            if bo is None:
+                raise _err(errno.ENOENT)
+            return BoInfo(handle, bo.offset, bo.size, va=bo.offset, flags=0)
+
+    def dmabuf_export(self, handle: int) -> int:
+        self._note("dmabuf_export", handle)
+        raise _no_dmabufs()
+
+    def dmabuf_import(self, fd: int) -> BoInfo:
+        self._note("dmabuf_import", fd)
+        raise _no_dmabufs()
 
     def map(self, offset: int, length: int, prot: int) -> mmap.mmap:
         self._note("map", offset, length)

@@ -65,6 +65,30 @@ class DriverBackend:
     def bo_destroy(self, handle: int) -> None:
         self._ioctl(_abi.DRM_IOCTL_NPU_BO_DESTROY, _abi.NpuBoDestroy(handle=handle, rsvd=0))
 
+    def bo_info(self, handle: int) -> BoInfo:
+        arg = _abi.NpuBoInfo(handle=handle)
+        self._ioctl(_abi.DRM_IOCTL_NPU_BO_INFO, arg)
+        return BoInfo(
+            handle=handle,
+            mmap_offset=int(arg.mmap_offset),
+            alloc_size=int(arg.size),
+            va=int(arg.va),
+            flags=int(arg.flags),
+        )
+
+    def dmabuf_export(self, handle: int) -> int:
+        arg = _abi.DrmPrimeHandle(handle=handle, flags=_abi.DRM_CLOEXEC | _abi.DRM_RDWR, fd=-1)
+        self._ioctl(_abi.DRM_IOCTL_PRIME_HANDLE_TO_FD, arg)
+        return int(arg.fd)
+
+    def dmabuf_import(self, fd: int) -> BoInfo:
+        arg = _abi.DrmPrimeHandle(handle=0, flags=0, fd=fd)
+        self._ioctl(_abi.DRM_IOCTL_PRIME_FD_TO_HANDLE, arg)
+        # The handle is not closed should BO_INFO fail: it may be one this
+        # file already had (its own export, an earlier import). The file's
+        # close releases it.
+        return self.bo_info(int(arg.handle))
+
     def map(self, offset: int, length: int, prot: int) -> mmap.mmap:
         return mmap.mmap(self.fileno(), length, flags=mmap.MAP_SHARED, prot=prot, offset=offset)
 

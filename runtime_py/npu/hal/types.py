@@ -30,12 +30,18 @@ class HalInfo:
 
 @dataclass(frozen=True, slots=True)
 class BoInfo:
-    """A new buffer object: its handle, where to map it, its size and device VA."""
+    """A buffer object: its handle, where to map it, its size and device VA.
+
+    ``flags`` are ``NPU_BO_INFO_*`` bits (device memory, user pointer,
+    imported dma-buf, read-only); only :meth:`npu.hal.Backend.bo_info` and
+    :meth:`~npu.hal.Backend.dmabuf_import` report them (0 otherwise).
+    """
 
     handle: int
     mmap_offset: int
     alloc_size: int
     va: int
+    flags: int = 0
 
 
 @dataclass(frozen=True, slots=True)
