@@ -12,21 +12,15 @@ import errno
 import fcntl
 import mmap
 import os
-import struct
 
 import numpy as np
 import pytest
+from dmabuf_util import udmabuf
 
 from npu import _abi, ops
 
 PAGE = mmap.PAGESIZE
 RW = mmap.PROT_READ | mmap.PROT_WRITE
-UDMABUF = "/dev/udmabuf"
-# <linux/udmabuf.h>: struct udmabuf_create { u32 memfd, flags; u64 offset, size; }
-UDMABUF_FLAGS_CLOEXEC = 0x01
-UDMABUF_CREATE = (1 << 30) | (24 << 16) | (ord("u") << 8) | 0x42  # _IOW('u', 0x42, 24 bytes)
-F_ADD_SEALS = 1033
-F_SEAL_SHRINK = 0x0002
 SYSFS = "/sys/class/accel/accel0/device/npu"
 
 
@@ -92,21 +86,6 @@ def run(fd: int, op_list: list) -> None:
         _abi.DRM_IOCTL_NPU_WAIT,
         _abi.NpuWait(fence=arg.fence, deadline_ns=_abi.deadline_after(60 * 10**9)),
     )
-
-
-def udmabuf(size: int) -> tuple[int, int]:
-    """(memfd, dma-buf fd) of a sealed memfd of ``size`` bytes."""
-    assert os.path.exists(UDMABUF), "the guest kernels have CONFIG_UDMABUF=y"
-    memfd = os.memfd_create("npu-prime", os.MFD_ALLOW_SEALING)
-    os.ftruncate(memfd, size)
-    fcntl.fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK)
-    dev = os.open(UDMABUF, os.O_RDWR)
-    try:
-        arg = bytearray(struct.pack("=IIQQ", memfd, UDMABUF_FLAGS_CLOEXEC, 0, size))
-        dmabuf = fcntl.ioctl(dev, UDMABUF_CREATE, arg)
-    finally:
-        os.close(dev)
-    return memfd, dmabuf
 
 
 @pytest.fixture

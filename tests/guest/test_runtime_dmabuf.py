@@ -10,46 +10,24 @@ an NpuError that keeps the driver's errno.
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
-import struct
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from dmabuf_util import udmabuf
 
 import npu
 from npu import _abi, ops
 
 PAGE = mmap.PAGESIZE
-UDMABUF = "/dev/udmabuf"
-# <linux/udmabuf.h>: struct udmabuf_create { u32 memfd, flags; u64 offset, size; }
-UDMABUF_FLAGS_CLOEXEC = 0x01
-UDMABUF_CREATE = (1 << 30) | (24 << 16) | (ord("u") << 8) | 0x42  # _IOW('u', 0x42, 24 bytes)
-F_ADD_SEALS = 1033
-F_SEAL_SHRINK = 0x0002
 SYSFS = "/sys/class/accel/accel0/device/npu"
 
 
 def bo_count() -> int:
     with open(f"{SYSFS}/bo_count") as f:
         return int(f.read())
-
-
-def udmabuf(size: int) -> tuple[int, int]:
-    """(memfd, dma-buf fd) of a sealed memfd of ``size`` bytes."""
-    assert os.path.exists(UDMABUF), "the guest kernels have CONFIG_UDMABUF=y"
-    memfd = os.memfd_create("npu-runtime-dmabuf", os.MFD_ALLOW_SEALING)
-    os.ftruncate(memfd, size)
-    fcntl.fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK)
-    dev = os.open(UDMABUF, os.O_RDWR)
-    try:
-        arg = bytearray(struct.pack("=IIQQ", memfd, UDMABUF_FLAGS_CLOEXEC, 0, size))
-        dmabuf = fcntl.ioctl(dev, UDMABUF_CREATE, arg)
-    finally:
-        os.close(dev)
-    return memfd, dmabuf
 
 
 @pytest.fixture
