@@ -312,6 +312,7 @@ enum npu_qreg {
 #define NPU_QSTAT_IDLE		(1u << 0)	/* head == tail */
 #define NPU_QSTAT_STOPPED	(1u << 1)	/* stopped on an error (Q_ERROR) */
 #define NPU_QSTAT_ACTIVE	(1u << 2)	/* a command of the queue is running */
+#define NPU_QSTAT_WAITING	(1u << 3)	/* its head is a WAIT not satisfied yet */
 
 /*
  * Doorbell pages: writing a new TAIL value to offset 0 of page q is the same

@@ -227,8 +227,31 @@ struct npu_tensor_op {
 #define NPU_SUBMIT_MAX_OPS	256
 
 /*
+ * A dependency of a SUBMIT: the job starts on the device only once it is
+ * met. Without flags, a point of a DRM syncobj of this file (a timeline
+ * point, or with point 0 the fence of a binary syncobj; it must have a
+ * fence, else -EINVAL). With NPU_SYNC_USER_QUEUE, a fence value of one of
+ * this file's user queues (handle: the queue index from QUEUE_CREATE), so
+ * that SUBMIT work can follow user-queue work without a CPU round trip.
+ */
+#define NPU_SYNC_USER_QUEUE	(1u << 0)
+#define NPU_SYNC_FLAGS		NPU_SYNC_USER_QUEUE
+
+struct npu_sync {
+	__u32 handle;		/* a syncobj handle, or a user queue index */
+	__u32 flags;		/* NPU_SYNC_* */
+	__u64 point;		/* timeline point or user-queue fence value */
+};
+
+#define NPU_SUBMIT_MAX_SYNCS	16
+
+/*
  * Each op of a SUBMIT takes the next value of the queue's 64-bit fence
  * timeline (consecutive values); @fence returns the value of the last op.
+ * Every dependency the device must wait for takes a value too, before the
+ * ops. When the job is done its dma_fence signals (with an error if an op
+ * failed), and @out_syncobj, if set, gets that fence: at @out_point of a
+ * timeline syncobj, or as a binary syncobj's fence with @out_point 0.
  */
 struct npu_submit {
 	__u64 ops_ptr;		/* in: user pointer to the ops */
@@ -237,6 +260,10 @@ struct npu_submit {
 	__u32 flags;		/* in: must be zero */
 	__u32 op_size;		/* in: sizeof(struct npu_op) or sizeof(struct npu_tensor_op) */
 	__u64 fence;		/* out: fence value of the last op */
+	__u64 in_syncs;		/* in: user pointer to struct npu_sync[num_in_syncs] */
+	__u32 num_in_syncs;	/* in: 0..NPU_SUBMIT_MAX_SYNCS */
+	__u32 out_syncobj;	/* in: syncobj handle to signal, 0: none */
+	__u64 out_point;	/* in: its timeline point, 0: binary */
 };
 
 /*

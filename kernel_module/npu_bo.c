@@ -141,11 +141,14 @@ static void npu_bo_destroy(struct npu_bo *bo)
 	}
 	if (bo->vm)
 		npu_vm_unmap(bo->vm, bo->va, bo->size);
-	if (owner)
-		npu_uqueue_sync(owner);
 	if (bo->charged)
 		npu_ctx_uncharge(owner, bo->size);
-	npu_bo_release_backing(bo);
+	/* A command that never finished may still write it: never free it. */
+	if (owner && npu_uqueue_sync(owner))
+		dev_err(&ndev->pdev->dev, "leaking a %zu-byte buffer a hung command may write\n",
+			bo->size);
+	else
+		npu_bo_release_backing(bo);
 	if (owner)
 		npu_context_put(owner);
 	npu_device_put(ndev);

@@ -255,7 +255,8 @@ static const struct file_operations npu_fops = {
 };
 
 static const struct drm_driver npu_drm_driver = {
-	.driver_features = DRIVER_COMPUTE_ACCEL | DRIVER_GEM,
+	.driver_features = DRIVER_COMPUTE_ACCEL | DRIVER_GEM | DRIVER_SYNCOBJ |
+			   DRIVER_SYNCOBJ_TIMELINE,
 	.open = npu_drm_open,
 	.gem_create_object = npu_gem_create_object,
 	.gem_prime_import = npu_gem_prime_import,
@@ -276,6 +277,7 @@ static void npu_device_release(struct drm_device *drm, void *arg)
 	struct npu_device *ndev = to_npu_device(drm);
 
 	npu_hw_free(ndev);
+	npu_fence_fini(ndev);
 	npu_mmu_fini(ndev);
 }
 
@@ -290,6 +292,7 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		return PTR_ERR(ndev);
 	/* Before any failure can reach npu_device_release(), which destroys it. */
 	ida_init(&ndev->ctx_ida);
+	ida_init(&ndev->sem_ida);
 	ndev->pdev = pdev;
 	/* Frees what npu_hw_init() made, also when it failed half way. */
 	ret = drmm_add_action_or_reset(&ndev->drm, npu_device_release, NULL);

@@ -10,12 +10,14 @@
  *   npu_fw.c     firmware load and boot, mailbox, log ring, heartbeat
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
+ *   npu_fence.c  dma_fences of jobs, syncobj dependencies, device semaphores
  *   npu_sysfs.c  device attributes
  *   npu_debugfs.c  debug and fault-injection files
  */
 #ifndef NPU_DRV_H
 #define NPU_DRV_H
 
+#include <linux/dma-fence.h>
 #include <linux/idr.h>
 #include <linux/kref.h>
 #include <linux/list.h>
@@ -39,7 +41,7 @@
 #include "npu_uapi.h"
 
 #define NPU_DRIVER_NAME		"npu"
-#define NPU_DRIVER_VERSION	0x00010000	/* major << 16 | minor */
+#define NPU_DRIVER_VERSION	0x00010001	/* major << 16 | minor */
 #define NPU_RING_ENTRIES	4096
 #define NPU_MAX_CONTEXTS	1024	/* open files per device, ctx 0 is the driver's */
 /* Device memory offsets in mem_pool are biased: gen_pool cannot hand out 0. */
@@ -49,6 +51,8 @@
 	dev_dbg(&(ndev)->pdev->dev, fmt, ##__VA_ARGS__)
 
 struct dma_buf;
+struct drm_syncobj;
+struct dma_fence_chain;
 struct npu_device;
 struct npu_uqueue;
 
@@ -161,8 +165,30 @@ struct npu_uqueue {
 	bool resume;			/* restart at resume_head/_tail after a reset */
 	u32 resume_head, resume_tail;
 	u32 error;			/* NPU_ERR_* it stopped with */
+	u64 wb_kva;			/* its fence write-back in the driver's space */
 	u64 fault_fence;		/* its command that faulted (NPU_ERR_MMU_FAULT) */
 	wait_queue_head_t wq;		/* fence write-backs and stops */
+};
+
+/*
+ * A dependency of a job that the device waits for with a WAIT descriptor
+ * (npu_fence.c): a user queue's fence write-back, or a semaphore word that
+ * a callback of @fence writes when it signals.
+ */
+struct npu_dep {
+	struct dma_fence_cb cb;
+	struct dma_fence *fence;	/* holds a reference; NULL for a user queue */
+	struct npu_uqueue *uq;		/* holds a reference; NULL for a fence */
+	struct npu_device *ndev;
+	int sem;			/* semaphore slot, -1 for none */
+	u64 va;				/* what the WAIT reads ... */
+	u64 value;			/* ... and waits to be at least this */
+};
+
+/* A job's dma_fence: its own lock, since it may outlive the device. */
+struct npu_fence {
+	struct dma_fence base;
+	spinlock_t lock;		/* dma_fence lock: protects base's callbacks and flags */
 };
 
 struct npu_job {
@@ -172,6 +198,10 @@ struct npu_job {
 	u64 last_fence;
 	u64 err_fence;			/* first failed op, 0 if none */
 	u32 err_status;
+	bool keep_memory;		/* the device may still write its BOs: leak them */
+	struct dma_fence *done;		/* signalled at retire; NULL for internal jobs */
+	u32 num_deps;
+	struct npu_dep *deps;		/* what the device waits for first */
 	u32 num_bos;
 	struct npu_bo *bos[];
 };
@@ -249,6 +279,7 @@ struct npu_device {
 	struct mutex mbox_lock;		/* one mailbox request at a time; mbox_seq */
 	u32 mbox_seq;
 	u64 reset_recovery_ns;		/* the last recovery: reset to restart */
+	bool wedged;			/* a reset failed: the device takes no more work */
 	atomic_t op_errors;		/* ops completed with a non-OK status */
 	atomic64_t bo_count;		/* live buffer objects */
 	atomic64_t bo_bytes;		/* bytes of their backing pages */
@@ -271,6 +302,17 @@ struct npu_device {
 	 */
 	struct mutex uq_mutex;
 	struct npu_uqueue *uq[NPU_NUM_QUEUES];
+	/* Jobs' dma_fences (npu_fence.c): their context is queue 0's timeline. */
+	u64 fence_context;
+	/*
+	 * Device semaphores: words the device's WAITs read (in the driver's
+	 * address space at sem_va) and dma_fence callbacks write; a slot is
+	 * held by the job whose dependency it is, until it retires.
+	 */
+	u64 *sem;
+	dma_addr_t sem_dma;
+	u64 sem_va;
+	struct ida sem_ida;
 	struct npu_uq_vec {		/* IRQ cookie of queue index's vector */
 		struct npu_device *ndev;
 		u32 index;
@@ -347,6 +389,7 @@ u32 npu_queue_space(struct npu_queue *q);
 bool npu_fence_done(struct npu_queue *q, u64 fence);
 void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done);
 void npu_queue_retire(struct npu_queue *q, struct list_head *done);
+void npu_jobs_keep_memory(struct list_head *done);
 void npu_queue_process(struct npu_queue *q);
 
 /* npu_mmu.c */
@@ -360,6 +403,7 @@ void npu_vm_destroy_ctx(struct npu_vm *vm);
 int npu_vm_map_at(struct npu_vm *vm, u64 va, struct sg_table *sgt, u64 size,
 		  bool device_writable);
 u64 npu_vm_map_local(struct npu_vm *vm, u64 offset, u64 size, bool device_writable);
+u64 npu_vm_map_dma(struct npu_vm *vm, dma_addr_t addr, u64 size, bool device_writable);
 u64 npu_vm_map(struct npu_vm *vm, struct sg_table *sgt, u64 size,
 	       bool device_writable);
 void npu_vm_unmap_range(struct npu_vm *vm, u64 va, u64 size);
@@ -371,7 +415,7 @@ int npu_ioctl_queue_destroy(struct npu_context *ctx, void *data);
 int npu_uqueue_wait(struct npu_context *ctx, struct npu_wait *args);
 int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma);
 void npu_uqueue_release_all(struct npu_context *ctx);
-void npu_uqueue_sync(struct npu_context *ctx);
+int npu_uqueue_sync(struct npu_context *ctx);
 bool npu_uqueue_busy(struct npu_context *ctx);
 void npu_uqueue_irq(struct npu_device *ndev, u32 index);
 void npu_uqueue_check_stopped(struct npu_device *ndev);
@@ -380,6 +424,8 @@ void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung);
 void npu_uqueue_resume_all(struct npu_device *ndev);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
 bool npu_uqueue_idle(struct npu_context *ctx);
+struct npu_uqueue *npu_uqueue_get_owned(struct npu_context *ctx, u32 index);
+void npu_uqueue_put(struct npu_uqueue *uq);
 
 /* npu_fw.c */
 #define NPU_HB_MISSES		5	/* heartbeat periods missed: firmware lost */
@@ -422,6 +468,28 @@ __poll_t npu_poll(struct npu_context *ctx, struct file *file,
 ktime_t npu_deadline_left(s64 deadline_ns);
 void npu_job_retire(struct npu_job *job);
 void npu_context_put(struct npu_context *ctx);
+
+/* npu_fence.c */
+int npu_fence_init(struct npu_device *ndev);
+void npu_fence_fini(struct npu_device *ndev);
+int npu_job_get_deps(struct npu_context *ctx, struct npu_job *job,
+		     const struct npu_submit *args);
+void npu_job_push_deps(struct npu_queue *q, struct npu_job *job);
+void npu_job_arm_deps(struct npu_job *job);
+int npu_job_create_fence(struct npu_job *job);
+void npu_job_signal(struct npu_job *job);
+
+/* A SUBMIT's out syncobj: what it gets once the job is queued. */
+struct npu_out_sync {
+	struct drm_syncobj *syncobj;	/* holds a reference */
+	struct dma_fence_chain *chain;	/* a timeline's next link, or NULL */
+	u64 point;
+};
+
+int npu_out_sync_get(struct npu_context *ctx, const struct npu_submit *args,
+		     struct npu_out_sync *out);
+void npu_out_sync_signal(struct npu_out_sync *out, struct dma_fence *fence);
+void npu_out_sync_put(struct npu_out_sync *out);
 
 /* npu_debugfs.c */
 void npu_debugfs_init(struct npu_device *ndev);

@@ -271,6 +271,18 @@ void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done
 }
 
 /* Retire the jobs of npu_queue_abort_all() and wake the waiters. */
+/*
+ * The device did not stop: the jobs on @done are failed, their fences
+ * signalled, but their buffers and contexts are kept for good.
+ */
+void npu_jobs_keep_memory(struct list_head *done)
+{
+	struct npu_job *job;
+
+	list_for_each_entry(job, done, node)
+		job->keep_memory = true;
+}
+
 void npu_queue_retire(struct npu_queue *q, struct list_head *done)
 {
 	npu_retire_list(done);
@@ -465,6 +477,9 @@ int npu_hw_init(struct npu_device *ndev)
 	ret = npu_mmu_init(ndev);
 	if (ret)
 		return ret;
+	ret = npu_fence_init(ndev);
+	if (ret)
+		return ret;
 
 	/* pcim_enable_device() makes the vectors managed. */
 	ret = pci_alloc_irq_vectors(pdev, NPU_MSIX_VECTORS, NPU_MSIX_VECTORS,
@@ -515,10 +530,13 @@ void npu_hw_fini(struct npu_device *ndev)
 	 * A device that does not stop may still DMA into the buffers of the
 	 * jobs in flight: then keep them (and their memory) forever.
 	 */
-	if (npu_hw_reset(ndev))
+	if (npu_hw_reset(ndev)) {
 		dev_err(&ndev->pdev->dev, "device did not stop; leaking in-flight jobs\n");
-	else
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
+		npu_jobs_keep_memory(&done);
+	} else {
+		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
+	}
 	npu_uqueue_stop_all(ndev, 0);
 	npu_fw_stop(ndev);
 	mutex_unlock(&ndev->uq_mutex);

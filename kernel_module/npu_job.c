@@ -68,6 +68,12 @@ void npu_job_retire(struct npu_job *job)
 	/* A device address outside the context's space: it is faulted. */
 	if (job->ctx && job->err_status == NPU_ST_MMU_FAULT)
 		WRITE_ONCE(job->ctx->faulted, true);
+	npu_job_signal(job);
+	/* Leaked on purpose: the device may still write them (a failed reset). */
+	if (job->keep_memory) {
+		kvfree(job);
+		return;
+	}
 	for (i = 0; i < job->num_bos; i++)
 		npu_bo_put(job->bos[i]);
 	if (job->ctx)
@@ -354,17 +360,20 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	struct npu_queue *q = &ndev->queue;
 	struct npu_tensor_params *hw = NULL;
 	struct npu_submit *args = data;
+	struct npu_out_sync out = {};
+	struct dma_fence *done;
 	struct npu_cmd *cmds;
 	struct npu_job *job;
+	u32 i, n, slots;
 	bool tensor;
 	void *ops;
-	u32 i;
 	int ret;
 
 	tensor = args->op_size == sizeof(struct npu_tensor_op);
+	n = args->num_ops;
 	if (args->flags || (!tensor && args->op_size != sizeof(struct npu_op)) ||
-	    args->num_ops == 0 || args->num_ops > NPU_SUBMIT_MAX_OPS ||
-	    args->queue >= ndev->num_queues)
+	    n == 0 || n > NPU_SUBMIT_MAX_OPS || args->queue >= ndev->num_queues ||
+	    args->num_in_syncs > NPU_SUBMIT_MAX_SYNCS)
 		return -EINVAL;
 	if (tensor && !(ndev->caps & NPU_CAP_TENSOR))
 		return -EOPNOTSUPP;
@@ -375,67 +384,86 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	}
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
-	if (READ_ONCE(ctx->banned))
+	if (READ_ONCE(ctx->banned) || READ_ONCE(ndev->wedged))
 		return -EIO;
 
-	ops = vmemdup_user(u64_to_user_ptr(args->ops_ptr),
-			   array_size(args->num_ops, args->op_size));
+	ops = vmemdup_user(u64_to_user_ptr(args->ops_ptr), array_size(n, args->op_size));
 	if (IS_ERR(ops))
 		return PTR_ERR(ops);
-	cmds = kvmalloc_array(args->num_ops, sizeof(*cmds), GFP_KERNEL);
+	cmds = kvmalloc_array(n, sizeof(*cmds), GFP_KERNEL);
 	if (tensor)
-		hw = kvmalloc_array(args->num_ops, sizeof(*hw), GFP_KERNEL);
-	job = kvzalloc(struct_size(job, bos, args->num_ops * NPU_TENSOR_OPERANDS),
-		       GFP_KERNEL);
+		hw = kvmalloc_array(n, sizeof(*hw), GFP_KERNEL);
+	job = kvzalloc(struct_size(job, bos, n * NPU_TENSOR_OPERANDS), GFP_KERNEL);
 	if (!cmds || !job || (tensor && !hw)) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
 	job->ctx = ctx;
-	for (i = 0; i < args->num_ops; i++) {
+	for (i = 0; i < n; i++) {
 		ret = npu_build_op(ctx, job, ops, args->op_size, i, &cmds[i], hw);
 		if (ret) {
 			npu_dbg(ndev, "submit: op %u rejected: %d\n", i, ret);
-			goto out_put_bos;
+			goto out_put_job;
 		}
 	}
+	ret = npu_job_get_deps(ctx, job, args);
+	if (ret)
+		goto out_put_job;
+	ret = npu_out_sync_get(ctx, args, &out);
+	if (ret)
+		goto out_put_job;
 
+	/* Each dependency still to be met takes a slot: a WAIT before the ops. */
+	slots = job->num_deps + n;
 	mutex_lock(&q->submit_lock);
-	ret = npu_wait_space(q, args->num_ops);
-	if (ret) {
-		mutex_unlock(&q->submit_lock);
-		goto out_put_bos;
-	}
+	ret = npu_wait_space(q, slots);
+	if (ret)
+		goto out_unlock;
 	job->first_fence = q->next_fence + 1;
-	for (i = 0; i < args->num_ops; i++) {
-		cmds[i].fence = job->first_fence + i;
+	job->last_fence = job->first_fence + slots - 1;
+	ret = npu_job_create_fence(job);
+	if (ret)
+		goto out_unlock;
+	npu_job_push_deps(q, job);
+	for (i = 0; i < n; i++) {
+		u32 slot = job->num_deps + i;
+
+		cmds[i].fence = job->first_fence + slot;
 		cmds[i].ctx = ctx->vm.ctx;
-		if (i == args->num_ops - 1)
+		if (i == n - 1)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
 		/* The slot is free, so is its parameter block. */
 		if (tensor)
 			cmds[i].tensor.params = npu_queue_put_params(q, ctx, &hw[i]);
 		npu_queue_push(q, &cmds[i], ctx->client_id);
 	}
-	job->last_fence = job->first_fence + args->num_ops - 1;
 	WRITE_ONCE(ctx->last_fence, job->last_fence);
 	kref_get(&ctx->ref);
+	/* The job may retire as soon as it is listed: keep its fence. */
+	done = dma_fence_get(job->done);
+	npu_job_arm_deps(job);
 	spin_lock(&q->job_lock);
 	list_add_tail(&job->node, &q->jobs);
 	WRITE_ONCE(q->next_fence, job->last_fence);
 	spin_unlock(&q->job_lock);
 	trace_npu_submit(q->index, job->first_fence, job->last_fence);
 	npu_queue_kick(q);
+	args->fence = job->last_fence;
 	mutex_unlock(&q->submit_lock);
 
-	args->fence = job->last_fence;
+	npu_out_sync_signal(&out, done);
+	dma_fence_put(done);
 	kvfree(hw);
 	kvfree(cmds);
 	kvfree(ops);
 	/* The job is queued: should DRM's copy-out fault, it runs anyway. */
 	return 0;
 
-out_put_bos:
+out_unlock:
+	mutex_unlock(&q->submit_lock);
+out_put_job:
+	npu_out_sync_put(&out);
+	npu_job_signal(job);
 	for (i = 0; i < job->num_bos; i++)
 		npu_bo_put(job->bos[i]);
 out_free:

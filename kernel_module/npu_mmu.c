@@ -205,11 +205,8 @@ int npu_vm_map_at(struct npu_vm *vm, u64 va, struct sg_table *sgt, u64 size,
 	return 0;
 }
 
-/*
- * Map [offset, offset + size) of device memory at a new VA range; returns
- * the VA, or 0 when the VA space or memory for page tables is exhausted.
- */
-u64 npu_vm_map_local(struct npu_vm *vm, u64 offset, u64 size, bool device_writable)
+/* Map [addr, addr + size) of one contiguous range at a new VA; 0 on failure. */
+static u64 npu_vm_map_contig(struct npu_vm *vm, u64 addr, u64 size, u64 flags)
 {
 	u64 va = gen_pool_alloc(vm->va_pool, size);
 	u64 done;
@@ -227,11 +224,26 @@ u64 npu_vm_map_local(struct npu_vm *vm, u64 offset, u64 size, bool device_writab
 			return 0;
 		}
 		WRITE_ONCE(l2[((va + done) >> NPU_PAGE_SHIFT) & (NPU_MMU_L2_ENTRIES - 1)],
-			   cpu_to_le64((offset + done) | NPU_PTE_VALID | NPU_PTE_LOCAL |
-				       (device_writable ? NPU_PTE_WRITE : 0)));
+			   cpu_to_le64((addr + done) | NPU_PTE_VALID | flags));
 	}
 	mutex_unlock(&vm->lock);
 	return va;
+}
+
+/*
+ * Map [offset, offset + size) of device memory at a new VA range; returns
+ * the VA, or 0 when the VA space or memory for page tables is exhausted.
+ */
+u64 npu_vm_map_local(struct npu_vm *vm, u64 offset, u64 size, bool device_writable)
+{
+	return npu_vm_map_contig(vm, offset, size,
+				 NPU_PTE_LOCAL | (device_writable ? NPU_PTE_WRITE : 0));
+}
+
+/* Map a DMA-contiguous range (coherent memory) at a new VA range, or 0. */
+u64 npu_vm_map_dma(struct npu_vm *vm, dma_addr_t addr, u64 size, bool device_writable)
+{
+	return npu_vm_map_contig(vm, addr, size, device_writable ? NPU_PTE_WRITE : 0);
 }
 
 /*

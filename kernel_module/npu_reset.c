@@ -2,7 +2,9 @@
 /*
  * NPU hang detection and recovery. A watchdog looks at every queue each
  * NPU_WD_PERIOD: a queue whose command has been running (Q_STATUS.ACTIVE
- * with the same HEAD) for longer than hang_timeout_ms hung. The device
+ * with the same HEAD) for longer than hang_timeout_ms hung, and so did the
+ * driver's queue when a dependency's WAIT held it (Q_STATUS.WAITING) that
+ * long. The device
  * runs one command at a time, so a hung command stops everything: the
  * watchdog resets the device, fails the hung op (NPU_ST_TIMEOUT), replays
  * the driver queue's other unfinished ops in order, and restarts. User
@@ -176,8 +178,15 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	t0 = ktime_get();
 	if (npu_hw_reset(ndev) ||
 	    (npu_rd(ndev, NPU_REG_FW_STATUS) != NPU_FW_RUNNING && npu_fw_boot(ndev))) {
-		/* The device is gone for good: fail everything, never restart. */
+		/*
+		 * The device is gone for good: fail everything and never
+		 * restart. It did not stop, so it may still write the buffers
+		 * of the jobs in flight and walk their files' page tables:
+		 * those are never freed.
+		 */
+		WRITE_ONCE(ndev->wedged, true);
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
+		npu_jobs_keep_memory(&done);
 		npu_uqueue_stop_all(ndev, 0);
 		goto out;
 	}
@@ -221,11 +230,16 @@ static void npu_watchdog(struct work_struct *work)
 	for (i = 0; timeout && i < ndev->hw_queues; i++) {
 		u32 st = npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS));
 		u32 head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
+		/*
+		 * A WAIT of the driver's queue is a SUBMIT's dependency: not met
+		 * within the timeout, it hangs the queue all files share. A user
+		 * queue may wait as long as its owner likes.
+		 */
+		bool busy = st & (NPU_QSTAT_ACTIVE | (i ? 0 : NPU_QSTAT_WAITING));
 
-		if (!(st & NPU_QSTAT_ACTIVE) || head != ndev->wd_head[i] ||
-		    !ndev->wd_since[i]) {
+		if (!busy || head != ndev->wd_head[i] || !ndev->wd_since[i]) {
 			ndev->wd_head[i] = head;
-			ndev->wd_since[i] = st & NPU_QSTAT_ACTIVE ? jiffies : 0;
+			ndev->wd_since[i] = busy ? jiffies : 0;
 			continue;
 		}
 		if (time_after(jiffies, ndev->wd_since[i] + timeout)) {

@@ -23,6 +23,22 @@ TRACE_EVENT(npu_submit,
 		      __entry->first, __entry->last)
 );
 
+/* A WAIT ahead of a job: on a dma_fence (context, seqno) or a user queue (0, value). */
+TRACE_EVENT(npu_dep,
+	    TP_PROTO(u32 queue, u64 fence, u64 context, u64 seqno),
+	    TP_ARGS(queue, fence, context, seqno),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, fence)
+			     __field(u64, context)
+			     __field(u64, seqno)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->fence = fence;
+			   __entry->context = context;
+			   __entry->seqno = seqno;),
+	    TP_printk("queue=%u fence=%llu waits for context=%llu seqno=%llu",
+		      __entry->queue, __entry->fence, __entry->context, __entry->seqno)
+);
+
 DECLARE_EVENT_CLASS(npu_queue_fence,
 		    TP_PROTO(u32 queue, u64 fence),
 		    TP_ARGS(queue, fence),

@@ -38,15 +38,38 @@ static void npu_uqueue_free(struct kref *ref)
 	struct npu_uqueue *uq = container_of(ref, struct npu_uqueue, ref);
 	struct npu_device *ndev = uq->ndev;
 
+	/* No job waits on the write-back any more: they held the queue. */
+	if (uq->wb_kva)
+		npu_vm_unmap(&ndev->kvm, uq->wb_kva, PAGE_SIZE);
 	if (uq->mem)
 		dma_free_coherent(&ndev->pdev->dev, uq->mem_size, uq->mem, uq->mem_dma);
 	kfree(uq);
 	npu_device_put(ndev);
 }
 
-static void npu_uqueue_put(struct npu_uqueue *uq)
+void npu_uqueue_put(struct npu_uqueue *uq)
 {
 	kref_put(&uq->ref, npu_uqueue_free);
+}
+
+/*
+ * A reference to hardware queue @index if @ctx holds it as a user queue,
+ * else NULL: what a SUBMIT dependency on a user-queue fence waits on.
+ */
+struct npu_uqueue *npu_uqueue_get_owned(struct npu_context *ctx, u32 index)
+{
+	struct npu_device *ndev = ctx->ndev;
+	struct npu_uqueue *uq = NULL;
+
+	if (index == 0 || index >= NPU_NUM_QUEUES)
+		return NULL;
+	mutex_lock(&ndev->uq_mutex);
+	if (ndev->uq[index] && ndev->uq[index]->ctx == ctx) {
+		uq = ndev->uq[index];
+		kref_get(&uq->ref);
+	}
+	mutex_unlock(&ndev->uq_mutex);
+	return uq;
 }
 
 /*
@@ -98,9 +121,10 @@ bool npu_uqueue_busy(struct npu_context *ctx)
  * cleared, or the queue stopped or was taken back). uq_mutex is held only
  * to look, while it keeps the device bound, never across the wait: a long
  * command must not hold up other files' queue calls, nor the watchdog's
- * reset, which also ends the wait.
+ * reset, which also ends the wait. Returns -ETIMEDOUT if a command still
+ * runs after NPU_UQ_QUIESCE_US: the caller must then not free the memory.
  */
-void npu_uqueue_sync(struct npu_context *ctx)
+int npu_uqueue_sync(struct npu_context *ctx)
 {
 	struct npu_device *ndev = ctx->ndev;
 	struct npu_uqueue *uqs[NPU_NUM_QUEUES] = {};
@@ -111,7 +135,7 @@ void npu_uqueue_sync(struct npu_context *ctx)
 
 	/* Most files have no user queue: no lock on their BO frees. */
 	if (!atomic_read(&ctx->num_uqs))
-		return;
+		return 0;
 	mutex_lock(&ndev->uq_mutex);
 	/* After an unbind the device was reset: nothing runs. */
 	for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
@@ -139,10 +163,10 @@ void npu_uqueue_sync(struct npu_context *ctx)
 		}
 		mutex_unlock(&ndev->uq_mutex);
 		if (!busy)
-			return;
+			return 0;
 		if (ktime_after(ktime_get(), deadline)) {
 			dev_err(&ndev->pdev->dev, "user queue command did not finish\n");
-			return;
+			return -ETIMEDOUT;
 		}
 		usleep_range(20, 100);
 	}
@@ -262,7 +286,10 @@ static int npu_uqueue_alloc_mem(struct npu_uqueue *uq)
 	if (!uq->mem)
 		return -ENOMEM;
 	uq->wb = uq->mem + PAGE_ALIGN(ring + cpl);
-	return 0;
+	/* Queue-0 jobs that depend on this queue's fences WAIT on it. */
+	uq->wb_kva = npu_vm_map_dma(&uq->ndev->kvm, uq->mem_dma + PAGE_ALIGN(ring + cpl),
+				    PAGE_SIZE, false);
+	return uq->wb_kva ? 0 : -ENOMEM;
 }
 
 int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
@@ -283,7 +310,7 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 		return -EACCES;
 	if (READ_ONCE(ctx->faulted))
 		return -EBADFD;
-	if (READ_ONCE(ctx->banned))
+	if (READ_ONCE(ctx->banned) || READ_ONCE(ndev->wedged))
 		return -EIO;
 
 	uq = kzalloc(sizeof(*uq), GFP_KERNEL);

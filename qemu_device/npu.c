@@ -342,6 +342,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
                 q->status &= ~NPU_QSTAT_ACTIVE;
                 if (!s->reset_pending && q->gen == gen) {
                     q->blocked = true;
+                    q->waiting = true;
                 }
                 return;
             }
@@ -408,6 +409,7 @@ static void npu_process_one_locked(NpuState *s, int qi)
         return;     /* reset or re-enabled meanwhile: the old state is gone */
     }
     q->head = idx + 1;
+    q->waiting = false;
     q->done_fence = cmd.fence;
     s->cmds_done++;
     /* A completion may be what a blocked WAIT waits for. */
@@ -597,7 +599,10 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
     case NPU_Q_FENCE_HI:
         return q->fence_addr >> 32;
     case NPU_Q_STATUS:
-        return q->status | (q->head == q->tail ? NPU_QSTAT_IDLE : 0);
+        /* A WAIT being looked at again is ACTIVE, not WAITING, meanwhile. */
+        return q->status | (q->head == q->tail ? NPU_QSTAT_IDLE : 0) |
+               (q->waiting && !(q->status & NPU_QSTAT_ACTIVE) ?
+                NPU_QSTAT_WAITING : 0);
     case NPU_Q_ERROR:
         return q->error;
     case NPU_Q_DONE_LO:
@@ -913,6 +918,7 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
             q->head = q->tail = q->restore ? q->head_restore : 0;
             q->restore = false;
             q->status &= NPU_QSTAT_ACTIVE;  /* an old command may still run */
+            q->waiting = false;
             q->error = NPU_ERR_NONE;
             q->done_fence = 0;
         }
@@ -1254,6 +1260,16 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     if (msix_init_exclusive_bar(pdev, NPU_MSIX_VECTORS, NPU_BAR_MSIX, errp)) {
         return;
     }
+    /*
+     * PCI power management: D0 and D3hot. Leaving D0 loses the device's
+     * state (No_Soft_Reset clear): the driver boots the firmware again.
+     */
+    if (pci_pm_init(pdev, 0, errp) < 0) {
+        return;
+    }
+    pci_set_word(pdev->config + pdev->pm_cap + PCI_PM_PMC, PCI_PM_CAP_VER_1_2);
+    pci_set_word(pdev->wmask + pdev->pm_cap + PCI_PM_CTRL,
+                 PCI_PM_CTRL_STATE_MASK);
     for (i = 0; i < NPU_MSIX_VECTORS; i++) {
         msix_vector_use(pdev, i);
     }
@@ -1349,12 +1365,37 @@ static void npu_reset_hold(Object *obj, ResetType type)
     npu_bars_update(s);
 }
 
-/* PCI configuration writes (BQL): the BARs may have moved. */
+static uint16_t npu_pm_state(PCIDevice *pdev)
+{
+    return pci_get_word(pdev->config + pdev->pm_cap + PCI_PM_CTRL) &
+           PCI_PM_CTRL_STATE_MASK;
+}
+
+/*
+ * PCI configuration writes (BQL): the BARs may have moved, and the power
+ * state may have changed. QEMU's PCI core unmaps the BARs outside D0; a
+ * move into D3hot powers the device down: the running command is dropped
+ * and every register, queue and the firmware go back to their power-on
+ * state (device memory keeps its contents, as a self-refreshing DRAM).
+ */
 static void npu_config_write(PCIDevice *pdev, uint32_t addr, uint32_t val,
                              int len)
 {
+    NpuState *s = NPU_PCI(pdev);
+    uint16_t old = npu_pm_state(pdev), new;
+
     pci_default_write_config(pdev, addr, val, len);
-    npu_bars_update(NPU_PCI(pdev));
+    new = npu_pm_state(pdev);
+    if (new != old) {
+        trace_npu_power(old, new);
+        if (new == PCI_PM_CTRL_STATE_MASK) {
+            npu_request_reset(s, true);
+            qemu_mutex_lock(&s->lock);
+            npu_fw_power_on_locked(s);
+            qemu_mutex_unlock(&s->lock);
+        }
+    }
+    npu_bars_update(s);
 }
 
 /*

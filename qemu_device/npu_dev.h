@@ -88,6 +88,7 @@ typedef struct NpuQueue {
     uint32_t mmu_l1_entries; /* ... if non-zero */
     uint64_t done_fence;
     bool blocked;           /* its head is a WAIT not yet satisfied */
+    bool waiting;           /* ... as last seen: Q_STATUS.WAITING */
     bool cpl_writing;       /* the engine writes a completion of it */
 } NpuQueue;
 

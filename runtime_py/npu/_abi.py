@@ -757,8 +757,23 @@ class NpuTensorOp(ctypes.Structure):
     ]
 
 
+NPU_SYNC_USER_QUEUE: Final = 1 << 0
+NPU_SYNC_FLAGS: Final = NPU_SYNC_USER_QUEUE
+NPU_SUBMIT_MAX_SYNCS: Final = 16
+
+
+class NpuSync(ctypes.Structure):
+    """``struct npu_sync``: a SUBMIT dependency (a syncobj point or a user-queue fence)."""
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("point", ctypes.c_uint64),
+    ]
+
+
 class NpuSubmit(ctypes.Structure):
-    """``struct npu_submit`` (SUBMIT)."""
+    """``struct npu_submit`` (SUBMIT): ops, dependencies and an out syncobj."""
 
     _fields_ = [
         ("ops_ptr", ctypes.c_uint64),
@@ -767,6 +782,10 @@ class NpuSubmit(ctypes.Structure):
         ("flags", ctypes.c_uint32),
         ("op_size", ctypes.c_uint32),
         ("fence", ctypes.c_uint64),
+        ("in_syncs", ctypes.c_uint64),
+        ("num_in_syncs", ctypes.c_uint32),
+        ("out_syncobj", ctypes.c_uint32),
+        ("out_point", ctypes.c_uint64),
     ]
 
 
@@ -801,6 +820,7 @@ STRUCTS: Final[dict[str, type[ctypes.Structure] | type[ctypes.Union]]] = {
     "npu_tensor_ref": NpuTensorRef,
     "npu_tensor_op": NpuTensorOp,
     "npu_submit": NpuSubmit,
+    "npu_sync": NpuSync,
     "npu_wait": NpuWait,
     "npu_queue_create": NpuQueueCreate,
     "npu_queue_destroy": NpuQueueDestroy,
@@ -844,6 +864,76 @@ DRM_RDWR: Final = 0o2  # O_RDWR
 DRM_IOCTL_GEM_CLOSE: Final[int] = int(IOW(NPU_DRM_IOCTL_BASE, 0x09, DrmGemClose))
 DRM_IOCTL_PRIME_HANDLE_TO_FD: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0x2D, DrmPrimeHandle))
 DRM_IOCTL_PRIME_FD_TO_HANDLE: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0x2E, DrmPrimeHandle))
+
+
+class DrmSyncobjCreate(ctypes.Structure):
+    """``struct drm_syncobj_create`` (drm.h: SYNCOBJ_CREATE)."""
+
+    _fields_ = [("handle", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class DrmSyncobjDestroy(ctypes.Structure):
+    """``struct drm_syncobj_destroy`` (drm.h: SYNCOBJ_DESTROY)."""
+
+    _fields_ = [("handle", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class DrmSyncobjHandle(ctypes.Structure):
+    """``struct drm_syncobj_handle`` (drm.h: SYNCOBJ_HANDLE_TO_FD, SYNCOBJ_FD_TO_HANDLE).
+
+    Without the ``point`` member of later kernels: DRM zero-extends it.
+    """
+
+    _fields_ = [
+        ("handle", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("fd", ctypes.c_int32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class DrmSyncobjTimelineWait(ctypes.Structure):
+    """``struct drm_syncobj_timeline_wait`` (drm.h: SYNCOBJ_TIMELINE_WAIT); the
+    timeout is an absolute CLOCK_MONOTONIC time."""
+
+    _fields_ = [
+        ("handles", ctypes.c_uint64),
+        ("points", ctypes.c_uint64),
+        ("timeout_nsec", ctypes.c_int64),
+        ("count_handles", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("first_signaled", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class DrmSyncobjTimelineArray(ctypes.Structure):
+    """``struct drm_syncobj_timeline_array`` (drm.h: SYNCOBJ_QUERY, SYNCOBJ_TIMELINE_SIGNAL)."""
+
+    _fields_ = [
+        ("handles", ctypes.c_uint64),
+        ("points", ctypes.c_uint64),
+        ("count_handles", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+DRM_SYNCOBJ_CREATE_SIGNALED: Final = 1 << 0
+DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE: Final = 1 << 0
+DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE: Final = 1 << 0
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL: Final = 1 << 0
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT: Final = 1 << 1
+DRM_IOCTL_SYNCOBJ_CREATE: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xBF, DrmSyncobjCreate))
+DRM_IOCTL_SYNCOBJ_DESTROY: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xC0, DrmSyncobjDestroy))
+DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xC1, DrmSyncobjHandle))
+DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xC2, DrmSyncobjHandle))
+DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT: Final[int] = int(
+    IOWR(NPU_DRM_IOCTL_BASE, 0xCA, DrmSyncobjTimelineWait)
+)
+DRM_IOCTL_SYNCOBJ_QUERY: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xCB, DrmSyncobjTimelineArray))
+DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL: Final[int] = int(
+    IOWR(NPU_DRM_IOCTL_BASE, 0xCD, DrmSyncobjTimelineArray)
+)
 
 
 def deadline_after(timeout_ns: int) -> int:

@@ -55,7 +55,11 @@ FIELDS: dict[str, list[str]] = {
         "handle", "dtype", "offset", "ndim", "rsvd", "shape", "strides", "rsvd2",
     ],
     "npu_tensor_op": ["opcode", "flags", "kind", "t", "params", "rsvd"],
-    "npu_submit": ["ops_ptr", "num_ops", "queue", "flags", "op_size", "fence"],
+    "npu_submit": [
+        "ops_ptr", "num_ops", "queue", "flags", "op_size", "fence", "in_syncs",
+        "num_in_syncs", "out_syncobj", "out_point",
+    ],
+    "npu_sync": ["handle", "flags", "point"],
     "npu_wait": [
         "fence", "deadline_ns", "queue", "flags", "status", "rsvd", "error_fence",
     ],
@@ -110,6 +114,7 @@ CONSTANTS = [
     "NPU_BO_DEVICE", "NPU_BO_CREATE_FLAGS",
     "NPU_QUEUE_MIN_ENTRIES", "NPU_QUEUE_MAX_ENTRIES", "NPU_QUEUE_PRIORITY_USER",
     "NPU_BO_MAX_SIZE", "NPU_OP_MAX_BUFS", "NPU_OP_MAX_PARAMS", "NPU_SUBMIT_MAX_OPS",
+    "NPU_SUBMIT_MAX_SYNCS", "NPU_SYNC_USER_QUEUE", "NPU_SYNC_FLAGS",
     "DRM_IOCTL_NPU_GET_INFO", "DRM_IOCTL_NPU_BO_CREATE", "DRM_IOCTL_NPU_BO_DESTROY",
     "DRM_IOCTL_NPU_SUBMIT",
     "DRM_IOCTL_NPU_WAIT", "DRM_IOCTL_NPU_BO_USERPTR", "DRM_IOCTL_NPU_FENCE_INFO",

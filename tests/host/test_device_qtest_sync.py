@@ -281,6 +281,38 @@ def test_a_wait_below_its_value_blocks_the_queue(npu: Npu, stored: int, target: 
     assert npu.rd(hw.REG_STATUS) & hw.STATUS_ERROR == 0
 
 
+def test_a_blocked_queue_reports_waiting_in_every_status_read(npu: Npu) -> None:
+    put_u64(npu, SYNC, 0)
+    start(npu, 1)
+    post(npu, 1, [wait(SYNC, 1, 1), nop(2)])
+    assert within(lambda: bool(npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_WAITING), 1.0) is not None
+    # Between the device's 1 ms re-checks, which show ACTIVE instead: never neither.
+    seen = [npu.qrd(hw.Q_STATUS, 1) for _ in range(50)]
+    assert all(s & (hw.QSTAT_WAITING | hw.QSTAT_ACTIVE) for s in seen), seen
+    assert not any(s & hw.QSTAT_WAITING and s & hw.QSTAT_ACTIVE for s in seen), seen
+    assert sum(bool(s & hw.QSTAT_WAITING) for s in seen) > 25, seen
+
+
+def test_waiting_clears_once_the_wait_completes(npu: Npu) -> None:
+    put_u64(npu, SYNC, 0)
+    start(npu, 1)
+    post(npu, 1, [wait(SYNC, 1, 1)])
+    assert within(lambda: bool(npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_WAITING), 1.0) is not None
+    put_u64(npu, SYNC, 1)
+    wait_heads(npu, {1: 1}, timeout=5)
+    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE
+
+
+def test_a_running_queue_and_a_satisfied_wait_never_report_waiting(npu: Npu) -> None:
+    put_u64(npu, SYNC, 5)
+    start(npu, 1)
+    post(npu, 1, [wait(SYNC, 5, 1), fill(BIG, BIG_FILL, 0, fence=2)])
+    seen = []
+    while head(npu, 1) != 2:
+        seen.append(npu.qrd(hw.Q_STATUS, 1))
+    assert not any(s & hw.QSTAT_WAITING for s in seen), seen
+
+
 def test_a_wait_on_its_own_queues_earlier_signal_passes(npu: Npu) -> None:
     put_u64(npu, SYNC, 0)
     npu.start()
