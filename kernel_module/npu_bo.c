@@ -303,7 +303,13 @@ static struct npu_bo *npu_bo_alloc_local(struct npu_device *ndev, size_t size)
 	}
 	bo->local_off = addr - NPU_MEM_POOL_BIAS;
 	atomic64_add(size, &ndev->mem_used);
+	/* Through the BAR, which only an awake device decodes. */
+	if (npu_pm_get(ndev)) {
+		npu_bo_put(bo);
+		return ERR_PTR(-EIO);
+	}
 	memset_io(ndev->mem + bo->local_off, 0, size);
+	npu_pm_put(ndev);
 	return bo;
 }
 
@@ -685,6 +691,32 @@ static const struct vm_operations_struct npu_bo_vm_ops = {
 };
 
 /*
+ * A CPU mapping of device memory reaches the BAR, which the device does
+ * not decode in D3hot: each mapping keeps the device awake (npu_pm.c).
+ */
+static void npu_bo_local_vm_open(struct vm_area_struct *vma)
+{
+	struct npu_bo *bo = to_npu_bo(vma->vm_private_data);
+
+	npu_pm_get_noresume(bo->ndev);
+	drm_gem_vm_open(vma);
+}
+
+static void npu_bo_local_vm_close(struct vm_area_struct *vma)
+{
+	struct npu_bo *bo = to_npu_bo(vma->vm_private_data);
+	struct npu_device *ndev = bo->ndev;
+
+	drm_gem_vm_close(vma);
+	npu_pm_put(ndev);
+}
+
+static const struct vm_operations_struct npu_bo_local_vm_ops = {
+	.open = npu_bo_local_vm_open,
+	.close = npu_bo_local_vm_close,
+};
+
+/*
  * GEM .mmap, from npu_bo_mmap() or the mmap of an exported dma-buf: in
  * both, vm_pgoff is the object's fake offset plus the first page mapped.
  */
@@ -694,6 +726,7 @@ static int npu_bo_mmap_obj(struct drm_gem_object *obj, struct vm_area_struct *vm
 	u64 start = (u64)(vma->vm_pgoff - drm_vma_node_start(&obj->vma_node)) << PAGE_SHIFT;
 	u64 len = vma->vm_end - vma->vm_start;
 	phys_addr_t phys;
+	int ret;
 
 	if (!(vma->vm_flags & VM_SHARED) || bo->kind == NPU_BO_KIND_USERPTR ||
 	    start >= bo->size || len > bo->size - start)
@@ -703,12 +736,21 @@ static int npu_bo_mmap_obj(struct drm_gem_object *obj, struct vm_area_struct *vm
 		vma->vm_page_prot = vm_get_page_prot(vma->vm_flags);
 		return 0;	/* npu_bo_fault() maps the pages */
 	}
-	/* Device memory: write-combined through the BAR. */
+	/* Device memory: write-combined through the BAR, the device awake. */
+	ret = npu_pm_get(bo->ndev);
+	if (ret)
+		return ret;
 	vm_flags_set(vma, VM_IO);
 	vma->vm_page_prot = pgprot_writecombine(vm_get_page_prot(vma->vm_flags));
 	phys = bo->ndev->mem_phys + bo->local_off + start;
-	return io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT, len,
-				  vma->vm_page_prot);
+	ret = io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT, len,
+				 vma->vm_page_prot);
+	if (ret) {
+		npu_pm_put(bo->ndev);
+		return ret;
+	}
+	vma->vm_ops = &npu_bo_local_vm_ops;	/* its close drops the reference */
+	return 0;
 }
 
 /*

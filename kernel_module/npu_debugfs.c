@@ -33,9 +33,15 @@ static int npu_inject_cmd(struct npu_device *ndev, u16 opcode)
 	job = kvzalloc(sizeof(*job), GFP_KERNEL);
 	if (!job)
 		return -ENOMEM;
+	if (npu_pm_get(ndev)) {
+		kvfree(job);
+		return -EIO;
+	}
+	job->pm = ndev;
 	mutex_lock(&q->submit_lock);
 	if (npu_queue_space(q) < 1) {
 		mutex_unlock(&q->submit_lock);
+		npu_pm_put(ndev);
 		kvfree(job);
 		return -EBUSY;
 	}
@@ -86,7 +92,7 @@ static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
 {
 	struct npu_device *ndev = file->private_data;
 	char buf[16];
-	int i, idx;
+	int i, idx, ret;
 
 	if (len >= sizeof(buf))
 		return -EINVAL;
@@ -98,9 +104,13 @@ static ssize_t npu_inject_write(struct file *file, const char __user *ubuf,
 		return i;
 	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
-	npu_wr(ndev, NPU_REG_INJECT, BIT(i));
+	ret = npu_pm_get(ndev);
+	if (!ret) {
+		npu_wr(ndev, NPU_REG_INJECT, BIT(i));
+		npu_pm_put(ndev);
+	}
 	npu_dev_exit(ndev, idx);
-	return len;
+	return ret ?: len;
 }
 
 static ssize_t npu_inject_read(struct file *file, char __user *ubuf, size_t len,
@@ -111,8 +121,12 @@ static ssize_t npu_inject_read(struct file *file, char __user *ubuf, size_t len,
 	u32 armed = 0;
 	int n, idx;
 
+	/* A suspended device has nothing armed: D3hot cleared it. */
 	if (npu_dev_enter(ndev, &idx)) {
-		armed = npu_rd(ndev, NPU_REG_INJECT);
+		if (npu_pm_get_if_active(ndev)) {
+			armed = npu_rd(ndev, NPU_REG_INJECT);
+			npu_pm_put(ndev);
+		}
 		npu_dev_exit(ndev, idx);
 	}
 	n = scnprintf(buf, sizeof(buf), "0x%x\n", armed);
@@ -150,6 +164,11 @@ static int npu_fw_status_show(struct seq_file *m, void *unused)
 
 	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
+	ret = npu_pm_get(ndev);
+	if (ret) {
+		npu_dev_exit(ndev, idx);
+		return ret;
+	}
 	seq_printf(m, "state: %u\nversion: %u.%u\nheartbeat: %u\n",
 		   npu_rd(ndev, NPU_REG_FW_STATUS), ndev->fw_version >> 16,
 		   ndev->fw_version & 0xffff, npu_rd(ndev, NPU_REG_FW_HEARTBEAT));
@@ -158,6 +177,7 @@ static int npu_fw_status_show(struct seq_file *m, void *unused)
 		seq_printf(m, "commands: %u\nlog_level: %u\n", resp[0], resp[1]);
 	else
 		seq_printf(m, "mailbox: %d\n", ret);
+	npu_pm_put(ndev);
 	npu_dev_exit(ndev, idx);
 	return 0;
 }
@@ -175,7 +195,11 @@ static ssize_t npu_fw_log_level_write(struct file *file, const char __user *ubuf
 		return ret;
 	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
-	ret = npu_mbox_call(ndev, NPU_MBOX_SET_LOG_LEVEL, level, 0, resp);
+	ret = npu_pm_get(ndev);
+	if (!ret) {
+		ret = npu_mbox_call(ndev, NPU_MBOX_SET_LOG_LEVEL, level, 0, resp);
+		npu_pm_put(ndev);
+	}
 	npu_dev_exit(ndev, idx);
 	return ret ? ret : len;
 }

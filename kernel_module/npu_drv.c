@@ -331,6 +331,7 @@ static int npu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_hw_fini;
 	ndev->minor = ndev->drm.accel->index;
 	npu_debugfs_init(ndev);
+	npu_pm_init(ndev);
 	dev_info(dev, "NPU %u.%u, ABI %u, %u queues, %u cores, %llu MiB device memory: /dev/accel/accel%d\n",
 		 ndev->hw_version >> 16, ndev->hw_version & 0xffff, ndev->abi_version,
 		 ndev->hw_queues, ndev->num_cores, ndev->mem_size >> 20, ndev->minor);
@@ -352,6 +353,7 @@ static void npu_remove(struct pci_dev *pdev)
 {
 	struct npu_device *ndev = pci_get_drvdata(pdev);
 
+	npu_pm_fini(ndev);
 	drm_dev_unplug(&ndev->drm);
 	npu_debugfs_fini(ndev);
 	npu_hw_fini(ndev);
@@ -369,6 +371,7 @@ static struct pci_driver npu_pci_driver = {
 	.probe = npu_probe,
 	.remove = npu_remove,
 	.dev_groups = npu_attr_groups,
+	.driver.pm = pm_ptr(&npu_pm_ops),
 };
 
 struct workqueue_struct *npu_wq;

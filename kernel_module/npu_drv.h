@@ -11,6 +11,8 @@
  *   npu_bo.c     buffer objects and mmap
  *   npu_job.c    SUBMIT validation, fences, WAIT
  *   npu_fence.c  dma_fences of jobs, syncobj dependencies, device semaphores
+ *   npu_coredump.c  device coredump of a hang or a lost device (devcoredump)
+ *   npu_pm.c     runtime power management (autosuspend to D3hot)
  *   npu_sysfs.c  device attributes
  *   npu_debugfs.c  debug and fault-injection files
  */
@@ -51,6 +53,7 @@
 	dev_dbg(&(ndev)->pdev->dev, fmt, ##__VA_ARGS__)
 
 struct dma_buf;
+struct npu_dump_header;
 struct drm_syncobj;
 struct dma_fence_chain;
 struct npu_device;
@@ -199,6 +202,7 @@ struct npu_job {
 	u64 err_fence;			/* first failed op, 0 if none */
 	u32 err_status;
 	bool keep_memory;		/* the device may still write its BOs: leak them */
+	struct npu_device *pm;		/* holds a runtime PM reference on it */
 	struct dma_fence *done;		/* signalled at retire; NULL for internal jobs */
 	u32 num_deps;
 	struct npu_dep *deps;		/* what the device waits for first */
@@ -280,6 +284,10 @@ struct npu_device {
 	u32 mbox_seq;
 	u64 reset_recovery_ns;		/* the last recovery: reset to restart */
 	bool wedged;			/* a reset failed: the device takes no more work */
+	/* Runtime PM (npu_pm.c): how often, and the last resume's time. */
+	atomic_t suspends;
+	atomic_t resumes;
+	u64 resume_ns;
 	atomic_t op_errors;		/* ops completed with a non-OK status */
 	atomic64_t bo_count;		/* live buffer objects */
 	atomic64_t bo_bytes;		/* bytes of their backing pages */
@@ -376,6 +384,7 @@ static inline void npu_wr(struct npu_device *ndev, u32 reg, u32 val)
 int npu_hw_init(struct npu_device *ndev);
 int npu_hw_reset(struct npu_device *ndev);
 void npu_hw_start(struct npu_device *ndev);
+int npu_hw_restart(struct npu_device *ndev);
 void npu_queue_rebase(struct npu_queue *q, u64 base);
 void npu_queue_moderate(struct npu_device *ndev, u32 i);
 struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence);
@@ -443,6 +452,12 @@ void npu_watchdog_start(struct npu_device *ndev);
 void npu_watchdog_stop(struct npu_device *ndev);
 void npu_reset_uevent(struct npu_device *ndev, const char *reason);
 
+/* npu_coredump.c */
+struct npu_dump_header *npu_coredump_capture(struct npu_device *ndev, u32 reason, int qi,
+					     u64 fence, u64 client);
+void npu_coredump_fatal(struct npu_device *ndev, struct npu_dump_header *dump);
+void npu_coredump_submit(struct npu_device *ndev, struct npu_dump_header *dump);
+
 /* npu_bo.c */
 int npu_ioctl_bo_create(struct npu_context *ctx, void *data);
 int npu_ioctl_bo_destroy(struct npu_context *ctx, void *data);
@@ -490,6 +505,16 @@ int npu_out_sync_get(struct npu_context *ctx, const struct npu_submit *args,
 		     struct npu_out_sync *out);
 void npu_out_sync_signal(struct npu_out_sync *out, struct dma_fence *fence);
 void npu_out_sync_put(struct npu_out_sync *out);
+
+/* npu_pm.c */
+extern const struct dev_pm_ops npu_pm_ops;
+int npu_pm_get(struct npu_device *ndev);
+void npu_pm_get_noresume(struct npu_device *ndev);
+bool npu_pm_get_if_active(struct npu_device *ndev);
+void npu_pm_put(struct npu_device *ndev);
+void npu_pm_put_quiet(struct npu_device *ndev);
+void npu_pm_init(struct npu_device *ndev);
+void npu_pm_fini(struct npu_device *ndev);
 
 /* npu_debugfs.c */
 void npu_debugfs_init(struct npu_device *ndev);

@@ -60,6 +60,8 @@ int npu_fence_init(struct npu_device *ndev)
 /* The device is gone; so are the jobs, which held the slots. */
 void npu_fence_fini(struct npu_device *ndev)
 {
+	if (ndev->sem_va)
+		npu_vm_unmap(&ndev->kvm, ndev->sem_va, NPU_SEM_BYTES);
 	if (ndev->sem)
 		dma_free_coherent(&ndev->pdev->dev, NPU_SEM_BYTES, ndev->sem, ndev->sem_dma);
 	ida_destroy(&ndev->sem_ida);

@@ -68,6 +68,11 @@ static void npu_queue_start(struct npu_queue *q)
 	npu_queue_moderate(ndev, i);
 	/* The highest priority a process may ask for without CAP_SYS_NICE. */
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_PRIORITY), NPU_QUEUE_PRIORITY_USER);
+	/*
+	 * Start at the first command not completed: 0 after a rebase (the
+	 * replayed ops follow), the tail after a resume (nothing in flight).
+	 */
+	npu_wr(ndev, NPU_QREG(i, NPU_Q_HEAD), (u32)(READ_ONCE(q->completed) - q->fence_base));
 	npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), NPU_QCTL_ENABLE);
 }
 
@@ -92,6 +97,28 @@ void npu_hw_start(struct npu_device *ndev)
 	npu_wr(ndev, NPU_REG_IRQ_MASK,
 	       GENMASK(ndev->hw_queues - 1, 0) | NPU_IRQ_ERROR);
 	npu_wr(ndev, NPU_REG_CONTROL, NPU_CONTROL_ENABLE);
+}
+
+/*
+ * Bring the device up after it lost its state (a runtime resume from
+ * D3hot): reset, boot the firmware, program the MMU and the driver's queue
+ * where its ring was, so the fence timeline and the completion records
+ * (FENCE_INFO) go on. Nothing was in flight: every job held the device
+ * awake.
+ */
+int npu_hw_restart(struct npu_device *ndev)
+{
+	struct npu_queue *q = &ndev->queue;
+	int ret;
+
+	mutex_lock(&q->submit_lock);
+	ret = npu_hw_reset(ndev);
+	if (!ret)
+		ret = npu_fw_boot(ndev);
+	if (!ret)
+		npu_hw_start(ndev);
+	mutex_unlock(&q->submit_lock);
+	return ret;
 }
 
 u32 npu_queue_space(struct npu_queue *q)

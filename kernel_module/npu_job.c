@@ -69,6 +69,8 @@ void npu_job_retire(struct npu_job *job)
 	if (job->ctx && job->err_status == NPU_ST_MMU_FAULT)
 		WRITE_ONCE(job->ctx->faulted, true);
 	npu_job_signal(job);
+	if (job->pm)
+		npu_pm_put(job->pm);
 	/* Leaked on purpose: the device may still write them (a failed reset). */
 	if (job->keep_memory) {
 		kvfree(job);
@@ -412,6 +414,11 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	ret = npu_out_sync_get(ctx, args, &out);
 	if (ret)
 		goto out_put_job;
+	/* The device stays awake until the job retires. */
+	ret = npu_pm_get(ndev);
+	if (ret)
+		goto out_put_job;
+	job->pm = ndev;
 
 	/* Each dependency still to be met takes a slot: a WAIT before the ops. */
 	slots = job->num_deps + n;
@@ -464,6 +471,8 @@ out_unlock:
 out_put_job:
 	npu_out_sync_put(&out);
 	npu_job_signal(job);
+	if (job->pm)
+		npu_pm_put(job->pm);
 	for (i = 0; i < job->num_bos; i++)
 		npu_bo_put(job->bos[i]);
 out_free:

@@ -20,6 +20,7 @@
 #include <linux/moduleparam.h>
 #include <linux/slab.h>
 
+#include "npu_coredump.h"
 #include "npu_drv.h"
 #include "npu_tensor.h"
 #include "npu_trace.h"
@@ -148,6 +149,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 {
 	struct npu_queue *q = &ndev->queue;
 	struct npu_context *owner = NULL;
+	struct npu_dump_header *dump = NULL;
 	bool fw = qi == NPU_FW_LOST;
 	LIST_HEAD(done);
 	ktime_t t0;
@@ -174,6 +176,9 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 	if (owner && ++owner->hangs >= NPU_BAN_HANGS)
 		WRITE_ONCE(owner->banned, true);
 
+	/* What led here, before the reset changes it; devcoredump gets it at the end. */
+	dump = npu_coredump_capture(ndev, fw ? NPU_DUMP_FW_LOST : NPU_DUMP_HANG, qi, hung,
+				    owner ? owner->client_id : 0);
 	npu_uqueue_suspend_all(ndev, fw ? 0 : qi);
 	t0 = ktime_get();
 	if (npu_hw_reset(ndev) ||
@@ -185,6 +190,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 		 * those are never freed.
 		 */
 		WRITE_ONCE(ndev->wedged, true);
+		npu_coredump_fatal(ndev, dump);
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_jobs_keep_memory(&done);
 		npu_uqueue_stop_all(ndev, 0);
@@ -206,6 +212,7 @@ out:
 	mutex_unlock(&ndev->uq_mutex);
 	npu_queue_retire(q, &done);
 	mutex_unlock(&q->submit_lock);
+	npu_coredump_submit(ndev, dump);
 }
 
 static void npu_watchdog(struct work_struct *work)
@@ -221,10 +228,19 @@ static void npu_watchdog(struct work_struct *work)
 		npu_queue_process(q);
 	npu_uqueue_irq(ndev, 0);
 
+	/*
+	 * A suspended device runs nothing and has no firmware to lose
+	 * (npu_pm.c); an awake one is watched, idle or not, without
+	 * delaying its suspend.
+	 */
+	if (!npu_pm_get_if_active(ndev)) {
+		memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
+		goto again;
+	}
 	if (npu_fw_heartbeat_lost(ndev)) {
 		npu_recover(ndev, NPU_FW_LOST, jiffies);
 		memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
-		goto again;
+		goto put;
 	}
 
 	for (i = 0; timeout && i < ndev->hw_queues; i++) {
@@ -248,6 +264,8 @@ static void npu_watchdog(struct work_struct *work)
 			break;
 		}
 	}
+put:
+	npu_pm_put_quiet(ndev);
 again:
 	schedule_delayed_work(&ndev->watchdog, NPU_WD_PERIOD);
 }

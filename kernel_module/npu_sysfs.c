@@ -37,6 +37,9 @@ NPU_ATTR(bo_count, "%lld", atomic64_read(&ndev->bo_count));
 NPU_ATTR(bo_bytes, "%lld", atomic64_read(&ndev->bo_bytes));
 NPU_ATTR(mem_device_total, "%llu", ndev->mem_size);
 NPU_ATTR(mem_device_used, "%lld", atomic64_read(&ndev->mem_used));
+NPU_ATTR(runtime_suspends, "%d", atomic_read(&ndev->suspends));
+NPU_ATTR(runtime_resumes, "%d", atomic_read(&ndev->resumes));
+NPU_ATTR(last_resume_us, "%llu", READ_ONCE(ndev->resume_ns) / NSEC_PER_USEC);
 
 static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
@@ -68,6 +71,9 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_mem_device_total.attr,
 	&dev_attr_mem_device_used.attr,
 	&dev_attr_fences.attr,
+	&dev_attr_runtime_suspends.attr,
+	&dev_attr_runtime_resumes.attr,
+	&dev_attr_last_resume_us.attr,
 	NULL,
 };
 

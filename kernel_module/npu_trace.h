@@ -39,6 +39,17 @@ TRACE_EVENT(npu_dep,
 		      __entry->queue, __entry->fence, __entry->context, __entry->seqno)
 );
 
+/* Runtime PM: the device suspended, or resumed in @ns. */
+TRACE_EVENT(npu_pm,
+	    TP_PROTO(bool resumed, u64 ns),
+	    TP_ARGS(resumed, ns),
+	    TP_STRUCT__entry(__field(bool, resumed)
+			     __field(u64, ns)),
+	    TP_fast_assign(__entry->resumed = resumed;
+			   __entry->ns = ns;),
+	    TP_printk("%s%llu", __entry->resumed ? "resumed in ns=" : "suspended ", __entry->ns)
+);
+
 DECLARE_EVENT_CLASS(npu_queue_fence,
 		    TP_PROTO(u32 queue, u64 fence),
 		    TP_ARGS(queue, fence),

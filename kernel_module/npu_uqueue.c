@@ -234,6 +234,8 @@ static void npu_uqueue_detach(struct npu_uqueue *uq)
 	npu_uqueue_wake(uq);
 	uq->ctx = NULL;
 	npu_uqueue_put(uq);
+	/* The queue kept the device awake (npu_pm.c); its registers are done. */
+	npu_pm_put(ndev);
 }
 
 /*
@@ -324,6 +326,10 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 	ret = npu_uqueue_alloc_mem(uq);
 	if (ret)
 		goto err_put;
+	/* Awake while the queue is lent: the process drives the hardware. */
+	ret = npu_pm_get(ndev);
+	if (ret)
+		goto err_put;
 
 	mutex_lock(&ndev->uq_mutex);
 	for (i = 1; i < ndev->hw_queues && ndev->uq[i]; i++)
@@ -331,7 +337,7 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 	if (i >= ndev->hw_queues) {
 		mutex_unlock(&ndev->uq_mutex);
 		ret = -EBUSY;
-		goto err_put;
+		goto err_pm_put;
 	}
 	uq->index = i;
 	uq->ctx = ctx;
@@ -342,7 +348,7 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
 		mutex_unlock(&ndev->uq_mutex);
 		ret = -EIO;
-		goto err_put;
+		goto err_pm_put;
 	}
 	mem_size = uq->mem_size;
 	fence_offset = (u8 *)uq->wb - (u8 *)uq->mem;
@@ -363,6 +369,8 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 	args->fence_offset = fence_offset;
 	return 0;
 
+err_pm_put:
+	npu_pm_put(ndev);
 err_put:
 	npu_uqueue_put(uq);
 	return ret;

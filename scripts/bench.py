@@ -3,7 +3,8 @@
 
 Boots the guest (scripts/guest.py), loads the driver, runs
 examples/bench_npu.py, examples/bench_inference.py (the ONNX models),
-examples/bench_devmem.py (device memory) and examples/bench_recovery.py
+examples/bench_devmem.py (device memory), examples/bench_driver.py (PRIME
+import, runtime resume) and examples/bench_recovery.py
 (hang detection and reset recovery) in the guest, then measures numpy on
 the host in the same run, the engine-control figures through qtest
 (scripts/bench_engine.py: tile time, reset abort, preemption latency), and
@@ -67,6 +68,7 @@ GUEST_CMDS = (
     "python3 examples/bench_npu.py",
     "python3 examples/bench_inference.py",
     "python3 examples/bench_devmem.py",
+    "python3 examples/bench_driver.py",
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0
@@ -129,6 +131,13 @@ TARGETS: list[tuple[str, str, float, str]] = [
     ),
     # Issue 5: copies through pinned memory and the caching allocator.
     ("h2d_vs_host_memcpy", ">=", 0.5, "H2D >= 0.5x host memcpy (outside the guest)"),
+    # Issue 16: a dma-buf imported from another driver (udmabuf) copied into.
+    (
+        "dmabuf_import_copy_vs_host_memcpy",
+        ">=",
+        0.5,
+        "a device COPY into an imported 64 MiB udmabuf >= 0.5x host memcpy",
+    ),
     ("d2h_vs_host_memcpy", ">=", 0.5, "D2H >= 0.5x host memcpy (outside the guest)"),
     ("h2d_vs_guest_memcpy", ">=", 1.0, "H2D above guest memcpy"),
     ("d2h_vs_guest_memcpy", ">=", 1.0, "D2H above guest memcpy"),
@@ -450,6 +459,10 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
     )
     if "matmul_fp32_1024_gflops_npu" in res:  # MATMUL op against the v1 GEMM of this run
         res["matmul_vs_gemm_fp32"] = res["matmul_fp32_1024_gflops_npu"] / npu_gflops
+    if "dmabuf_import_copy_gbps" in res:
+        res["dmabuf_import_copy_vs_host_memcpy"] = (
+            res["dmabuf_import_copy_gbps"] / res["host_memcpy_gbps"]
+        )
     for way in ("h2d", "d2h"):
         res[f"{way}_vs_host_memcpy"] = res[f"{way}_gbps"] / res["host_memcpy_gbps"]
         res[f"{way}_vs_guest_memcpy"] = res[f"{way}_gbps"] / res["guest_memcpy_gbps"]

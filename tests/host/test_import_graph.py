@@ -3,7 +3,8 @@
 The graph has one edge per import of one ``npu`` module by another, wherever
 it is written: at the top, inside a function, or under ``TYPE_CHECKING``.
 It has no cycle, and every edge goes down the layers (or stays in one):
-the base modules, ``npu.hal`` (the backends), ``npu.kernels`` (descriptors),
+the base modules, ``npu.coredump`` (the device coredump decoder, a tool
+on the base), ``npu.hal`` (the backends), ``npu.kernels`` (descriptors),
 ``npu.core`` (device, buffers, queues, streams), ``npu.allocator``,
 ``npu.tensors``, ``npu.graph``, ``npu.api``, ``npu.inference``, and the
 package itself. ``npu.hal`` may import only itself and ``npu._abi``.
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2] / "runtime_py"
 # Bottom first: a module may import modules of its own layer or below.
 LAYERS = (
     ("npu._abi", "npu._closing", "npu.errors", "npu.dtypes"),
+    ("npu.coredump",),
     ("npu.hal",),
     ("npu.kernels",),
     ("npu.core",),
@@ -145,3 +147,7 @@ def test_the_hal_imports_only_itself_and_the_abi() -> None:
     for module in hal:
         outside = {m for m in graph[module] if m not in hal and m != "npu._abi"}
         assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_the_coredump_decoder_imports_only_the_abi() -> None:
+    assert import_graph()["npu.coredump"] <= {"npu._abi"}
