@@ -24,9 +24,9 @@ import time
 sys.path.insert(0, "/mnt/npu/examples")
 sys.path.insert(0, "/mnt/npu/runtime_py")
 
-import bench_npu  # noqa: E402
+import bench_npu
 
-import npu  # noqa: E402
+import npu
 
 KEYS = (
     "nop_roundtrip_us",
