@@ -23,7 +23,7 @@ def _all_caps() -> int:
 SYSFS_VALUES = {
     "hw_version": "1.0",
     "abi_version": "1",
-    "driver_version": "1.0",
+    "driver_version": "1.1",
     "caps": f"0x{_all_caps():08x}",
     "num_queues": "1",
     "num_cores": "2",

@@ -117,6 +117,9 @@ def hang(hang_timeout: None) -> Iterator[Hang]:
     with kmsg.checked(), npu.open_device(0) as dev, dev.alloc(4096) as buf:
         buf.numpy(np.uint32)[:] = 0
         client = drm_client_id(dev)
+        # A command done just before: Q_DONE restarts at 0 when the queue
+        # is enabled again, after a runtime resume among others.
+        dev.wait(dev.submit([ops.nop()]), timeout_s=30)
         write(INJECT, "hang")
         fence = dev.submit([ops.fill(buf, PATTERN, 4096)])
         with pytest.raises(npu.NpuDeviceError) as err:
