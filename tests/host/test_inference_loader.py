@@ -59,20 +59,20 @@ def test_missing_file_raises_model_error(tmp_path: Path) -> None:
         cpu_session(str(tmp_path / "nope.onnx"))
 
 
-@pytest.mark.parametrize("opset", [6, 22])
+@pytest.mark.parametrize("opset", [0, 23])
 def test_unsupported_opset_is_rejected(opset: int) -> None:
     model = digits_cnn()
     model.opset_import[0].version = opset
     with pytest.raises(
-        npu.ModelError, match=rf"opset {opset} is not supported \(supported: 7\.\.21\)"
+        npu.ModelError, match=rf"opset {opset} is not supported \(supported: 1\.\.22\)"
     ):
         cpu_session(model)
 
 
-def test_model_without_an_ai_onnx_opset_is_rejected() -> None:
+def test_model_without_any_opset_is_rejected() -> None:
     model = digits_cnn()
-    model.opset_import[0].domain = "com.example"
-    with pytest.raises(npu.ModelError, match=r"imports no ai\.onnx opset"):
+    del model.opset_import[:]
+    with pytest.raises(npu.ModelError, match=r"imports no opset"):
         cpu_session(model)
 
 

@@ -25,7 +25,7 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import helper
 
-from .graph import Graph, ModelError, Node
+from .graph import NPU_MIN_OPSET, Graph, ModelError, Node, elem_type, np_dtype
 
 __all__ = [
     "CPU_OPS",
@@ -409,14 +409,30 @@ def _reduce(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
         "ReduceMin": np.min,
     }
     fn = reducers[node.op_type]
-    y = fn(x, axis=tuple(axes), keepdims=keep)
+    extra: dict[str, Any] = {}
+    if x.size == 0 and node.op_type in ("ReduceMax", "ReduceMin"):
+        # The empty set's max is the lowest value (min: the highest).
+        info = np.finfo(x.dtype) if x.dtype.kind == "f" else np.iinfo(x.dtype)
+        low = -np.inf if x.dtype.kind == "f" else info.min
+        high = np.inf if x.dtype.kind == "f" else info.max
+        extra["initial"] = low if node.op_type == "ReduceMax" else high
+    y = fn(x, axis=tuple(axes), keepdims=keep, **extra)
     return [np.asarray(y).astype(x.dtype, copy=False)]
 
 
 def _transpose(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
     perm = node.attrs.get("perm")
-    return [np.ascontiguousarray(np.transpose(x, perm))]
+    return [np.asarray(np.transpose(x, perm), order="C")]  # keeps rank 0
+
+
+def _custom(dtype: np.dtype[Any] | None) -> bool:
+    """Whether ``dtype`` is one of onnx.reference's (bfloat16, float8, int4)."""
+    return dtype is not None and dtype.fields is not None
+
+
+def _cast_target(node: Node) -> np.dtype[Any] | None:
+    return np_dtype(int(node.attrs.get("to", 0)))
 
 
 def _cast(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
@@ -428,7 +444,8 @@ def _cast(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
 
 def _flatten(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
-    axis = int(node.attrs.get("axis", 1)) % (x.ndim + 1) if x.ndim else 0
+    axis = int(node.attrs.get("axis", 1))
+    axis = axis + x.ndim if axis < 0 else axis  # in [-r, r]: -1 is r - 1
     return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
@@ -485,6 +502,17 @@ def _concat(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     return [np.concatenate([_req(x) for x in xs], axis=int(node.attrs["axis"]))]
 
 
+def _scatter(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
+    """Scatter (opsets 9 and 10; ScatterElements without a reduction)."""
+    data, idx, upd = _req(xs[0]), _req(xs[1]).astype(np.int64), _req(xs[2])
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + data.ndim if axis < 0 else axis
+    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    out = np.array(data, copy=True)
+    np.put_along_axis(out, idx, upd, axis=axis)
+    return [out]
+
+
 def _erf_kernel(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
     return [erf(x).astype(x.dtype)]
@@ -533,12 +561,17 @@ CPU_OPS: dict[str, Kernel] = {
     "BatchNormalization": _batchnorm,
     "Shape": _shape,
     "Concat": _concat,
+    "Scatter": _scatter,
 }
 
 
 def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
     """Whether the numpy kernel covers this node's attributes (else the reference runs it)."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in CPU_OPS:
+        return False
+    if graph.opset < NPU_MIN_OPSET or any(
+        _custom(graph.tensor_info(n).dtype) for n in [*node.inputs, *node.outputs] if n
+    ):
         return False
     a = node.attrs
     op = node.op_type
@@ -563,7 +596,9 @@ def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
         return len(node.inputs) < 3 or (
             graph.const(node.input(2)) is not None and not bool(graph.initializers[node.input(2)])
         )
-    return not (op == "Cast" and a.get("saturate", 1) != 1)
+    if op == "Cast":
+        return a.get("saturate", 1) == 1 and not _custom(_cast_target(node))
+    return True
 
 
 class ReferenceKernel:
@@ -582,12 +617,28 @@ class ReferenceKernel:
             )
         self.node = node
         self.inputs = [i for i in node.inputs if i]
+        # Loop: output index (among the node's listed outputs) -> rank of a
+        # scan output, where it is known.
+        self.scan_ranks: dict[int, int] = {}
+        if node.op_type == "Loop" and node.proto is not None:
+            body = next(a.g for a in node.proto.attribute if a.name == "body")
+            carried = len(body.input) - 2
+            listed = [i for i, o in enumerate(node.outputs) if o]
+            for idx in range(carried, len(node.outputs)):
+                # A scan output's rank: the body's declared rank plus one, or
+                # what shape inference found for the node's output.
+                rank = graph.tensor_info(node.outputs[idx]).rank
+                vo = body.output[1 + idx] if 1 + idx < len(body.output) else None
+                if rank is None and vo is not None and vo.type.tensor_type.HasField("shape"):
+                    rank = len(vo.type.tensor_type.shape.dim) + 1
+                if rank is not None and idx in listed:
+                    self.scan_ranks[listed.index(idx)] = rank
 
         def vi(name: str) -> onnx.ValueInfoProto:
             info = graph.tensor_info(name)
             if info.dtype is None:
                 return onnx.ValueInfoProto(name=name)
-            elem = helper.np_dtype_to_tensor_dtype(info.dtype)
+            elem = elem_type(info.dtype)
             return helper.make_tensor_value_info(name, elem, None)
 
         one = helper.make_graph(
@@ -609,11 +660,27 @@ class ReferenceKernel:
                 f"implementation (onnx.reference: {type(exc).__name__}: {exc})"
             ) from exc
 
+    def _fix_loop(self, got: Any) -> list[Any]:
+        """onnx.reference 1.17 stacks a Loop's rank-0 scan outputs as [N, 1]; the spec says [N]."""
+        outs: list[Any] = list(got)
+        for k, rank in self.scan_ranks.items():
+            o = outs[k] if k < len(outs) else None
+            if rank == 1 and isinstance(o, np.ndarray) and o.ndim == 2 and o.shape[-1] == 1:
+                outs[k] = o.reshape(o.shape[0])
+        return outs
+
     def __call__(self, node: Node, xs: list[Array | None], opset: int) -> list[Array]:
         """Run the node on ``xs`` (the node's inputs, in order)."""
-        feeds = {n: x for n, x in zip(node.inputs, xs, strict=False) if n and x is not None}
-        outs = self.evaluator.run(None, feeds)
-        return [np.asarray(o) for o in outs]
+        feeds = {n: x for n, x in zip(node.inputs, xs, strict=False) if n}
+        got = iter(self._fix_loop(self.evaluator.run(None, feeds)))
+        # One value per node output ('' for an omitted one, which the
+        # one-node model does not list); sequences (lists), maps and empty
+        # optionals (None) stay as they are.
+        outs: list[Any] = []
+        for name in node.outputs:
+            o = next(got) if name else None
+            outs.append(o if o is None or isinstance(o, (list, dict)) else np.asarray(o))
+        return outs
 
 
 def cpu_kernel(node: Node, graph: Graph) -> Kernel:

@@ -16,8 +16,20 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
+from onnx import helper
 
-__all__ = ["Dim", "Graph", "ModelError", "Node", "Shape", "TensorInfo"]
+__all__ = [
+    "NPU_MIN_OPSET",
+    "Dim",
+    "Graph",
+    "ModelError",
+    "Node",
+    "Shape",
+    "TensorInfo",
+    "elem_type",
+    "np_dtype",
+]
 
 #: A dimension: an int when static, a name (``"N"``) or ``None`` when not.
 Dim = int | str | None
@@ -31,6 +43,49 @@ class ModelError(ValueError):
     The message names the model and, where there is one, the node and the
     reason, e.g. ``"model.onnx: node 'conv1' (Conv): input 'W' is not ..."``.
     """
+
+
+#: The oldest ``ai.onnx`` opset whose op definitions the numpy kernels and
+#: the NPU provider implement; nodes of older models run with onnx.reference.
+NPU_MIN_OPSET = 7
+
+
+#: ONNX element types numpy has no dtype for: onnx.reference's custom
+#: dtypes (the raw bits in a one-field structured dtype) stand in for them.
+_CUSTOM_TYPES: dict[int, str] = {
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
+    onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+    onnx.TensorProto.INT4: "int4",
+    onnx.TensorProto.UINT4: "uint4",
+}
+
+
+def np_dtype(elem_type: int) -> np.dtype[Any] | None:
+    """The numpy dtype of an ONNX element type (onnx.reference's for bfloat16,
+    float8 and int4), or None for one numpy cannot hold."""
+    custom = _CUSTOM_TYPES.get(elem_type)
+    if custom is not None:
+        from onnx.reference import custom_element_types
+
+        dt: np.dtype[Any] = np.dtype(getattr(custom_element_types, custom))
+        return dt
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def elem_type(dtype: np.dtype[Any]) -> int:
+    """The ONNX element type of a numpy dtype (onnx.reference's custom ones included)."""
+    if dtype.fields is not None:
+        for elem in _CUSTOM_TYPES:
+            custom = np_dtype(elem)
+            if custom is not None and custom.names == dtype.names:
+                return elem
+    return int(helper.np_dtype_to_tensor_dtype(dtype))
 
 
 @dataclass

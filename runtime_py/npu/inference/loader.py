@@ -5,7 +5,9 @@
 
 1. decoding the protobuf (a truncated or garbage file raises
    :class:`ModelError` naming the file and the decode error);
-2. checking the ``ai.onnx`` opset is in ``MIN_OPSET..MAX_OPSET``;
+2. checking the ``ai.onnx`` opset is in ``MIN_OPSET..MAX_OPSET`` (a model
+   that imports only other domains, ``ai.onnx.ml`` or
+   ``ai.onnx.preview.training``, runs on the CPU with ``onnx.reference``);
 3. checking every node input is a graph input, an initializer or the output
    of an earlier node (a missing initializer names the node and the input);
 4. ``onnx.checker.check_model``;
@@ -19,19 +21,21 @@ import logging
 import os
 from typing import Any, Final
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .graph import Dim, Graph, ModelError, Node, TensorInfo
+from .graph import NPU_MIN_OPSET, Dim, Graph, ModelError, Node, TensorInfo, np_dtype
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "ModelSource", "load_model"]
+__all__ = ["MAX_OPSET", "MIN_OPSET", "NPU_MIN_OPSET", "ModelSource", "load_model"]
 
 log = logging.getLogger(__name__)
 
-#: Supported ``ai.onnx`` opset versions (inclusive).
-MIN_OPSET: Final = 7
-MAX_OPSET: Final = 21
+#: Supported ``ai.onnx`` opset versions (inclusive). Models below
+#: :data:`NPU_MIN_OPSET` load, but every node runs with ``onnx.reference``
+#: (the numpy kernels and the NPU provider implement the op definitions of
+#: opset 7 and later).
+MIN_OPSET: Final = 1
+MAX_OPSET: Final = 22
 
 #: What :func:`load_model` (and :class:`npu.InferenceSession`) accept.
 ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview | onnx.ModelProto
@@ -70,14 +74,48 @@ def _decode(src: ModelSource) -> tuple[onnx.ModelProto, str]:
 def _check_opset(model: onnx.ModelProto, name: str) -> tuple[int, dict[str, int]]:
     opsets = {imp.domain: int(imp.version) for imp in model.opset_import}
     versions = [v for d, v in opsets.items() if d in _DEFAULT_DOMAINS]
-    if not versions:
-        raise ModelError(f"{name}: the model imports no ai.onnx opset")
-    opset = versions[0]
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+    if not opsets:
+        raise ModelError(f"{name}: the model imports no opset")
+    opset = versions[0] if versions else 0
+    if versions and not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelError(
             f"{name}: ai.onnx opset {opset} is not supported (supported: {MIN_OPSET}..{MAX_OPSET})"
         )
     return opset, opsets
+
+
+def _outer_refs(graph: onnx.GraphProto) -> list[str]:
+    """Names a subgraph reads from the scopes around it (in first-use order)."""
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    local |= {t.values.name for t in graph.sparse_initializer}
+    refs: list[str] = []
+    for node in graph.node:
+        for name in [*node.input, *_implicit(node)]:
+            if name and name not in local and name not in refs:
+                refs.append(name)
+        local.update(node.output)
+    return refs
+
+
+def _implicit(node: onnx.NodeProto) -> list[str]:
+    """The outer-scope names the subgraphs of ``node`` (If, Loop, Scan) read."""
+    refs: list[str] = []
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            refs.extend(r for r in _outer_refs(sub) if r not in refs)
+    return refs
+
+
+def _node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The node's inputs, then what its subgraphs read from the graph around them.
+
+    The implicit inputs come last, so positional access to the real inputs
+    is unchanged; the partitioner orders the node after their producers and
+    the CPU kernel (onnx.reference) gets their values.
+    """
+    ins = list(node.input)
+    return ins + [r for r in _implicit(node) if r not in ins]
 
 
 def _node_names(model: onnx.ModelProto) -> list[str]:
@@ -119,12 +157,7 @@ def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
     if not t.HasField("tensor_type"):
         return TensorInfo(None, None)
     tt = t.tensor_type
-    dtype = None
-    if tt.elem_type:
-        try:
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        except (KeyError, TypeError, ValueError):
-            dtype = None
+    dtype = np_dtype(tt.elem_type) if tt.elem_type else None
     if not tt.HasField("shape"):
         return TensorInfo(dtype, None)
     dims: list[Dim] = []
@@ -197,7 +230,7 @@ def load_model(src: ModelSource) -> Graph:
     for vi in [*g.input, *g.value_info, *g.output]:
         info[vi.name] = _info(vi)
     nodes = [
-        Node(nm, n.op_type, list(n.input), list(n.output), _attrs(n), n.domain, proto=n)
+        Node(nm, n.op_type, _node_inputs(n), list(n.output), _attrs(n), n.domain, proto=n)
         for n, nm in zip(g.node, names, strict=True)
     ]
     inputs = [i.name for i in g.input if i.name not in initializers]

@@ -307,7 +307,7 @@ class NpuProvider:
             params = _PARAM_INPUTS.get(node.op_type, set())
             for i, name in enumerate(node.inputs):
                 if name and i not in params and name in g.initializers:
-                    consts[name] = np.ascontiguousarray(g.initializers[name])
+                    consts[name] = np.asarray(g.initializers[name], order="C")  # keeps rank 0
             zeros = self._zeros_for(node)
             if zeros is not None:
                 consts.setdefault(zeros[0], zeros[1])

@@ -20,7 +20,7 @@ import numpy as np
 from .. import _abi
 from ..kernels.validate import tensor_op_supported
 from .cpu import conv_pads
-from .graph import Graph, Node
+from .graph import NPU_MIN_OPSET, Graph, Node
 
 __all__ = [
     "ELTWISE_OPS",
@@ -222,6 +222,8 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
     """``None`` if the NPU provider can run ``node`` on a device with ``caps``, else why not."""
     if node.domain not in ("", "ai.onnx"):
         return f"custom domain {node.domain!r}"
+    if graph.opset < NPU_MIN_OPSET:
+        return f"ai.onnx opset {graph.opset}: the NPU provider starts at opset {NPU_MIN_OPSET}"
     op = node.op_type
     if op not in _OPCODE and op not in VIEW_OPS:
         return f"no NPU kernel for {op}"

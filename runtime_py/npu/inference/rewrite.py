@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import CPU_OPS, Array, ReferenceKernel, numpy_kernel_ok
-from .graph import Graph, Node, TensorInfo
+from .graph import NPU_MIN_OPSET, Graph, Node, TensorInfo
 
 __all__ = [
     "constants_to_initializers",
@@ -141,7 +141,7 @@ def fold_constants(graph: Graph) -> int:
                 want = graph.tensor_info(out).static_shape
                 if want is not None and math.prod(want) == v.size:
                     v = v.reshape(want)  # onnx.reference may return [x] for a scalar
-                graph.initializers[out] = np.ascontiguousarray(v)
+                graph.initializers[out] = np.asarray(v, order="C")  # keeps rank 0
         count += 1
     graph.nodes = keep
     return count
@@ -435,8 +435,14 @@ def prune_initializers(graph: Graph) -> int:
 
 
 def rewrite(graph: Graph) -> dict[str, int]:
-    """Run every rewrite in order; return how often each applied."""
+    """Run every rewrite in order; return how often each applied.
+
+    A model below opset :data:`NPU_MIN_OPSET` is not rewritten: its nodes
+    run with onnx.reference, which knows their old definitions.
+    """
     done: dict[str, int] = {}
+    if graph.opset < NPU_MIN_OPSET:
+        return done
     passes: list[tuple[str, Any]] = [
         ("constants_to_initializers", constants_to_initializers),
         ("fold_constants", fold_constants),

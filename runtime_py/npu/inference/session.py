@@ -26,7 +26,7 @@ from .._closing import Closing
 from ..core.device import DeviceArg, resolve_device
 from ..errors import NpuError
 from .cpu import Array, Kernel, cpu_kernel
-from .graph import Dim, Node
+from .graph import Dim, ModelError, Node, elem_type
 from .loader import ModelSource, load_model
 from .npu_provider import NpuProvider, PartitionPlan, Val, free_buffers
 from .partition import Partition, npu_reason, partition
@@ -52,7 +52,7 @@ class NodeArg:
         """The onnxruntime-style type string, e.g. ``"tensor(float)"``."""
         if self.dtype is None:
             return "tensor(unknown)"
-        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        elem = elem_type(self.dtype)
         name = helper.tensor_dtype_to_string(elem).removeprefix("TensorProto.").lower()
         return f"tensor({name})"
 
@@ -149,6 +149,9 @@ class InferenceSession(Closing):
         self._finalizer = weakref.finalize(self, free_buffers, self._buffers)
         self._plans: dict[Signature, list[PartitionPlan | None]] = {}
         self._device_vals: dict[Signature, dict[str, Val]] = {}
+        # Per input signature, the NPU partitions the NPU could not plan.
+        self._cpu_parts: dict[Signature, set[int]] = {}
+        self._on_cpu: set[str] = set()
         self.last_profile = RunProfile()
         log.info(
             "%s: %d nodes in %d partitions (%d on the NPU); rewrites %s",
@@ -219,7 +222,22 @@ class InferenceSession(Closing):
             if name not in feeds:
                 raise ValueError(f"{self.source}: missing input {name!r}")
             info = self._declared[name]
-            arr = np.asarray(feeds[name])
+            value = feeds[name]
+            if value is None or isinstance(value, (list, tuple, dict)):
+                # A sequence, map or empty optional: the CPU kernels take it as is.
+                env[name] = value  # type: ignore[assignment]
+                continue
+            arr = np.asarray(value)
+            if (
+                info.dtype is not None
+                and info.dtype.fields is not None
+                and arr.dtype.fields is None
+                and arr.dtype.itemsize == info.dtype.itemsize
+                and arr.dtype.kind in "uiV"
+            ):
+                # bfloat16, float8, int4: the raw bits (numpy_helper gives uint16
+                # for bfloat16) in onnx.reference's dtype.
+                arr = arr.view(info.dtype)
             if info.dtype is not None and arr.dtype != info.dtype:
                 if not np.can_cast(arr.dtype, info.dtype, casting="same_kind"):
                     raise ValueError(
@@ -259,7 +277,7 @@ class InferenceSession(Closing):
             raise NpuError(errno.EBADF, "session is closed", f"InferenceSession({self.source})")
         env = self._feeds(input_feed)
         prof = RunProfile()
-        sig: Signature = tuple((n, env[n].shape, env[n].dtype.str) for n in self.graph.inputs)
+        sig: Signature = tuple(_signature(n, env[n]) for n in self.graph.inputs)
         plans = self._plans.get(sig)
         if plans is None:
             plans = [None] * len(self.partitions)
@@ -277,6 +295,13 @@ class InferenceSession(Closing):
                 prof.cpu_s += time.perf_counter() - t0
                 continue
             assert self._npu is not None
+            cpu_parts = self._cpu_parts.setdefault(sig, set())
+            if k in cpu_parts:
+                t0 = time.perf_counter()
+                for node in nodes:
+                    self._run_cpu(node, env, initializers, opset)
+                prof.cpu_s += time.perf_counter() - t0
+                continue
             plan = plans[k]
             if plan is None:
                 host = {}
@@ -284,7 +309,17 @@ class InferenceSession(Closing):
                     for i in node.inputs:
                         if i and i not in known and i in env:
                             host[i] = (tuple(env[i].shape), env[i].dtype)
-                plan = self._npu.build(nodes, known, host, self._escapes[k])
+                try:
+                    plan = self._npu.build(nodes, known, host, self._escapes[k])
+                except ModelError as exc:
+                    # The NPU cannot plan these shapes: the partition runs on
+                    # the CPU for this input signature (a note, not an error).
+                    self._plan_on_cpu(k, nodes, sig, str(exc))
+                    t0 = time.perf_counter()
+                    for node in nodes:
+                        self._run_cpu(node, env, initializers, opset)
+                    prof.cpu_s += time.perf_counter() - t0
+                    continue
                 plans[k] = plan
                 for name in self._escapes[k]:
                     if name in plan.vals:
@@ -296,12 +331,34 @@ class InferenceSession(Closing):
         t0 = time.perf_counter()
         outs = []
         for n in names:
-            v = env[n] if n in env else initializers[n]
-            outs.append(np.array(v, copy=True))
+            outs.append(_copy_value(env[n] if n in env else initializers[n]))
         prof.download_s = time.perf_counter() - t0
         prof.total_s = time.perf_counter() - t_start
         self.last_profile = prof
         return outs
+
+    def _plan_on_cpu(self, k: int, nodes: list[Node], sig: Signature, why: str) -> None:
+        self._cpu_parts.setdefault(sig, set()).add(k)
+        for node in nodes:
+            if node.name not in self._kernels:
+                self._kernels[node.name] = cpu_kernel(node, self.graph)
+            self.fallbacks.append((node.name, node.op_type, why))
+            self._on_cpu.add(node.name)
+        log.info("%s: partition %d runs on the CPU: %s", self.source, k, why)
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node name -> ``"NPU"`` or ``"CPU"``: where each node ran (or will run).
+
+        A node of an NPU partition that the NPU could not plan for the input
+        shapes of a run counts as ``"CPU"`` from that run on.
+        """
+        out = {}
+        for part, nodes in zip(self.partitions, self._part_nodes, strict=True):
+            for n in nodes:
+                cpu = part.provider == "CPU" or n.name in self._on_cpu
+                out[n.name] = "CPU" if cpu else "NPU"
+        return out
 
     def _run_cpu(
         self, node: Node, env: dict[str, Array], initializers: dict[str, Array], opset: int
@@ -323,3 +380,21 @@ class InferenceSession(Closing):
         for name, val in zip(node.outputs, outs, strict=False):
             if name:
                 env[name] = val
+
+
+def _signature(name: str, value: Any) -> tuple[str, tuple[int, ...], str]:
+    """What a plan depends on: a tensor's shape and dtype (other values: their type)."""
+    if isinstance(value, np.ndarray):
+        return (name, tuple(value.shape), value.dtype.str)
+    return (name, (), type(value).__name__)
+
+
+def _copy_value(value: Any) -> Any:
+    """An output the caller owns: a tensor copied, a sequence element by element."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_copy_value(v) for v in value]
+    if isinstance(value, dict):
+        return dict(value)
+    return np.array(value, copy=True)
