@@ -40,7 +40,14 @@ from ..kernels.ops import TensorOp
 from ..kernels.validate import window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
-from .partition import ELTWISE_OPS, NPU_DTYPES, UNARY_OPS, VIEW_OPS
+from .partition import (
+    ELTWISE_OPS,
+    NPU_DTYPES,
+    UNARY_OPS,
+    VARIADIC_OPS,
+    VIEW_OPS,
+    transpose_runs,
+)
 
 __all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
 
@@ -68,6 +75,10 @@ _PARAM_INPUTS: Final = {
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+#: The most CONVERT copies one Concat may take on the NPU.
+MAX_CONCAT_COPIES = 256
 
 
 def _strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -418,6 +429,12 @@ class NpuProvider:
             shape = CPU_OPS[op](node, params, g.opset)[0].shape
             b.alias(out, x, shape)
             return
+        if op in VARIADIC_OPS and (op == "Sum" or len([i for i in node.inputs if i]) != 2):
+            self._plan_variadic(b, node)
+            return
+        if op == "Concat":
+            self._plan_concat(b, node)
+            return
         if op in ELTWISE_OPS:
             a, c = b.get(node.inputs[0]), b.get(node.inputs[1])
             oshape = tuple(np.broadcast_shapes(a.shape, c.shape))
@@ -452,14 +469,18 @@ class NpuProvider:
         if op == "Transpose":
             x = b.get(node.inputs[0])
             perm = [int(p) for p in node.attrs.get("perm", range(len(x.shape) - 1, -1, -1))]
-            st = _strides(x.shape)
-            pshape = tuple(x.shape[p] for p in perm)
-            pstrides = tuple(st[p] for p in perm)
-            o = b.new(out, pshape, x.dtype)
+            o = b.new(out, tuple(x.shape[p] for p in perm), x.dtype)
+            # Axes that stay adjacent move as one (rank <= 4 on the device).
+            mshape, mperm = transpose_runs(x.shape, perm)
+            st = _strides(mshape)
+            pshape = tuple(mshape[p] for p in mperm)
+            pstrides = tuple(st[p] for p in mperm)
             b.emit(
                 [x],
                 [o],
-                lambda: ops.convert(R(x, pshape or (1,), pstrides or (1,)), R(o), _bufs(x, o)),
+                lambda: ops.convert(
+                    R(x, pshape or (1,), pstrides or (1,)), R(o, pshape or (1,)), _bufs(x, o)
+                ),
             )
             return
         if op == "Conv":
@@ -531,6 +552,77 @@ class NpuProvider:
             )
             return
         raise ModelError(f"{g.source}: {node.describe()}: no NPU planner for {op}")
+
+    def _plan_variadic(self, b: _Builder, node: Node) -> None:
+        """Sum, and Max/Min of other than two inputs: a chain of binary ELTWISE ops."""
+        R = b.ref
+        kind = VARIADIC_OPS[node.op_type]
+        ins = [b.get(i) for i in node.inputs if i]
+        acc = ins[0]
+        if len(ins) == 1:
+            b.alias(node.outputs[0], acc, acc.shape)
+            return
+        for k, x in enumerate(ins[1:], start=2):
+            oshape = tuple(np.broadcast_shapes(acc.shape, x.shape))
+            o = b.new(node.outputs[0] if k == len(ins) else "", oshape, acc.dtype)
+            r = max(len(oshape), 1)
+            os_ = oshape or (1,)
+            pa, px = _pad_to(acc.shape, r), _pad_to(x.shape, r)
+
+            def make(
+                a: Val = acc, c: Val = x, o: Val = o, pa: Any = pa, px: Any = px, os_: Any = os_
+            ) -> ops.TensorOp:
+                return ops.eltwise(
+                    kind,
+                    R(a, pa, _bcast_strides(pa, os_)),
+                    R(c, px, _bcast_strides(px, os_)),
+                    R(o, os_),
+                    _bufs(a, c, o),
+                )
+
+            b.emit([acc, x], [o], make)
+            acc = o
+
+    def _plan_concat(self, b: _Builder, node: Node) -> None:
+        """Concat: one CONVERT per input and per block before the axis (contiguous copies).
+
+        The output rows of one input are contiguous only within one index of
+        the axes before ``axis``, so an input is copied as
+        ``prod(shape[:axis])`` blocks (one for a batch of 1 on axis 1).
+
+        Raises:
+            ModelError: more than :data:`MAX_CONCAT_COPIES` copies (the
+                partition then runs on the CPU for these shapes).
+        """
+        R = b.ref
+        ins = [b.get(i) for i in node.inputs if i]
+        r = len(ins[0].shape)
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + r if axis < 0 else axis
+        oshape = list(ins[0].shape)
+        oshape[axis] = sum(x.shape[axis] for x in ins)
+        o = b.new(node.outputs[0], oshape, ins[0].dtype)
+        blocks = math.prod(oshape[:axis])
+        if blocks * len(ins) > MAX_CONCAT_COPIES:
+            raise ModelError(
+                f"{self.graph.source}: {node.describe()}: Concat would take "
+                f"{blocks * len(ins)} copies (at most {MAX_CONCAT_COPIES})"
+            )
+        row = math.prod(oshape[axis + 1 :])
+        out_block = math.prod(oshape[axis:])
+        item = o.dtype.itemsize
+        start = 0
+        for x in ins:
+            n = x.shape[axis] * row
+            for p in range(blocks):
+                src = Val(x.storage, (n,), x.dtype, x.offset + p * n * item)
+                dst = Val(o.storage, (n,), o.dtype, o.offset + (p * out_block + start) * item)
+
+                def make(src: Val = src, dst: Val = dst, x: Val = x) -> ops.TensorOp:
+                    return ops.convert(R(src), R(dst), _bufs(x, o))
+
+                b.emit([src], [dst], make)
+            start += n
 
     def _plan_conv(self, b: _Builder, node: Node) -> None:
         x = b.get(node.inputs[0])

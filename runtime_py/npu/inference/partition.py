@@ -11,6 +11,7 @@ large as possible) and starts a new partition only when it must.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,10 +27,12 @@ __all__ = [
     "ELTWISE_OPS",
     "NPU_DTYPES",
     "UNARY_OPS",
+    "VARIADIC_OPS",
     "VIEW_OPS",
     "Partition",
     "npu_reason",
     "partition",
+    "transpose_runs",
 ]
 
 #: numpy dtype -> device dtype, for tensors the NPU provider handles.
@@ -93,6 +96,15 @@ _OPCODE: Final = {
     "LogSoftmax": _abi.Opcode.SOFTMAX,
     "LayerNormalization": _abi.Opcode.LAYERNORM,
     **dict.fromkeys(_REDUCE_OPS, _abi.Opcode.REDUCE),
+    "Sum": _abi.Opcode.ELTWISE,
+    "Concat": _abi.Opcode.CONVERT,
+}
+
+#: Variadic ops the NPU runs as a chain of binary ELTWISE ops.
+VARIADIC_OPS: Final = {
+    "Sum": _abi.EltwiseKind.ADD,
+    "Max": _abi.EltwiseKind.MAX,
+    "Min": _abi.EltwiseKind.MIN,
 }
 
 
@@ -104,7 +116,25 @@ class Partition:
     nodes: tuple[str, ...]
 
 
-def _tensor_reason(graph: Graph, name: str, what: str) -> str | None:
+def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A transpose with the axes that stay adjacent merged: (shape, perm) of lower rank.
+
+    ShuffleNet's ``[N, g, C/g, H, W]`` with perm ``(0, 2, 1, 3, 4)`` becomes
+    ``[N, g, C/g, H*W]`` with ``(0, 2, 1, 3)``: the same element order.
+    """
+    runs: list[list[int]] = []
+    for p in perm:
+        if runs and runs[-1][-1] + 1 == p:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    order = sorted(range(len(runs)), key=lambda k: runs[k][0])
+    merged = [math.prod(shape[a] for a in runs[k]) for k in order]
+    new_perm = [order.index(k) for k in range(len(runs))]
+    return merged, new_perm
+
+
+def _tensor_reason(graph: Graph, name: str, what: str, views: bool = False) -> str | None:
     info = graph.tensor_info(name)
     if info.dtype is None:
         return f"{what} {name!r} has an unknown element type"
@@ -112,7 +142,7 @@ def _tensor_reason(graph: Graph, name: str, what: str) -> str | None:
         return f"{what} {name!r} is {info.dtype}, the NPU has float32/float16/int32/int8"
     if info.rank is None:
         return f"{what} {name!r} has an unknown rank"
-    if info.rank > _abi.NPU_MAX_RANK:
+    if info.rank > _abi.NPU_MAX_RANK and not views:
         return f"{what} {name!r} has rank {info.rank} > {_abi.NPU_MAX_RANK}"
     if info.shape is not None and 0 in info.shape:
         return f"{what} {name!r} is empty"
@@ -146,6 +176,12 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
     dts = [graph.tensor_info(i).dtype for i in node.inputs[:1] if i]
     dt = dts[0] if dts else None
     floaty = dt in _FLOATS
+    if op in VARIADIC_OPS:
+        ins = [i for i in node.inputs if i]
+        if any(graph.tensor_info(i).dtype != dt for i in ins):
+            return f"{op} of mixed dtypes"
+        if op == "Sum" or len(ins) != 2:
+            return None
     if op in ELTWISE_OPS:
         if len([i for i in node.inputs if i]) != 2:
             return f"{op} with {len(node.inputs)} inputs (the NPU takes 2)"
@@ -158,7 +194,21 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
         if op == "Gelu" and a.get("approximate", "none") != "none":
             return "tanh-approximate Gelu (the NPU's GELU is the erf form)"
         return None
-    if op in ("Cast", "Transpose") or op in VIEW_OPS:
+    if op == "Transpose":
+        shape = graph.tensor_info(node.inputs[0]).static_shape
+        if shape is None:
+            return "Transpose of a dynamic shape"
+        perm = a.get("perm", list(range(len(shape) - 1, -1, -1)))
+        merged, _ = transpose_runs(shape, [int(p) for p in perm])
+        if len(merged) > _abi.NPU_MAX_RANK:
+            return f"Transpose of rank {len(merged)} after merging adjacent axes"
+        return None
+    if op == "Concat":
+        ins = [i for i in node.inputs if i]
+        if any(graph.tensor_info(i).dtype != dt for i in ins):
+            return "Concat of mixed dtypes"
+        return None
+    if op == "Cast" or op in VIEW_OPS:
         return None
     if op in ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
         if graph.tensor_info(node.inputs[0]).rank != 4:
@@ -231,6 +281,9 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
     if opcode is not None and not tensor_op_supported(opcode, caps):
         return f"the device lacks the capability for {opcode.name}"
     params = _PARAM_INPUTS.get(op, ())
+    # Views move no data, so their tensors may have any rank; a Transpose
+    # needs rank <= 4 once the axes that stay together are merged.
+    views = op in VIEW_OPS or op == "Transpose"
     if op == "Reshape" and graph.opset >= 5 and graph.const(node.input(1)) is None:
         return "Reshape to a shape computed at run time"
     for i, name in enumerate(node.inputs):
@@ -240,12 +293,12 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
             if graph.const(name) is None:
                 return f"parameter input {name!r} is not a constant"
             continue
-        reason = _tensor_reason(graph, name, "input")
+        reason = _tensor_reason(graph, name, "input", views)
         if reason:
             return reason
     for name in node.outputs:
         if name:
-            reason = _tensor_reason(graph, name, "output")
+            reason = _tensor_reason(graph, name, "output", views)
             if reason:
                 return reason
     return _op_reason(node, graph)

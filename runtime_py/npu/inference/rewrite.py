@@ -157,7 +157,7 @@ def drop_identities(graph: Graph) -> int:
             keep.append(node)
             continue
         if node.op_type == "Dropout" and (
-            any(node.outputs[1:])
+            any(o and (o in graph.outputs or graph.consumers().get(o)) for o in node.outputs[1:])
             or (node.input(2) and not (graph.const(node.input(2)) is not None
                                        and not bool(graph.initializers[node.input(2)])))
         ):  # fmt: skip
