@@ -1,4 +1,4 @@
-"""Graph-structure ops on the NPU (issue 17, item 2): variadic Sum/Max/Min,
+"""Graph-structure ops on the NPU (issue 17, item 2): variadic Sum/Max/Min, LRN,
 Concat, rank-5 views with a Transpose that merges adjacent axes (ShuffleNet's
 channel shuffle), and Dropout with an unread mask. Each runs entirely on the
 NPU (CPU backend) and matches onnx.reference exactly."""
@@ -109,3 +109,55 @@ def test_a_dropout_whose_mask_nobody_reads_is_dropped(device: npu.Device) -> Non
         assert sess.rewrites.get("drop_identities") == 1
         assert sess.placement == {"Relu_1": "NPU"}
     np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
+def _lrn_spec(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np.ndarray:
+    """The ONNX spec's LRN, channel by channel (onnx.reference 1.17 loops over the batch)."""
+    y = np.empty_like(x)
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    for c in range(x.shape[1]):
+        window = x[:, max(0, c - lo) : min(x.shape[1], c + hi + 1)].astype(np.float64)
+        y[:, c] = x[:, c] / (bias + alpha / size * (window**2).sum(axis=1)) ** beta
+    return y
+
+
+def test_the_cpu_lrn_follows_the_spec_not_onnx_reference() -> None:
+    model = make(
+        [helper.make_node("LRN", ["x"], ["y"], size=3, alpha=0.5, beta=0.6, bias=2.0)],
+        [vi("x", [1, 6, 2, 2])],
+        [vi("y", [1, 6, 2, 2])],
+    )
+    x = rnd(RNG, 1, 6, 2, 2, scale=3.0)
+    (got,) = npu.InferenceSession(model, providers=("CPU",)).run(None, {"x": x})
+    np.testing.assert_allclose(got, _lrn_spec(x, 3, 0.5, 0.6, 2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("size", "alpha", "beta", "bias"), [(5, 1e-4, 0.75, 1.0), (3, 0.5, 0.6, 2.0)]
+)
+def test_lrn_runs_on_the_npu_within_float32_rounding(
+    device: npu.Device, size: int, alpha: float, beta: float, bias: float
+) -> None:
+    model = make(
+        [helper.make_node("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)],
+        [vi("x", [2, 7, 4, 5])],
+        [vi("y", [2, 7, 4, 5])],
+    )
+    x = rnd(RNG, 2, 7, 4, 5, scale=3.0)
+    want = _lrn_spec(x, size, alpha, beta, bias)
+    with npu.InferenceSession(model, device=device) as sess:
+        (got,) = sess.run(None, {"x": x})
+        assert sess.placement == {"LRN_0": "NPU"}
+    # exp(-beta * log(d)) in float32: a few ulp of the power.
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
+def test_lrn_of_an_even_size_runs_on_the_cpu(device: npu.Device) -> None:
+    model = make(
+        [helper.make_node("LRN", ["x"], ["y"], size=4)],
+        [vi("x", [1, 6, 3, 3])],
+        [vi("y", [1, 6, 3, 3])],
+    )
+    with npu.InferenceSession(model, device=device) as sess:
+        assert sess.placement == {"LRN_0": "CPU"}
+        assert "odd" in sess.fallbacks[0][2]

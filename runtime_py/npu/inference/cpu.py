@@ -513,6 +513,23 @@ def _scatter(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     return [out]
 
 
+def _lrn(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
+    """LRN over channels (onnx.reference 1.17 loops over the batch axis instead)."""
+    x = _req(xs[0])
+    a = node.attrs
+    size = int(a["size"])
+    alpha, beta, bias = (
+        float(a.get("alpha", 1e-4)),
+        float(a.get("beta", 0.75)),
+        float(a.get("bias", 1.0)),
+    )
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = np.pad(x.astype(np.float64) ** 2, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+    c = x.shape[1]
+    window = sum(sq[:, i : i + c] for i in range(size))
+    return [(x / (bias + alpha / size * window) ** beta).astype(x.dtype)]
+
+
 def _erf_kernel(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
     return [erf(x).astype(x.dtype)]
@@ -562,6 +579,7 @@ CPU_OPS: dict[str, Kernel] = {
     "Shape": _shape,
     "Concat": _concat,
     "Scatter": _scatter,
+    "LRN": _lrn,
 }
 
 

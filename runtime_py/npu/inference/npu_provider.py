@@ -77,6 +77,10 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _scalar_name(dtype: np.dtype[Any], value: float) -> str:
+    return f"__scalar_{dtype}_{value!r}"
+
+
 #: The most CONVERT copies one Concat may take on the NPU.
 MAX_CONCAT_COPIES = 256
 
@@ -322,6 +326,8 @@ class NpuProvider:
             zeros = self._zeros_for(node)
             if zeros is not None:
                 consts.setdefault(zeros[0], zeros[1])
+            for name, arr in self._scalars_for(node):
+                consts.setdefault(name, arr)
         if not consts:
             return
         layout: dict[str, int] = {}
@@ -354,6 +360,28 @@ class NpuProvider:
 
     def _zeros(self, n: int, dtype: np.dtype[Any]) -> Val:
         return self.weights[f"__zeros_{dtype}_{n}"]
+
+    @staticmethod
+    def _lrn_scalars(node: Node) -> tuple[float, float, float]:
+        """LRN's (alpha, bias, -beta): the constants its ELTWISE steps read."""
+        a = node.attrs
+        return (
+            float(a.get("alpha", 1e-4)),
+            float(a.get("bias", 1.0)),
+            -float(a.get("beta", 0.75)),
+        )
+
+    def _scalars_for(self, node: Node) -> list[tuple[str, Array]]:
+        """Scalar constants a node's NPU plan reads (uploaded with the weights)."""
+        if node.op_type != "LRN":
+            return []
+        dt = self.graph.tensor_info(node.inputs[0]).dtype
+        if dt is None:
+            return []
+        return [(_scalar_name(dt, v), np.full(1, v, dt)) for v in self._lrn_scalars(node)]
+
+    def _scalar(self, value: float, dtype: np.dtype[Any]) -> Val:
+        return self.weights[_scalar_name(dtype, value)]
 
     # -- planning -----------------------------------------------------------------
 
@@ -488,6 +516,9 @@ class NpuProvider:
             return
         if op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
             self._plan_pool(b, node)
+            return
+        if op == "LRN":
+            self._plan_lrn(b, node)
             return
         if op == "Gemm":
             self._plan_gemm(b, node)
@@ -682,6 +713,73 @@ class NpuProvider:
             [o],
             lambda: ops.pool2d_op(
                 kind, R(x), R(o), (kh, kw), (sh, sw), (ph, pw), count_pad, _bufs(x, o)
+            ),
+        )
+
+    def _plan_lrn(self, b: _Builder, node: Node) -> None:
+        """LRN as eight ops: ``y = x * (bias + alpha * avg_c(x^2)) ** -beta``.
+
+        The channel-window average is a POOL2D AVG (count_include_pad) over
+        ``x^2`` viewed as ``[N, 1, C, H*W]`` with a ``size x 1`` kernel and
+        ``(size - 1) / 2`` rows of padding (ONNX sums over ``size`` channels
+        and divides by ``size``); the power is ``exp(-beta * log(d))``.
+        """
+        R = b.ref
+        x = b.get(node.inputs[0])
+        n, c, h, w = x.shape
+        size = int(node.attrs["size"])
+        alpha, bias, neg_beta = self._lrn_scalars(node)
+        dt = x.dtype
+        pooled = (n, 1, c, h * w)
+        ones = (1, 1, 1, 1)
+        bc = (0, 0, 0, 0)
+
+        def scalar_op(kind: _abi.EltwiseKind, src: Val, value: float) -> Val:
+            k = self._scalar(value, dt)
+            o = b.new("", pooled, dt)
+            b.emit(
+                [src, k],
+                [o],
+                lambda: ops.eltwise(kind, R(src, pooled), R(k, ones, bc), R(o), _bufs(src, k, o)),
+            )
+            return o
+
+        sq = b.new("", x.shape, dt)
+        b.emit(
+            [x], [sq], lambda: ops.eltwise(_abi.EltwiseKind.MUL, R(x), R(x), R(sq), _bufs(x, sq))
+        )
+        avg = b.new("", pooled, dt)
+        pad = (size - 1) // 2
+        b.emit(
+            [sq],
+            [avg],
+            lambda: ops.pool2d_op(
+                _abi.PoolKind.AVG,
+                R(sq, pooled),
+                R(avg),
+                (size, 1),
+                (1, 1),
+                (pad, 0),
+                True,
+                _bufs(sq, avg),
+            ),
+        )
+        d = scalar_op(_abi.EltwiseKind.ADD, scalar_op(_abi.EltwiseKind.MUL, avg, alpha), bias)
+        logd = b.new("", pooled, dt)
+        b.emit([d], [logd], lambda: ops.unary(_abi.UnaryKind.LOG, R(d), R(logd), _bufs(d, logd)))
+        scaled = scalar_op(_abi.EltwiseKind.MUL, logd, neg_beta)
+        inv = b.new("", pooled, dt)
+        b.emit(
+            [scaled],
+            [inv],
+            lambda: ops.unary(_abi.UnaryKind.EXP, R(scaled), R(inv), _bufs(scaled, inv)),
+        )
+        o = b.new(node.outputs[0], x.shape, dt)
+        b.emit(
+            [x, inv],
+            [o],
+            lambda: ops.eltwise(
+                _abi.EltwiseKind.MUL, R(x), R(inv, x.shape), R(o), _bufs(x, inv, o)
             ),
         )
 

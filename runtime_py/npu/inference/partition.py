@@ -98,6 +98,7 @@ _OPCODE: Final = {
     **dict.fromkeys(_REDUCE_OPS, _abi.Opcode.REDUCE),
     "Sum": _abi.Opcode.ELTWISE,
     "Concat": _abi.Opcode.CONVERT,
+    "LRN": _abi.Opcode.POOL2D,
 }
 
 #: Variadic ops the NPU runs as a chain of binary ELTWISE ops.
@@ -202,6 +203,13 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
         merged, _ = transpose_runs(shape, [int(p) for p in perm])
         if len(merged) > _abi.NPU_MAX_RANK:
             return f"Transpose of rank {len(merged)} after merging adjacent axes"
+        return None
+    if op == "LRN":
+        size = int(a.get("size", 0))
+        if graph.tensor_info(node.inputs[0]).rank != 4 or dt != np.dtype(np.float32):
+            return "LRN of other than a 4-D float32 tensor"
+        if size % 2 == 0 or (size - 1) // 2 > _abi.NPU_MAX_PAD:
+            return f"LRN size {size} (the NPU's channel window is odd and centred)"
         return None
     if op == "Concat":
         ins = [i for i in node.inputs if i]
