@@ -4,7 +4,8 @@
 Boots the guest (scripts/guest.py), loads the driver, runs
 examples/bench_npu.py, examples/bench_inference.py (the ONNX models),
 examples/bench_devmem.py (device memory), examples/bench_driver.py (PRIME
-import, runtime resume) and examples/bench_recovery.py
+import, runtime resume), the ioctl fuzzer (tests/stress/fuzz_model.py:
+calls per second) and examples/bench_recovery.py
 (hang detection and reset recovery) in the guest, then measures numpy on
 the host in the same run, the engine-control figures through qtest
 (scripts/bench_engine.py: tile time, reset abort, preemption latency), and
@@ -69,6 +70,8 @@ GUEST_CMDS = (
     "python3 examples/bench_inference.py",
     "python3 examples/bench_devmem.py",
     "python3 examples/bench_driver.py",
+    # The ioctl fuzzer's rate (fuzz_calls_per_s): 20,000 calls (quick: 5,000).
+    "python3 -m tests.stress.fuzz_model",
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0

@@ -2,8 +2,10 @@
 (NPU_KERNEL=debug: KASAN, KFENCE, UBSAN, lockdep, kmemleak, DMA-API debug,
 fault injection), with the NPU behind an emulated Intel VT-d IOMMU
 (``-device intel-iommu``, ``intel_iommu=on``), then the fault-injection
-suite (tests/faults/) in the same guest. Its figures (boot time, case count,
-allocations failed per scenario) go to build/debug-pass.json.
+suite (tests/faults/) and the ioctl fuzzer (tests/stress/test_fuzz.py,
+100,000 calls: NPU_STRESS_SCALE=short) in the same guest. Its figures (boot
+time, case count, allocations failed per scenario, the fuzzer's
+``fuzz_calls_per_s``) go to build/debug-pass.json.
 
 The in-guest gates do the checking: the kernel-log gate after every test
 (KASAN, UBSAN, KFENCE, lockdep, DMA-API, Oops/BUG/WARNING) and, with
@@ -50,6 +52,15 @@ FAULTS_CMD = (
     "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/faults tests/faults "
     "--junitxml={junit}"
 )
+# The ioctl fuzzer at make test's size (100,000 calls): its home is this
+# kernel, where KASAN, lockdep and kmemleak see what the calls do
+# (docs/decisions.md). NPU_STRESS_SEED and NPU_STRESS_FUZZ_CALLS pass through.
+FUZZ_ENV = ("NPU_STRESS_SEED", "NPU_STRESS_FUZZ_CALLS")
+FUZZ_CMD = (
+    "NPU_STRESS_SCALE=short {env} python3 -m pytest -q -s -p no:cacheprovider "
+    "-o junit_family=xunit1 --confcutdir=tests/stress tests/stress/test_fuzz.py "
+    "--junitxml={{junit}}"
+)
 
 pytestmark = pytest.mark.guest
 
@@ -58,6 +69,7 @@ pytestmark = pytest.mark.guest
 class DebugPass:
     suite: SuiteRun
     faults: SuiteRun
+    fuzz: SuiteRun
     dmar: list[str]
     iommu_group: str
     bug_finders: dict[str, bool]
@@ -105,18 +117,30 @@ def debug_pass(guest_module: Any) -> Iterator[DebugPass]:
             "/mnt/npu/build/guest-junit-faults.xml",
             cmd=FAULTS_CMD,
         )
-        dmar = [line for line in dmesg if DMAR_FAULT_RE.search(line)]
+        env = " ".join(f"{k}={int(os.environ[k])}" for k in FUZZ_ENV if os.environ.get(k, ""))
+        fuzz, fuzz_dmesg = run_suite(
+            g,
+            gm,
+            ROOT / "build" / "guest-junit-fuzz-debug.xml",
+            "/mnt/npu/build/guest-junit-fuzz-debug.xml",
+            cmd=FUZZ_CMD.format(env=env),
+        )
+        if g.alive and not g.module_loaded():
+            g.load_module()
+        dmar = [line for line in dmesg + fuzz_dmesg if DMAR_FAULT_RE.search(line)]
         figures = {
             "boot_s": g.boot_s,
             "suite_cases": len(suite.cases),
             "suite_s": suite.seconds,
             "faults_s": faults.seconds,
+            "fuzz_s": fuzz.seconds,
         }
-        junit = ROOT / "build" / "guest-junit-faults.xml"
-        if junit.is_file():
-            figures.update(_figures(junit))
+        for name in ("guest-junit-faults.xml", "guest-junit-fuzz-debug.xml"):
+            junit = ROOT / "build" / name
+            if junit.is_file():
+                figures.update(_figures(junit))
         FIGURES.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-        yield DebugPass(suite, faults, dmar, group.strip() if rc == 0 else "", finders)
+        yield DebugPass(suite, faults, fuzz, dmar, group.strip() if rc == 0 else "", finders)
     finally:
         g.close()
 
@@ -158,3 +182,15 @@ def test_fault_injection_suite_passes(debug_pass: DebugPass) -> None:
     assert not [c for _, c in run.cases if c.outcome in ("failed", "error")], _failed(run)
     ran = [c for _, c in run.cases if c.outcome == "passed"]
     assert run.rc == 0 and ran, f"fault-injection pytest exited {run.rc}:\n{_tail(run.output)}"
+
+
+def test_ioctl_fuzzer_passes_on_the_debug_kernel(debug_pass: DebugPass) -> None:
+    run = debug_pass.fuzz
+    assert not run.error, run.error + "\n" + _tail(run.output)
+    assert not [c for _, c in run.cases if c.outcome in ("failed", "error")], (
+        _failed(run) + "\n\n" + _tail(run.output, 30)
+    )
+    ran = [c for _, c in run.cases if c.outcome == "passed"]
+    assert run.rc == 0 and ran, f"the fuzzer's pytest exited {run.rc}:\n{_tail(run.output)}"
+    bad = [ln for ln in run.bad_dmesg if not any(re.search(k, ln) for k in KNOWN_LINES)]
+    assert not bad, "kernel log errors during the fuzzer:\n" + "\n".join(bad)

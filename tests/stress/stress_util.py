@@ -29,7 +29,7 @@ RW = mmap.PROT_READ | mmap.PROT_WRITE
 SIZES = {
     "KILLS": (100, 10),
     "MODULE_CYCLES": (50, 5),
-    "FUZZ_CALLS": (100_000, 10_000),
+    "FUZZ_CALLS": (1_000_000, 100_000),
     "PROCS": (8, 8),
     "JOBS": (1000, 100),
     "HANG_CYCLES": (100, 5),
