@@ -161,3 +161,173 @@ def test_lrn_of_an_even_size_runs_on_the_cpu(device: npu.Device) -> None:
     with npu.InferenceSession(model, device=device) as sess:
         assert sess.placement == {"LRN_0": "CPU"}
         assert "odd" in sess.fallbacks[0][2]
+
+
+def _single(
+    op: str, shape: list[int], out: list[int], opset: int = 17, **attrs: object
+) -> onnx.ModelProto:
+    return make(
+        [helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", shape)], [vi("y", out)], opset=opset
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("LeakyRelu", {"alpha": 0.01}),
+        ("LeakyRelu", {"alpha": 1.5}),
+        ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+        ("HardSwish", {}),
+    ],
+)
+def test_a_composed_activation_runs_on_the_npu(device: npu.Device, op: str, attrs: dict) -> None:
+    model = _single(op, [2, 3, 8], [2, 3, 8], **attrs)
+    _run_on_npu(model, {"x": rnd(RNG, 2, 3, 8, scale=5.0)}, device)
+
+
+def test_prelu_with_a_per_channel_slope_runs_on_the_npu(device: npu.Device) -> None:
+    model = make(
+        [helper.make_node("PRelu", ["x", "s"], ["y"])],
+        [vi("x", [2, 3, 4, 4])],
+        [vi("y", [2, 3, 4, 4])],
+        inits={"s": rnd(RNG, 3, 1, 1)},
+    )
+    _run_on_npu(model, {"x": rnd(RNG, 2, 3, 4, 4)}, device)
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+def test_clip_runs_on_the_npu_with_attribute_or_input_bounds(
+    device: npu.Device, opset: int
+) -> None:
+    if opset < 11:
+        model = _single("Clip", [4, 5], [4, 5], opset=opset, min=-0.5, max=0.25)
+    else:
+        model = make(
+            [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])],
+            [vi("x", [4, 5])],
+            [vi("y", [4, 5])],
+            inits={"lo": np.array(-0.5, np.float32), "hi": np.array(0.25, np.float32)},
+            opset=opset,
+        )
+    _run_on_npu(model, {"x": rnd(RNG, 4, 5)}, device)
+
+
+def test_clip_with_only_a_lower_bound_is_a_max(device: npu.Device) -> None:
+    model = make(
+        [helper.make_node("Clip", ["x", "lo"], ["y"])],
+        [vi("x", [6])],
+        [vi("y", [6])],
+        inits={"lo": np.array(0.0, np.float32)},
+    )
+    _run_on_npu(model, {"x": rnd(RNG, 6)}, device)
+
+
+@pytest.mark.parametrize(
+    ("starts", "ends", "axes", "steps"),
+    [
+        ([1], [3], [1], [1]),
+        ([0, 1], [2, 100], [0, 2], [1, 2]),
+        ([-3], [-1], [-1], [1]),
+        ([0, 0, 1, 1], [1, 3, 4, 5], [0, 1, 2, 3], [1, 2, 2, 3]),
+    ],
+)
+def test_slice_is_a_strided_copy_on_the_npu(
+    device: npu.Device, starts: list, ends: list, axes: list, steps: list
+) -> None:
+    x = rnd(RNG, 2, 3, 4, 5)
+    inits = {
+        k: np.array(v, np.int64)
+        for k, v in zip(("s", "e", "a", "t"), (starts, ends, axes, steps), strict=True)
+    }
+    node = helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"])
+    want_shape = list(
+        ReferenceEvaluator(make([node], [vi("x", [2, 3, 4, 5])], [vi("y", None)], inits=inits))
+        .run(None, {"x": x})[0]
+        .shape
+    )
+    model = make([node], [vi("x", [2, 3, 4, 5])], [vi("y", want_shape)], inits=inits)
+    _run_on_npu(model, {"x": x}, device)
+
+
+def test_a_slice_with_a_negative_step_stays_on_the_cpu(device: npu.Device) -> None:
+    inits = {
+        "s": np.array([3], np.int64),
+        "e": np.array([0], np.int64),
+        "a": np.array([0], np.int64),
+        "t": np.array([-1], np.int64),
+    }
+    model = make(
+        [helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"])],
+        [vi("x", [5])],
+        [vi("y", [3])],
+        inits=inits,
+    )
+    with npu.InferenceSession(model, device=device) as sess:
+        assert sess.placement == {"Slice_0": "CPU"}
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_split_copies_each_part_on_the_npu(device: npu.Device, opset: int) -> None:
+    if opset == 11:
+        node = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, split=[1, 3, 2])
+        inits = {}
+    elif opset == 13:
+        node = helper.make_node("Split", ["x", "sp"], ["a", "b", "c"], axis=1)
+        inits = {"sp": np.array([1, 3, 2], np.int64)}
+    else:
+        node = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=3)
+        inits = {}
+    sizes = [2, 2, 2] if opset == 18 else [1, 3, 2]
+    model = make(
+        [node],
+        [vi("x", [2, 6, 3])],
+        [vi(n, [2, s, 3]) for n, s in zip("abc", sizes, strict=True)],
+        inits=inits,
+        opset=opset,
+    )
+    _run_on_npu(model, {"x": rnd(RNG, 2, 6, 3)}, device)
+
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceLogSumExp"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_composed_reduction_runs_on_the_npu(device: npu.Device, op: str, keepdims: int) -> None:
+    model = make(
+        [helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)],
+        [vi("x", [2, 3, 4])],
+        [vi("y", [2, 1, 4] if keepdims else [2, 4])],
+        inits={"axes": np.array([1], np.int64)},
+        opset=18,
+    )
+    _run_on_npu(model, {"x": rnd(RNG, 2, 3, 4, scale=4.0)}, device)
+
+
+def test_mean_of_three_inputs_runs_on_the_npu(device: npu.Device) -> None:
+    model = make(
+        [helper.make_node("Mean", ["a", "b", "c"], ["y"])],
+        [vi("a", [2, 3]), vi("b", [3]), vi("c", [2, 3])],
+        [vi("y", [2, 3])],
+    )
+    _run_on_npu(
+        model, {k: rnd(RNG, *s) for k, s in (("a", (2, 3)), ("b", (3,)), ("c", (2, 3)))}, device
+    )
+
+
+@pytest.mark.parametrize(
+    ("axis", "indices"),
+    [
+        (0, np.array(2)),
+        (0, np.array([3, 0, 3])),
+        (1, np.array([[1, 0], [2, -1]])),
+        (-1, np.array([4, 1])),
+    ],
+)
+def test_gather_of_constant_indices_copies_rows_on_the_npu(
+    device: npu.Device, axis: int, indices: np.ndarray
+) -> None:
+    x = rnd(RNG, 4, 3, 5)
+    node = helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)
+    inits = {"i": indices.astype(np.int64)}
+    ax = axis % 3
+    shape = [4, 3, 5][:ax] + list(indices.shape) + [4, 3, 5][ax + 1 :]
+    model = make([node], [vi("x", [4, 3, 5])], [vi("y", shape)], inits=inits)
+    _run_on_npu(model, {"x": x}, device)

@@ -41,11 +41,14 @@ from ..kernels.validate import window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
 from .partition import (
+    COMPOSED_OPS,
     ELTWISE_OPS,
     NPU_DTYPES,
     UNARY_OPS,
     VARIADIC_OPS,
     VIEW_OPS,
+    slice_spec,
+    split_sizes,
     transpose_runs,
 )
 
@@ -371,17 +374,242 @@ class NpuProvider:
             -float(a.get("beta", 0.75)),
         )
 
+    def _clip_bounds(self, node: Node) -> tuple[float | None, float | None]:
+        """Clip's (min, max), None where absent (attributes before opset 11, inputs after)."""
+        if self.graph.opset < 11:
+            lo, hi = node.attrs.get("min"), node.attrs.get("max")
+            return (None if lo is None else float(lo), None if hi is None else float(hi))
+        out: list[float | None] = []
+        for i in (1, 2):
+            c = self.graph.const(node.input(i)) if node.input(i) else None
+            out.append(None if c is None else float(np.asarray(c).reshape(-1)[0]))
+        return out[0], out[1]
+
+    def _node_scalars(self, node: Node) -> list[float]:
+        """The scalar constants a node's composed NPU plan reads."""
+        op = node.op_type
+        a = node.attrs
+        if op == "LRN":
+            return list(self._lrn_scalars(node))
+        if op == "Clip":
+            return [v for v in self._clip_bounds(node) if v is not None]
+        if op == "LeakyRelu":
+            return [float(a.get("alpha", 0.01))]
+        if op == "PRelu":
+            return [0.0]
+        if op == "HardSigmoid":
+            return [float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)), 0.0, 1.0]
+        if op == "HardSwish":
+            return [1.0 / 6.0, 0.5, 0.0, 1.0]
+        if op == "Mean":
+            return [1.0 / len([i for i in node.inputs if i])]
+        return []
+
     def _scalars_for(self, node: Node) -> list[tuple[str, Array]]:
         """Scalar constants a node's NPU plan reads (uploaded with the weights)."""
-        if node.op_type != "LRN":
+        values = self._node_scalars(node)
+        dt = self.graph.tensor_info(node.inputs[0]).dtype if node.inputs else None
+        if not values or dt is None:
             return []
-        dt = self.graph.tensor_info(node.inputs[0]).dtype
-        if dt is None:
-            return []
-        return [(_scalar_name(dt, v), np.full(1, v, dt)) for v in self._lrn_scalars(node)]
+        return [(_scalar_name(dt, v), np.full(1, v, dt)) for v in values]
 
     def _scalar(self, value: float, dtype: np.dtype[Any]) -> Val:
         return self.weights[_scalar_name(dtype, value)]
+
+    def _scalar_op(
+        self, b: _Builder, kind: _abi.EltwiseKind, x: Val, value: float, name: str = ""
+    ) -> Val:
+        """``x <kind> value`` (the scalar broadcast) into a new tensor ``name``."""
+        R = b.ref
+        k = self._scalar(value, x.dtype)
+        shp = x.shape or (1,)
+        o = b.new(name, x.shape, x.dtype)
+        zeros = (0,) * len(shp)
+        ones = (1,) * len(shp)
+        b.emit(
+            [x, k],
+            [o],
+            lambda: ops.eltwise(kind, R(x, shp), R(k, ones, zeros), R(o, shp), _bufs(x, k, o)),
+        )
+        return o
+
+    def _binary(self, b: _Builder, kind: _abi.EltwiseKind, x: Val, y: Val, name: str = "") -> Val:
+        """``x <kind> y`` with ``y`` broadcast to ``x``'s shape."""
+        R = b.ref
+        shp = x.shape or (1,)
+        py = _pad_to(y.shape, len(shp))
+        o = b.new(name, x.shape, x.dtype)
+        b.emit(
+            [x, y],
+            [o],
+            lambda: ops.eltwise(
+                kind, R(x, shp), R(y, py, _bcast_strides(py, shp)), R(o, shp), _bufs(x, y, o)
+            ),
+        )
+        return o
+
+    def _unary(self, b: _Builder, kind: _abi.UnaryKind, x: Val, name: str = "") -> Val:
+        R = b.ref
+        shp = x.shape or (1,)
+        o = b.new(name, x.shape, x.dtype)
+        b.emit([x], [o], lambda: ops.unary(kind, R(x, shp), R(o, shp), _bufs(x, o)))
+        return o
+
+    def _plan_composed(self, b: _Builder, node: Node) -> None:
+        """Clip, LeakyRelu, PRelu, HardSigmoid, HardSwish from ELTWISE/UNARY ops."""
+        E = _abi.EltwiseKind
+        op = node.op_type
+        out = node.outputs[0]
+        x = b.get(node.inputs[0])
+        a = node.attrs
+        if op == "Clip":
+            lo, hi = self._clip_bounds(node)
+            if lo is None and hi is None:
+                b.alias(out, x, x.shape)
+                return
+            y = x
+            if lo is not None:
+                y = self._scalar_op(b, E.MAX, y, lo, out if hi is None else "")
+            if hi is not None:
+                self._scalar_op(b, E.MIN, y, hi, out)
+            return
+        if op == "LeakyRelu":
+            alpha = float(a.get("alpha", 0.01))
+            ax = self._scalar_op(b, E.MUL, x, alpha)
+            # max(x, alpha x) for alpha <= 1, min(x, alpha x) above.
+            self._binary(b, E.MAX if alpha <= 1.0 else E.MIN, x, ax, out)
+            return
+        if op == "PRelu":
+            slope = b.get(node.inputs[1])
+            pos = self._unary(b, _abi.UnaryKind.RELU, x)
+            neg = self._scalar_op(b, E.MIN, x, 0.0)
+            self._binary(b, E.ADD, pos, self._binary(b, E.MUL, neg, slope), out)
+            return
+        if op in ("HardSigmoid", "HardSwish"):
+            alpha, beta = (
+                (1.0 / 6.0, 0.5)
+                if op == "HardSwish"
+                else (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
+            )
+            t = self._scalar_op(b, E.ADD, self._scalar_op(b, E.MUL, x, alpha), beta)
+            t = self._scalar_op(b, E.MAX, t, 0.0)
+            if op == "HardSigmoid":
+                self._scalar_op(b, E.MIN, t, 1.0, out)
+                return
+            self._binary(b, E.MUL, x, self._scalar_op(b, E.MIN, t, 1.0), out)
+            return
+        raise ModelError(f"{self.graph.source}: {node.describe()}: no composed plan")
+
+    def _plan_slice(self, b: _Builder, node: Node) -> None:
+        """Slice and Split: a CONVERT from a strided view of the input per output."""
+        R = b.ref
+        x = b.get(node.inputs[0])
+        st = _strides(x.shape)
+        item = x.dtype.itemsize
+        if node.op_type == "Slice":
+            spec = slice_spec(node, self.graph, x.shape)
+            assert spec is not None
+            outs = [(node.outputs[0], spec)]
+        else:
+            r = len(x.shape)
+            axis = int(node.attrs.get("axis", 0))
+            axis = axis + r if axis < 0 else axis
+            sizes = split_sizes(node, self.graph, x.shape)
+            assert sizes is not None
+            outs = []
+            start = 0
+            for name, size in zip(node.outputs, sizes, strict=True):
+                spec = [(0, d, 1) for d in x.shape]
+                spec[axis] = (start, size, 1)
+                outs.append((name, spec))
+                start += size
+        for name, spec in outs:
+            if not name:
+                continue
+            shape = tuple(n for _, n, _ in spec)
+            o = b.new(name, shape, x.dtype)
+            if 0 in shape:
+                raise ModelError(f"{self.graph.source}: {node.describe()}: empty output")
+            offset = sum(s0 * s for (s0, _, _), s in zip(spec, st, strict=True))
+            strides = tuple(s * step for (_, _, step), s in zip(spec, st, strict=True))
+            src = Val(x.storage, shape, x.dtype, x.offset + offset * item)
+
+            def make(
+                src: Val = src, o: Val = o, shp: Any = shape, sst: Any = strides
+            ) -> ops.TensorOp:
+                return ops.convert(
+                    R(src, shp or (1,), sst or (1,)), R(o, shp or (1,)), _bufs(src, o)
+                )
+
+            b.emit([src], [o], make)
+
+    def _plan_gather(self, b: _Builder, node: Node) -> None:
+        """Gather with constant indices: one contiguous copy per (block, index).
+
+        The output is ``[prefix, K, inner]`` in memory (prefix: the axes
+        before ``axis``, K: the flattened indices, inner: the axes after),
+        so each ``inner`` row is a contiguous copy of one input row.
+        """
+        R = b.ref
+        x = b.get(node.inputs[0])
+        idx = np.asarray(self.graph.const(node.input(1)))
+        r = len(x.shape)
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + r if axis < 0 else axis
+        oshape = x.shape[:axis] + tuple(idx.shape) + x.shape[axis + 1 :]
+        o = b.new(node.outputs[0], oshape, x.dtype)
+        flat = [int(i) + (x.shape[axis] if i < 0 else 0) for i in idx.reshape(-1)]
+        prefix = math.prod(x.shape[:axis])
+        inner = math.prod(x.shape[axis + 1 :])
+        item = x.dtype.itemsize
+        for p in range(prefix):
+            for k, i in enumerate(flat):
+                src = Val(
+                    x.storage,
+                    (inner,),
+                    x.dtype,
+                    x.offset + ((p * x.shape[axis] + i) * inner) * item,
+                )
+                dst = Val(
+                    o.storage, (inner,), o.dtype, o.offset + ((p * len(flat) + k) * inner) * item
+                )
+
+                def make(src: Val = src, dst: Val = dst) -> ops.TensorOp:
+                    return ops.convert(R(src), R(dst), _bufs(src, dst))
+
+                b.emit([src], [dst], make)
+
+    def _plan_reduce_composed(self, b: _Builder, node: Node) -> None:
+        """ReduceL2 (sqrt of a sum of squares) and ReduceLogSumExp (max-shifted)."""
+        R = b.ref
+        E = _abi.EltwiseKind
+        g = self.graph
+        x = b.get(node.inputs[0])
+        axes = reduce_axes(node, g.const(node.input(1)), len(x.shape), g.opset)
+        keep = bool(node.attrs.get("keepdims", 1))
+        out = node.outputs[0]
+        if axes is None:
+            axes = []
+        kshape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+        oshape = kshape if keep else tuple(s for d, s in enumerate(x.shape) if d not in axes)
+
+        def reduce(kind: _abi.ReduceKind, v: Val) -> Val:
+            o = b.new("", kshape, v.dtype)
+            if axes:
+                b.emit([v], [o], lambda: ops.reduce(kind, R(v), R(o), axes, _bufs(v, o)))
+            else:
+                b.emit([v], [o], lambda: ops.convert(R(v), R(o), _bufs(v, o)))
+            return o
+
+        if node.op_type == "ReduceL2":
+            sq = self._binary(b, E.MUL, x, x)
+            r = self._unary(b, _abi.UnaryKind.SQRT, reduce(_abi.ReduceKind.SUM, sq))
+        else:
+            m = reduce(_abi.ReduceKind.MAX, x)
+            e = self._unary(b, _abi.UnaryKind.EXP, self._binary(b, E.SUB, x, m))
+            lg = self._unary(b, _abi.UnaryKind.LOG, reduce(_abi.ReduceKind.SUM, e))
+            r = self._binary(b, E.ADD, lg, m)
+        b.alias(out, r, oshape)
 
     # -- planning -----------------------------------------------------------------
 
@@ -457,7 +685,7 @@ class NpuProvider:
             shape = CPU_OPS[op](node, params, g.opset)[0].shape
             b.alias(out, x, shape)
             return
-        if op in VARIADIC_OPS and (op == "Sum" or len([i for i in node.inputs if i]) != 2):
+        if op in VARIADIC_OPS and op != "Mean" and (op == "Sum" or len(node.inputs) != 2):
             self._plan_variadic(b, node)
             return
         if op == "Concat":
@@ -519,6 +747,21 @@ class NpuProvider:
             return
         if op == "LRN":
             self._plan_lrn(b, node)
+            return
+        if op in COMPOSED_OPS:
+            self._plan_composed(b, node)
+            return
+        if op in ("Slice", "Split"):
+            self._plan_slice(b, node)
+            return
+        if op == "Gather":
+            self._plan_gather(b, node)
+            return
+        if op in ("ReduceL2", "ReduceLogSumExp"):
+            self._plan_reduce_composed(b, node)
+            return
+        if op == "Mean":
+            self._plan_variadic(b, node, "" if len([i for i in node.inputs if i]) > 1 else None)
             return
         if op == "Gemm":
             self._plan_gemm(b, node)
@@ -584,18 +827,23 @@ class NpuProvider:
             return
         raise ModelError(f"{g.source}: {node.describe()}: no NPU planner for {op}")
 
-    def _plan_variadic(self, b: _Builder, node: Node) -> None:
-        """Sum, and Max/Min of other than two inputs: a chain of binary ELTWISE ops."""
+    def _plan_variadic(self, b: _Builder, node: Node, last: str | None = None) -> None:
+        """Sum, Mean, and Max/Min of other than two inputs: a chain of binary ELTWISE ops.
+
+        ``last`` names the chain's result (default: the node's output); Mean
+        sums into a temporary and scales it by 1/n into the output.
+        """
         R = b.ref
         kind = VARIADIC_OPS[node.op_type]
         ins = [b.get(i) for i in node.inputs if i]
         acc = ins[0]
+        target = node.outputs[0] if last is None else last
         if len(ins) == 1:
             b.alias(node.outputs[0], acc, acc.shape)
             return
         for k, x in enumerate(ins[1:], start=2):
             oshape = tuple(np.broadcast_shapes(acc.shape, x.shape))
-            o = b.new(node.outputs[0] if k == len(ins) else "", oshape, acc.dtype)
+            o = b.new(target if k == len(ins) else "", oshape, acc.dtype)
             r = max(len(oshape), 1)
             os_ = oshape or (1,)
             pa, px = _pad_to(acc.shape, r), _pad_to(x.shape, r)
@@ -613,6 +861,8 @@ class NpuProvider:
 
             b.emit([acc, x], [o], make)
             acc = o
+        if node.op_type == "Mean":
+            self._scalar_op(b, _abi.EltwiseKind.MUL, acc, 1.0 / len(ins), node.outputs[0])
 
     def _plan_concat(self, b: _Builder, node: Node) -> None:
         """Concat: one CONVERT per input and per block before the axis (contiguous copies).

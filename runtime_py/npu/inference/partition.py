@@ -24,6 +24,7 @@ from .cpu import conv_pads
 from .graph import NPU_MIN_OPSET, Graph, Node
 
 __all__ = [
+    "COMPOSED_OPS",
     "ELTWISE_OPS",
     "NPU_DTYPES",
     "UNARY_OPS",
@@ -32,6 +33,8 @@ __all__ = [
     "Partition",
     "npu_reason",
     "partition",
+    "slice_spec",
+    "split_sizes",
     "transpose_runs",
 ]
 
@@ -70,7 +73,20 @@ _INT_UNARY = frozenset({"Relu", "Abs", "Neg"})
 VIEW_OPS: Final = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
 _REDUCE_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
 # Inputs that only carry static parameters (must be constants; not device tensors).
+#: The most row copies one Gather may take on the NPU.
+MAX_GATHER_COPIES: Final = 256
+
+#: Elementwise ops the NPU runs as a few ELTWISE/UNARY ops with scalar constants.
+COMPOSED_OPS: Final = frozenset({"Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish"})
+
 _PARAM_INPUTS: Final = {
+    "Slice": (1, 2, 3, 4),
+    "Gather": (1,),
+    "Split": (1,),
+    "Clip": (1, 2),
+    "PRelu": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSumExp": (1,),
     "Reshape": (1,),
     "Squeeze": (1,),
     "Unsqueeze": (1,),
@@ -99,11 +115,19 @@ _OPCODE: Final = {
     "Sum": _abi.Opcode.ELTWISE,
     "Concat": _abi.Opcode.CONVERT,
     "LRN": _abi.Opcode.POOL2D,
+    "Slice": _abi.Opcode.CONVERT,
+    "Gather": _abi.Opcode.CONVERT,
+    "Split": _abi.Opcode.CONVERT,
+    "Mean": _abi.Opcode.ELTWISE,
+    **dict.fromkeys(COMPOSED_OPS, _abi.Opcode.ELTWISE),
+    "ReduceL2": _abi.Opcode.REDUCE,
+    "ReduceLogSumExp": _abi.Opcode.REDUCE,
 }
 
 #: Variadic ops the NPU runs as a chain of binary ELTWISE ops.
 VARIADIC_OPS: Final = {
     "Sum": _abi.EltwiseKind.ADD,
+    "Mean": _abi.EltwiseKind.ADD,
     "Max": _abi.EltwiseKind.MAX,
     "Min": _abi.EltwiseKind.MIN,
 }
@@ -115,6 +139,67 @@ class Partition:
 
     provider: str
     nodes: tuple[str, ...]
+
+
+def slice_spec(node: Node, graph: Graph, shape: Sequence[int]) -> list[tuple[int, int, int]] | None:
+    """Per axis ``(start, length, step)`` of a Slice with constant, positive steps; else None."""
+    starts: list[int] | None
+    ends: list[int] | None
+    axes: list[int] | None
+    steps: list[int] | None
+    if graph.opset >= 10:
+        vals: list[list[int] | None] = []
+        for i in (1, 2, 3, 4):
+            name = node.input(i)
+            if not name:
+                vals.append(None)
+                continue
+            c = graph.const(name)
+            if c is None:
+                return None
+            vals.append([int(v) for v in np.asarray(c).reshape(-1)])
+        starts, ends, axes, steps = vals
+    else:
+        a = node.attrs
+        starts, ends, axes, steps = a.get("starts"), a.get("ends"), a.get("axes"), None
+    if starts is None or ends is None:
+        return None
+    r = len(shape)
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    spec = [(0, int(d), 1) for d in shape]
+    for ax, st, en, sp in zip(axes, starts, ends, steps, strict=True):
+        if sp <= 0:
+            return None
+        ax = ax + r if ax < 0 else ax
+        if not 0 <= ax < r:
+            return None
+        lo, hi, step = slice(st, en, sp).indices(int(shape[ax]))
+        spec[ax] = (lo, len(range(lo, hi, step)), step)
+    return spec
+
+
+def split_sizes(node: Node, graph: Graph, shape: Sequence[int]) -> list[int] | None:
+    """The sizes a Split cuts its axis into (constant), or None."""
+    r = len(shape)
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + r if axis < 0 else axis
+    n = len(node.outputs)
+    split: Any = node.attrs.get("split")
+    if node.input(1):
+        c = graph.const(node.input(1))
+        if c is None:
+            return None
+        split = [int(v) for v in np.asarray(c).reshape(-1)]
+    dim = int(shape[axis])
+    if split is None:
+        k = int(node.attrs.get("num_outputs", n))
+        chunk = -(-dim // k)
+        split = [min(chunk, dim - chunk * i) for i in range(k)]
+    sizes = [int(v) for v in split]
+    if len(sizes) != n or sum(sizes) != dim or min(sizes) < 0:
+        return None
+    return sizes
 
 
 def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -177,7 +262,7 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
     dts = [graph.tensor_info(i).dtype for i in node.inputs[:1] if i]
     dt = dts[0] if dts else None
     floaty = dt in _FLOATS
-    if op in VARIADIC_OPS:
+    if op in VARIADIC_OPS and op != "Mean":
         ins = [i for i in node.inputs if i]
         if any(graph.tensor_info(i).dtype != dt for i in ins):
             return f"{op} of mixed dtypes"
@@ -203,6 +288,66 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
         merged, _ = transpose_runs(shape, [int(p) for p in perm])
         if len(merged) > _abi.NPU_MAX_RANK:
             return f"Transpose of rank {len(merged)} after merging adjacent axes"
+        return None
+    if op in ("Slice", "Split"):
+        shape = graph.tensor_info(node.inputs[0]).static_shape
+        if shape is None:
+            return f"{op} of a dynamic shape"
+        if op == "Slice":
+            spec = slice_spec(node, graph, shape)
+            if spec is None:
+                return "Slice with non-constant or negative steps"
+        elif split_sizes(node, graph, shape) is None:
+            return "Split with non-constant sizes"
+        return None
+    if op == "Gather":
+        shape = graph.tensor_info(node.inputs[0]).static_shape
+        idx = graph.const(node.input(1))
+        if shape is None or idx is None:
+            return "Gather with non-constant indices or a dynamic shape"
+        r = len(shape)
+        axis = int(a.get("axis", 0))
+        axis = axis + r if axis < 0 else axis
+        flat = np.asarray(idx).reshape(-1)
+        if flat.size == 0 or (flat < -shape[axis]).any() or (flat >= shape[axis]).any():
+            return "Gather indices out of range"
+        if math.prod(shape[:axis]) * flat.size > MAX_GATHER_COPIES:
+            return f"Gather of more than {MAX_GATHER_COPIES} rows"
+        return None
+    if op == "Mean":
+        ins = [i for i in node.inputs if i]
+        if not floaty or any(graph.tensor_info(i).dtype != dt for i in ins):
+            return "Mean of other than one float dtype"
+        return None
+    if op in COMPOSED_OPS:
+        if op == "Clip":
+            if graph.opset >= 11 and any(
+                node.input(i) and graph.const(node.input(i)) is None for i in (1, 2)
+            ):
+                return "Clip with non-constant bounds"
+            if dt is not None and dt.kind not in "fi":
+                return f"Clip of {dt}"
+            return None
+        if not floaty:
+            return f"{op} of {dt} (float only)"
+        if op == "LeakyRelu" and float(a.get("alpha", 0.01)) < 0:
+            return "LeakyRelu with a negative slope"
+        if op == "PRelu":
+            slope = graph.const(node.input(1))
+            xs = graph.tensor_info(node.inputs[0]).static_shape
+            if slope is None or xs is None:
+                return "PRelu with a non-constant slope or a dynamic shape"
+            try:
+                if np.broadcast_shapes(slope.shape, xs) != tuple(xs):
+                    return "PRelu slope that does not broadcast to the input"
+            except ValueError:
+                return "PRelu slope that does not broadcast to the input"
+        return None
+    if op in ("ReduceL2", "ReduceLogSumExp"):
+        if not floaty:
+            return f"{op} of {dt} (float only)"
+        if len(node.inputs) > 1 and node.input(1) and graph.const(node.input(1)) is None:
+            return "non-constant axes"
         return None
     if op == "LRN":
         size = int(a.get("size", 0))
