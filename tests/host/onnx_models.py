@@ -66,7 +66,7 @@ def bn(x: str, y: str, prefix: str) -> onnx.NodeProto:
 def digits_cnn(batch: Any = "N", seed: int = 0, middle: str | None = None) -> onnx.ModelProto:
     """A LeNet-like digits CNN on [batch, 1, 28, 28] -> [batch, 10] probabilities.
 
-    ``middle`` inserts an op the NPU lacks (e.g. ``"LeakyRelu"``, ``"Erf"``,
+    ``middle`` inserts an op the NPU lacks (e.g. ``"Softplus"``, ``"Erf"``,
     ``"Floor"``) after the first pooling.
     """
     rng = np.random.default_rng(seed)
@@ -269,5 +269,6 @@ def op_cases() -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
         "BatchNormalization", [[2, 3, 4, 4]], inits=dict(
             zip(["s", "b", "m", "v"], bn_params(rng, 3, "p").values(), strict=True)),
     )  # fmt: skip
-    cases["LeakyRelu_reference"] = single("LeakyRelu", [[3, 4]], alpha=0.1)
+    cases["LeakyRelu"] = single("LeakyRelu", [[3, 4]], alpha=0.1)
+    cases["Softplus_reference"] = single("Softplus", [[3, 4]])
     return cases
