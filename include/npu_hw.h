@@ -204,6 +204,7 @@ struct npu_fw_log {
 #define NPU_CAP_CONV		(1u << 9)	/* CONV2D, POOL2D */
 #define NPU_CAP_QUANT		(1u << 10)	/* int8 MATMUL/LINEAR/CONV2D, REQUANT */
 #define NPU_CAP_LOCAL_MEM	(1u << 11)	/* device memory in BAR2 */
+#define NPU_CAP_POOL_GEOMETRY	(1u << 12)	/* POOL2D end pads, dilation, ceil */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -394,9 +395,23 @@ enum npu_opcode {
 /*
  * POOL2D: t[0] = in [N, C, H, W], t[1] = out [N, C, OH, OW]; one float
  * dtype. params: kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
- * flags (all >= 1 but pads and flags; pads < kernel). OH and OW as for
- * CONV2D with dilation 1. MAX ignores padding; AVG divides by the kernel
- * area with NPU_POOL_F_COUNT_PAD, else by the number of in-bounds elements.
+ * flags, then (with NPU_POOL_F_GEOMETRY only, else zero) pad_h_end,
+ * pad_w_end, dil_h, dil_w. Kernels, strides and dilations are >= 1.
+ * Without NPU_POOL_F_GEOMETRY the end pads equal the begin pads and the
+ * dilations are 1. A window of k taps spaced dil apart spans
+ * ke = (k - 1) * dil + 1 elements; every pad is below its ke.
+ * Along one axis of n elements padded by pb before and pe after, the
+ * output size is floor((n + pb + pe - ke) / stride) + 1 (n + pb + pe >= ke).
+ * With NPU_POOL_F_CEIL (needs NPU_POOL_F_GEOMETRY) it is rounded up
+ * instead, less one if the last window would then start at or past
+ * n + pb (inside the end padding or beyond it), as in PyTorch and
+ * onnxruntime. Window o reads the taps at o * stride - pb + i * dil,
+ * 0 <= i < k. MAX takes the largest in-bounds tap (-inf if none). AVG
+ * divides the sum of the in-bounds taps by the number of taps inside the
+ * padded extent [-pb, n + pe) with NPU_POOL_F_COUNT_PAD (the kernel area
+ * unless a ceil-mode window runs past the end padding), else by the number
+ * of in-bounds taps (0 if there are none). NPU_POOL_F_GEOMETRY and
+ * NPU_POOL_F_CEIL need NPU_CAP_POOL_GEOMETRY.
  */
 enum npu_pool_kind {
 	NPU_POOL_MAX		= 0,
@@ -411,7 +426,14 @@ enum npu_pool_kind {
 #define NPU_POOL_P_PAD_H	4
 #define NPU_POOL_P_PAD_W	5
 #define NPU_POOL_P_FLAGS	6
+#define NPU_POOL_P_PAD_H_END	7
+#define NPU_POOL_P_PAD_W_END	8
+#define NPU_POOL_P_DIL_H	9
+#define NPU_POOL_P_DIL_W	10
 #define NPU_POOL_F_COUNT_PAD	(1u << 0)
+#define NPU_POOL_F_GEOMETRY	(1u << 1)	/* params 7..10 are in use */
+#define NPU_POOL_F_CEIL		(1u << 2)	/* ceil-mode output size */
+#define NPU_POOL_F_MASK		0x7u
 
 /*
  * MATMUL: t[0] = a, t[1] = b, t[2] = out. LINEAR: t[0] = a, t[1] = b,

@@ -146,6 +146,18 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 	}
 }
 
+/*
+ * Capability bits a tensor op needs beyond its opcode's, from its params
+ * (npu_tensor_op_supported() covers the opcode itself).
+ */
+static inline __u32 npu_tensor_op_features(__u32 opcode, const __u32 *params)
+{
+	if (opcode == NPU_OP_POOL2D &&
+	    params[NPU_POOL_P_FLAGS] & (NPU_POOL_F_GEOMETRY | NPU_POOL_F_CEIL))
+		return NPU_CAP_POOL_GEOMETRY;
+	return 0;
+}
+
 /* Does a device with capability bits @caps implement tensor op @opcode? */
 static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
 {
@@ -171,8 +183,8 @@ static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
 	}
 }
 
-/* Params an op uses (the others must be zero). */
-static inline __u32 npu_tensor_op_params(__u32 opcode)
+/* Params an op uses (the others must be zero); POOL2D's depend on its flags. */
+static inline __u32 npu_tensor_op_params(__u32 opcode, const __u32 *params)
 {
 	switch (opcode) {
 	case NPU_OP_REDUCE:
@@ -183,10 +195,10 @@ static inline __u32 npu_tensor_op_params(__u32 opcode)
 		return 1;
 	case NPU_OP_LAYERNORM:
 		return 2;
-	case NPU_OP_POOL2D:
-		return 7;
 	case NPU_OP_CONV2D:
 		return 8;
+	case NPU_OP_POOL2D:
+		return params[NPU_POOL_P_FLAGS] & NPU_POOL_F_GEOMETRY ? 11 : 7;
 	default:
 		return 0;
 	}
@@ -230,20 +242,47 @@ static inline int npu_tensor_conv_ok(const struct npu_tensor_params *p)
 					       q[NPU_CONV_P_DIL_W]);
 }
 
+/*
+ * POOL2D output size along one axis (npu_hw.h): @n elements padded by @pb
+ * and @pe, @k taps @dil apart moved by @stride, rounded up with @ceil;
+ * 0 if no window fits or a pad reaches the window's span.
+ */
+static inline __u64 npu_pool_out(__u32 n, __u32 k, __u32 stride, __u32 pb,
+				 __u32 pe, __u32 dil, int ceil)
+{
+	__u64 span = (__u64)dil * (k - 1) + 1, padded = (__u64)n + pb + pe, out;
+
+	if (!k || !stride || !dil || span > padded || pb >= span || pe >= span)
+		return 0;
+	out = (padded - span) / stride + 1;
+	if (ceil && (padded - span) % stride && out * stride < (__u64)n + pb)
+		out++;
+	return out;
+}
+
 /* POOL2D shapes and geometry. */
 static inline int npu_tensor_pool_ok(const struct npu_tensor_params *p)
 {
 	const struct npu_hw_tensor *in = &p->t[0], *out = &p->t[1];
 	const __u32 *q = p->params;
+	__u32 flags = q[NPU_POOL_P_FLAGS], i;
+	__u32 geo[4] = { q[NPU_POOL_P_PAD_H], q[NPU_POOL_P_PAD_W], 1, 1 };
+	int ceil = !!(flags & NPU_POOL_F_CEIL);
 
-	if (in->ndim != 4 || out->ndim != 4 || q[NPU_POOL_P_FLAGS] & ~NPU_POOL_F_COUNT_PAD ||
-	    q[NPU_POOL_P_PAD_H] >= q[NPU_POOL_P_KH] || q[NPU_POOL_P_PAD_W] >= q[NPU_POOL_P_KW] ||
+	if (in->ndim != 4 || out->ndim != 4 || flags & ~NPU_POOL_F_MASK ||
 	    out->shape[0] != in->shape[0] || out->shape[1] != in->shape[1])
 		return 0;
-	return out->shape[2] == npu_window_out(in->shape[2], q[NPU_POOL_P_KH],
-					       q[NPU_POOL_P_STRIDE_H], q[NPU_POOL_P_PAD_H], 1) &&
-	       out->shape[3] == npu_window_out(in->shape[3], q[NPU_POOL_P_KW],
-					       q[NPU_POOL_P_STRIDE_W], q[NPU_POOL_P_PAD_W], 1);
+	if (flags & NPU_POOL_F_GEOMETRY)
+		for (i = 0; i < 4; i++)
+			geo[i] = q[NPU_POOL_P_PAD_H_END + i];
+	else if (ceil)
+		return 0;
+	return out->shape[2] == npu_pool_out(in->shape[2], q[NPU_POOL_P_KH],
+					     q[NPU_POOL_P_STRIDE_H], q[NPU_POOL_P_PAD_H],
+					     geo[0], geo[2], ceil) &&
+	       out->shape[3] == npu_pool_out(in->shape[3], q[NPU_POOL_P_KW],
+					     q[NPU_POOL_P_STRIDE_W], q[NPU_POOL_P_PAD_W],
+					     geo[1], geo[3], ceil);
 }
 
 /* Is the params word @v a zero point: -128..127 as 32-bit two's complement? */
@@ -378,7 +417,7 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		if (st != NPU_ST_OK)
 			return st;
 	}
-	for (i = npu_tensor_op_params(opcode); i < NPU_TENSOR_PARAMS; i++)
+	for (i = npu_tensor_op_params(opcode, p->params); i < NPU_TENSOR_PARAMS; i++)
 		if (p->params[i])
 			return NPU_ST_BAD_RESERVED;
 	out = &p->t[n - 1];

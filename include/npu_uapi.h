@@ -39,6 +39,7 @@
 #define NPU_INFO_CAP_CONV	(1u << 9)
 #define NPU_INFO_CAP_QUANT	(1u << 10)
 #define NPU_INFO_CAP_LOCAL_MEM	(1u << 11)
+#define NPU_INFO_CAP_POOL_GEOMETRY (1u << 12)	/* POOL2D end pads, dilation, ceil */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */

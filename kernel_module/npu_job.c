@@ -254,7 +254,8 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 
 	if (!n || op->flags || op->rsvd)
 		return -EINVAL;
-	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps))
+	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps) ||
+	    npu_tensor_op_features(op->opcode, op->params) & ~ctx->ndev->caps)
 		return -EOPNOTSUPP;
 	memset(hw, 0, sizeof(*hw));
 	/* The validator below rejects params the opcode does not use. */

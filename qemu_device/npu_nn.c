@@ -753,33 +753,50 @@ out:
 }
 
 /*
- * POOL2D: direct loops over the in-bounds taps of each window (every
- * window has at least one, as pads are below the kernel size), in tiles
+ * POOL2D: direct loops over the in-bounds taps of each window, in tiles
  * of whole (image, channel) planes, whose output is one contiguous run.
- * MAX propagates NaN like np.max; AVG sums in double and divides by the
- * kernel area (NPU_POOL_F_COUNT_PAD) or the in-bounds count. Either is
- * rounded once to the output dtype.
+ * MAX propagates NaN like np.max (-inf for a window with no in-bounds
+ * tap); AVG sums in double and divides by the count npu_hw.h defines.
+ * Either is rounded once to the output dtype.
  */
+typedef struct NpuPoolAxis {
+    uint64_t n, k, stride, pb, pe, dil;
+} NpuPoolAxis;
+
 typedef struct NpuPoolJob {
     NpuWalk walk;
     const uint8_t *in;
     uint32_t dtype, kind;
     uint64_t is[4];
-    uint64_t c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+    uint64_t c, oh, ow;
+    NpuPoolAxis ax[2];
     bool count_pad;
     uint8_t *out;
     uint64_t out_va;
     uint32_t osize;
 } NpuPoolJob;
 
-/* In-bounds taps [*lo, *hi) of the window at output index @o. */
-static void npu_pool_range(uint64_t o, uint64_t stride, uint64_t pad,
-                           uint64_t k, uint64_t n, uint64_t *lo, uint64_t *hi)
-{
-    uint64_t start = o * stride;    /* in padded coordinates */
+/* Taps of a window: in-bounds ones are [lo, hi), @padded inside the pads. */
+typedef struct NpuPoolTaps {
+    uint64_t lo, hi, padded, first;
+} NpuPoolTaps;
 
-    *lo = MAX(start, pad) - pad;
-    *hi = MIN(start + k, n + pad) - pad;
+static NpuPoolTaps npu_pool_taps(const NpuPoolAxis *a, uint64_t o)
+{
+    uint64_t start = o * a->stride;     /* in padded coordinates */
+    uint64_t end = a->pb + a->n, edge = end + a->pe;
+    NpuPoolTaps t = { .lo = 0, .hi = 0 };
+
+    if (start < a->pb) {
+        t.lo = DIV_ROUND_UP(a->pb - start, a->dil);
+    }
+    if (start < end) {
+        t.hi = MIN(a->k, DIV_ROUND_UP(end - start, a->dil));
+    }
+    t.hi = MAX(t.hi, t.lo);
+    t.padded = start < edge ? MIN(a->k, DIV_ROUND_UP(edge - start, a->dil)) : 0;
+    t.first = start + t.lo * a->dil - a->pb;   /* input index of tap lo */
+    return t;
 }
 
 static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
@@ -787,7 +804,8 @@ static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
 {
     const NpuPoolJob *job = opaque;
     NpuWalk w = job->walk;
-    uint64_t ohw = job->oh * job->ow, u, oh, ow, h, x, h0, h1, w0, w1;
+    uint64_t ohw = job->oh * job->ow, u, oh, ow, i, j;
+    uint64_t dh = job->ax[0].dil * job->is[2], dw = job->ax[1].dil * job->is[3];
 
     for (u = begin; u < end; u++) {
         const uint8_t *plane = job->in;
@@ -795,40 +813,44 @@ static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
         uint64_t o = u * ohw;
 
         for (oh = 0; oh < job->oh; oh++) {
-            npu_pool_range(oh, job->sh, job->ph, job->kh, job->h, &h0, &h1);
+            NpuPoolTaps th = npu_pool_taps(&job->ax[0], oh);
+
             for (ow = 0; ow < job->ow; ow++, o++) {
+                NpuPoolTaps tw = npu_pool_taps(&job->ax[1], ow);
+                uint64_t row = base + th.first * job->is[2] +
+                               tw.first * job->is[3];
+                uint64_t taps = (th.hi - th.lo) * (tw.hi - tw.lo);
                 double sum = 0.0, div;
-                float m;
+                float m = -INFINITY;
                 uint32_t st;
 
-                npu_pool_range(ow, job->sw, job->pw, job->kw, job->w, &w0, &w1);
                 /* A window may be huge: each output is a control point. */
-                st = npu_engine_work(core, (h1 - h0) * (w1 - w0) + 1);
+                st = npu_engine_work(core, taps + 1);
                 if (st != NPU_ST_OK) {
                     return st;
                 }
                 if (job->kind == NPU_POOL_MAX) {
-                    m = npu_ld_f(plane, job->dtype, base + h0 * job->is[2] +
-                                 w0 * job->is[3]);
-                    for (h = h0; h < h1; h++) {
-                        for (x = w0; x < w1; x++) {
+                    if (taps) {
+                        m = npu_ld_f(plane, job->dtype, row);
+                    }
+                    for (i = 0; i < th.hi - th.lo; i++) {
+                        for (j = 0; j < tw.hi - tw.lo; j++) {
                             m = npu_maxf(m, npu_ld_f(plane, job->dtype,
-                                                     base + h * job->is[2] +
-                                                     x * job->is[3]));
+                                                     row + i * dh + j * dw));
                         }
                     }
                     npu_store_d(job->out, job->dtype, o, m);
                     continue;
                 }
-                for (h = h0; h < h1; h++) {
-                    for (x = w0; x < w1; x++) {
+                for (i = 0; i < th.hi - th.lo; i++) {
+                    for (j = 0; j < tw.hi - tw.lo; j++) {
                         sum += npu_ld_f(plane, job->dtype,
-                                        base + h * job->is[2] + x * job->is[3]);
+                                        row + i * dh + j * dw);
                     }
                 }
-                div = job->count_pad ? (double)job->kh * job->kw :
-                      (double)(h1 - h0) * (w1 - w0);
-                npu_store_d(job->out, job->dtype, o, sum / div);
+                div = job->count_pad ? (double)th.padded * tw.padded :
+                      (double)taps;
+                npu_store_d(job->out, job->dtype, o, div ? sum / div : 0.0);
             }
         }
     }
@@ -846,13 +868,20 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
     const struct npu_hw_tensor *in = &p->t[0], *o = &p->t[1];
     const uint32_t *q = p->params;
     uint32_t cores = MAX(s->cores.n, 1), d;
+    bool geo = q[NPU_POOL_P_FLAGS] & NPU_POOL_F_GEOMETRY;
     NpuPoolJob job = {
         .walk = *w, .in = bufs[0], .dtype = o->dtype, .kind = kind,
-        .c = in->shape[1], .h = in->shape[2], .w = in->shape[3],
-        .oh = o->shape[2], .ow = o->shape[3],
-        .kh = q[NPU_POOL_P_KH], .kw = q[NPU_POOL_P_KW],
-        .sh = q[NPU_POOL_P_STRIDE_H], .sw = q[NPU_POOL_P_STRIDE_W],
-        .ph = q[NPU_POOL_P_PAD_H], .pw = q[NPU_POOL_P_PAD_W],
+        .c = in->shape[1], .oh = o->shape[2], .ow = o->shape[3],
+        .ax = {
+            { .n = in->shape[2], .k = q[NPU_POOL_P_KH],
+              .stride = q[NPU_POOL_P_STRIDE_H], .pb = q[NPU_POOL_P_PAD_H],
+              .pe = q[geo ? NPU_POOL_P_PAD_H_END : NPU_POOL_P_PAD_H],
+              .dil = geo ? q[NPU_POOL_P_DIL_H] : 1 },
+            { .n = in->shape[3], .k = q[NPU_POOL_P_KW],
+              .stride = q[NPU_POOL_P_STRIDE_W], .pb = q[NPU_POOL_P_PAD_W],
+              .pe = q[geo ? NPU_POOL_P_PAD_W_END : NPU_POOL_P_PAD_W],
+              .dil = geo ? q[NPU_POOL_P_DIL_W] : 1 },
+        },
         .count_pad = q[NPU_POOL_P_FLAGS] & NPU_POOL_F_COUNT_PAD,
         .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
     };
@@ -861,7 +890,8 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
     for (d = 0; d < 4; d++) {
         job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
     }
-    taps = units * job.oh * job.ow * MIN(job.kh, job.h) * MIN(job.kw, job.w);
+    taps = units * job.oh * job.ow * MIN(job.ax[0].k, job.ax[0].n) *
+           MIN(job.ax[1].k, job.ax[1].n);
     grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
     return npu_run_tiles(s, npu_pool_tile, &job, units, grain);

@@ -95,3 +95,17 @@ def test_no_case_gives_a_new_wrong_result(results: dict[str, Any]) -> None:
     assert not bad, f"{len(bad)} new wrong results:\n" + "\n".join(
         f"{k}: {v}" for k, v in bad.items()
     )
+
+
+# onnx's light models (issue 17's target: each CNN one NPU partition).
+LIGHT_CNNS = (
+    "bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+    "shufflenet", "squeezenet", "vgg19", "zfnet512",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("model", LIGHT_CNNS)
+def test_a_light_cnn_runs_as_one_npu_partition(results: dict[str, Any], model: str) -> None:
+    r = results["cases"][f"light/light_{model}"]
+    assert r["verdict"] == "pass", r.get("why", "")
+    assert r["npu_nodes"] == r["nodes"], f"{r['nodes'] - r['npu_nodes']} nodes ran on the CPU"

@@ -53,6 +53,7 @@ NPU_CAP_MATMUL: Final = 1 << 8
 NPU_CAP_CONV: Final = 1 << 9
 NPU_CAP_QUANT: Final = 1 << 10
 NPU_CAP_LOCAL_MEM: Final = 1 << 11
+NPU_CAP_POOL_GEOMETRY: Final = 1 << 12
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -103,7 +104,14 @@ NPU_POOL_P_STRIDE_W: Final = 3
 NPU_POOL_P_PAD_H: Final = 4
 NPU_POOL_P_PAD_W: Final = 5
 NPU_POOL_P_FLAGS: Final = 6
+NPU_POOL_P_PAD_H_END: Final = 7
+NPU_POOL_P_PAD_W_END: Final = 8
+NPU_POOL_P_DIL_H: Final = 9
+NPU_POOL_P_DIL_W: Final = 10
 NPU_POOL_F_COUNT_PAD: Final = 1 << 0
+NPU_POOL_F_GEOMETRY: Final = 1 << 1
+NPU_POOL_F_CEIL: Final = 1 << 2
+NPU_POOL_F_MASK: Final = 0x7
 
 NPU_ACT_NONE: Final = 0
 NPU_ACT_RELU: Final = 1
@@ -213,6 +221,7 @@ NPU_INFO_CAP_MATMUL: Final = 1 << 8
 NPU_INFO_CAP_CONV: Final = 1 << 9
 NPU_INFO_CAP_QUANT: Final = 1 << 10
 NPU_INFO_CAP_LOCAL_MEM: Final = 1 << 11
+NPU_INFO_CAP_POOL_GEOMETRY: Final = 1 << 12
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -362,6 +371,7 @@ class Cap(enum.IntFlag):
     CONV = NPU_INFO_CAP_CONV
     QUANT = NPU_INFO_CAP_QUANT
     LOCAL_MEM = NPU_INFO_CAP_LOCAL_MEM
+    POOL_GEOMETRY = NPU_INFO_CAP_POOL_GEOMETRY
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""

@@ -1980,6 +1980,75 @@ def test_pool2d_every_kind_dtype_and_geometry(rig: Rig, kname: str, dname: str) 
     run_pool(rig, kind, x, (3, 3), (2, 2), (1, 1), True, what="nhwc view")
 
 
+def pool_size(n: int, k: int, s: int, pb: int, pe: int, d: int, ceil: bool) -> int:
+    """Output size of npu_hw.h's POOL2D rule, spelled out."""
+    span = d * (k - 1) + 1
+    size = (n + pb + pe - span) / s + 1
+    out = math.ceil(size) if ceil else math.floor(size)
+    if ceil and (out - 1) * s >= n + pb:  # the last window would start in the end pad
+        out -= 1
+    return out
+
+
+def ref_pool_geometry(kind: int, x: np.ndarray, k: Sequence[int], s: Sequence[int],
+                      pads: Sequence[int], dil: Sequence[int], ceil: bool,
+                      count_pad: bool) -> np.ndarray:  # fmt: skip
+    """POOL2D with end pads, dilations and ceil mode: one window at a time."""
+    n, c, h, w = x.shape
+    oh = pool_size(h, k[0], s[0], pads[0], pads[2], dil[0], ceil)
+    ow = pool_size(w, k[1], s[1], pads[1], pads[3], dil[1], ceil)
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        rows = [i * s[0] - pads[0] + a * dil[0] for a in range(k[0])]
+        for j in range(ow):
+            cols = [j * s[1] - pads[1] + b * dil[1] for b in range(k[1])]
+            taps = [x[:, :, r, q].astype(np.float64) for r in rows for q in cols
+                    if 0 <= r < h and 0 <= q < w]  # fmt: skip
+            if kind == hw.POOL_MAX:
+                y[:, :, i, j] = np.max(np.stack(taps), axis=0) if taps else -np.inf
+                continue
+            inside = sum(1 for r in rows for q in cols
+                         if r < h + pads[2] and q < w + pads[3])  # fmt: skip
+            div = inside if count_pad else len(taps)
+            y[:, :, i, j] = np.sum(np.stack(taps), axis=0) / div if taps else 0.0
+    return y
+
+
+# (N, C, H, W, kernel, stride, pads [top, left, bottom, right], dilation, ceil)
+POOL_GEOMETRY_CASES = {
+    "end-pads": (2, 3, 9, 9, (3, 3), (2, 2), (0, 0, 1, 1), (1, 1), False),
+    "uneven-pads": (1, 2, 10, 7, (3, 3), (2, 2), (1, 0, 2, 1), (1, 1), False),
+    "ceil": (2, 2, 8, 7, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True),
+    "ceil-past-pads": (1, 3, 6, 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True),
+    "ceil-reduced": (1, 1, 2, 2, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), True),
+    "dilated": (1, 2, 6, 6, (2, 2), (1, 1), (0, 0, 0, 0), (2, 2), False),
+    "dilated-padded-ceil": (2, 2, 10, 9, (2, 3), (2, 2), (1, 2, 1, 0), (3, 2), True),
+}
+
+
+@pytest.mark.parametrize("dname", ["fp32", "bf16"])
+@pytest.mark.parametrize("kname", POOL)
+def test_pool2d_end_pads_dilation_and_ceil_mode(rig: Rig, kname: str, dname: str) -> None:
+    dtype, kind = DTYPES[dname], POOL[kname]
+    rng = np.random.default_rng([17, dtype, kind])
+    for name, (n, c, h, wd, k, st, pads, dil, ceil) in POOL_GEOMETRY_CASES.items():
+        oh = pool_size(h, k[0], st[0], pads[0], pads[2], dil[0], ceil)
+        ow = pool_size(wd, k[1], st[1], pads[1], pads[3], dil[1], ceil)
+        for count_pad in (False, True) if kind == hw.POOL_AVG else (False,):
+            x = operand_from(rng, dtype, (n, c, h, wd), specials=False)
+            flags = (hw.POOL_F_GEOMETRY | (hw.POOL_F_CEIL if ceil else 0)
+                     | (hw.POOL_F_COUNT_PAD if count_pad else 0))  # fmt: skip
+            params = [k[0], k[1], st[0], st[1], pads[0], pads[1], flags, pads[2], pads[3],
+                      dil[0], dil[1]]  # fmt: skip
+            got = rig.run(hw.OP_POOL2D, kind, [x, Operand(dtype, (n, c, oh, ow))], params=params)
+            want = ref_pool_geometry(kind, logical(x), k, st, pads, dil, ceil, count_pad)
+            what = f"{name} count_pad={count_pad}"
+            if kind == hw.POOL_MAX:
+                assert_matches(got, round_to(want, dtype), dtype, what=what)
+            else:
+                assert_close(got, want, dtype, what)
+
+
 def test_pool2d_max_ignores_padding_and_propagates_nan(rig: Rig) -> None:
     x = Operand(FP32, (1, 1, 2, 2), buf=np.array([-5, -6, np.nan, -7], np.float32))
     got = rig.run(hw.OP_POOL2D, hw.POOL_MAX, [x, Operand(FP32, (1, 1, 3, 3))],
@@ -2071,6 +2140,19 @@ BAD_CONV: dict[str, tuple[int, int, bytes, str]] = {
     "pool-pad-over-kernel": (_PL, 0, pool_block(so=(1, 2, 3, 5),
                                                 params=(2, 2, 2, 2, 0, 3, 0)), "BAD_ARGS"),
     "pool-flags-2": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 2)), "BAD_ARGS"),
+    "pool-flags-8": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 8)), "BAD_ARGS"),
+    "pool-ceil-without-geometry": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 4)), "BAD_ARGS"),
+    "pool-dilation-0": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 2, 0, 0, 0, 1)), "BAD_ARGS"),
+    "pool-end-pad-equals-span": (_PL, 0, pool_block(so=(1, 2, 4, 3),
+                                                    params=(2, 2, 2, 2, 0, 0, 2, 2, 0, 1, 1)),
+                                 "BAD_ARGS"),
+    "pool-ceil-out-not-floor": (_PL, 0, pool_block(si=(1, 2, 7, 7), so=(1, 2, 3, 3),
+                                                   params=(2, 2, 2, 2, 0, 0, 6, 0, 0, 1, 1)),
+                                "BAD_ARGS"),
+    "pool-end-pad-without-geometry": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 0, 1)),
+                                      "BAD_RESERVED"),
+    "pool-params-11": (_PL, 0, pool_block(params=(2, 2, 2, 2, 0, 0, 2, 0, 0, 1, 1, 1)),
+                       "BAD_RESERVED"),
     "pool-kind-2": (_PL, 2, pool_block(), "BAD_ARGS"),
     "pool-int32": (_PL, 0, pool_block(dtypes=(INT32, INT32)), "BAD_ARGS"),
     "pool-int8": (_PL, 1, pool_block(dtypes=(INT8, INT8)), "BAD_ARGS"),

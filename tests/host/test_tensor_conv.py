@@ -147,7 +147,7 @@ def test_builders_pack_params_and_kind() -> None:
         ops.conv2d_op(x, w, b, out, 1, 0, 1, 2)
     with pytest.raises(ValueError, match="groups"):
         ops.conv2d_op(x, w, b, out, (2, 2), (0, 1), 1, 1)
-    with pytest.raises(ValueError, match="below the kernel"):
+    with pytest.raises(ValueError, match="below the window span"):
         ops.pool2d_op(P.MAX, x, pooled, 3, 2, 3)
 
 
@@ -186,12 +186,20 @@ def test_python_check_agrees_with_the_header_for_conv2d_and_pool2d() -> None:
     )
     candidates.append(ops.TensorOp(npu.Opcode.CONV2D, 0, (*base, good_out), (), (*conv_p, 1)))
     pool_outs = [(1, 4, 6, 6), (1, 4, 3, 3), (1, 4, 2, 2), (1, 4, 4, 4), (2, 4, 2, 3), (1, 4, 5, 5),
-                 (1, 4, 1, 1), (2, 4, 3, 4), (1, 2, 3, 3), (4, 6, 6)]  # fmt: skip
+                 (1, 4, 1, 1), (2, 4, 3, 4), (1, 2, 3, 3), (4, 6, 6), (2, 4, 3, 3), (2, 4, 2, 4),
+                 (2, 2, 3, 3), (2, 4, 1, 2)]  # fmt: skip
     pool_p = [(3, 3, 1, 1, 1, 1, 0), (2, 2, 2, 2, 0, 0, 1), (3, 3, 2, 2, 0, 0, 0),
               (3, 3, 3, 3, 1, 1, 1), (2, 3, 2, 2, 1, 1, 1), (3, 3, 1, 1, 3, 0, 0),
               (0, 3, 1, 1, 0, 0, 0), (3, 3, 0, 1, 0, 0, 0), (6, 6, 1, 1, 0, 0, 1),
               (2, 2, 2, 2, 0, 0, 2), (2, 2, 1, 1, 1, 1, 0), (7, 7, 1, 1, 0, 0, 0),
-              (3, 2, 3, 2, 2, 1, 1)]  # fmt: skip
+              (3, 2, 3, 2, 2, 1, 1),
+              # NPU_POOL_F_GEOMETRY (2) and NPU_POOL_F_CEIL (4): end pads, dilations
+              (3, 3, 2, 2, 0, 0, 2, 1, 1, 1, 1), (3, 3, 2, 2, 0, 0, 6, 0, 0, 1, 1),
+              (3, 3, 2, 2, 1, 1, 7, 1, 1, 1, 1), (2, 2, 1, 1, 0, 0, 2, 0, 0, 2, 2),
+              (2, 2, 1, 1, 2, 0, 2, 0, 0, 2, 1), (2, 2, 1, 1, 3, 0, 2, 0, 0, 2, 1),
+              (2, 2, 2, 2, 0, 0, 6, 1, 0, 1, 1), (3, 3, 2, 2, 0, 0, 4),
+              (3, 3, 1, 1, 0, 0, 0, 1), (3, 3, 1, 1, 0, 0, 2, 0, 0, 0, 1),
+              (1, 1, 2, 2, 0, 0, 6, 0, 0, 1, 1), (3, 3, 2, 2, 0, 0, 10, 0, 0, 1, 1)]  # fmt: skip
     for dt in (D.FP32, D.FP16, D.INT32):
         for x, o, p in itertools.product(ins, pool_outs, pool_p):
             for kind in (0, 1):
@@ -234,6 +242,11 @@ int main(void) {
     for (unsigned op = 0; op < 20; op++)
         for (unsigned caps = 0; caps < 1024; caps += 64)
             printf("%d\n", npu_tensor_op_supported(op, caps));
+    for (unsigned op = 0; op < 20; op++)
+        for (unsigned flags = 0; flags < 8; flags++) {
+            __u32 params[NPU_TENSOR_PARAMS] = { [NPU_POOL_P_FLAGS] = flags };
+            printf("%u\n", npu_tensor_op_features(op, params));
+        }
     return 0;
 }
 """
@@ -246,9 +259,16 @@ int main(void) {
             capture_output=True,
         )
         out = subprocess.run([str(exe)], check=True, capture_output=True).stdout
-    want = [bool(int(v)) for v in out.split()]
+    words = [int(v) for v in out.split()]
+    want, want_features = [bool(v) for v in words[: 20 * 16]], words[20 * 16 :]
     got = [ops.tensor_op_supported(op, caps) for op in range(20) for caps in range(0, 1024, 64)]
     assert got == want and any(got)
+    features = [
+        ops.tensor_op_features(op, (0,) * _abi.NPU_POOL_P_FLAGS + (flags,))
+        for op in range(20)
+        for flags in range(8)
+    ]
+    assert features == want_features and _abi.NPU_CAP_POOL_GEOMETRY in features
 
 
 # -- npu.conv2d ---------------------------------------------------------------------------
@@ -449,7 +469,7 @@ def test_global_avg_pool_and_int_inputs() -> None:
 
 def test_pool_errors() -> None:
     x = rand((1, 2, 5, 5), 1)
-    with pytest.raises(ValueError, match="smaller than the kernel"):
+    with pytest.raises(ValueError, match="smaller than the window"):
         npu.max_pool2d(x, 2, padding=2)
     with pytest.raises(ValueError, match="does not fit"):
         npu.avg_pool2d(x, 6)

@@ -95,9 +95,20 @@ class Executor:
     def check_tensor(self, op: _abi.NpuTensorOp) -> None:
         """Refuse a malformed tensor op as the driver does (OSError with its errno)."""
         n = _N_OPERANDS.get(op.opcode)
-        if n is None or op.flags or op.rsvd or any(op.params[_N_PARAMS.get(op.opcode, 0) :]):
+        used = _N_PARAMS.get(op.opcode, 0)
+        if op.opcode == _abi.NPU_OP_POOL2D and not (
+            op.params[_abi.NPU_POOL_P_FLAGS] & _abi.NPU_POOL_F_GEOMETRY
+        ):
+            used = 7
+        if n is None or op.flags or op.rsvd or any(op.params[used:]):
             raise _err(errno.EINVAL)
         if op.opcode not in _SUPPORTED_BY or not self.caps & _SUPPORTED_BY[op.opcode]:
+            raise _err(errno.EOPNOTSUPP)
+        if (
+            op.opcode == _abi.NPU_OP_POOL2D
+            and op.params[_abi.NPU_POOL_P_FLAGS] & (_abi.NPU_POOL_F_GEOMETRY | _abi.NPU_POOL_F_CEIL)
+            and not self.caps & _abi.NPU_INFO_CAP_POOL_GEOMETRY
+        ):
             raise _err(errno.EOPNOTSUPP)
         for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
             t = op.t[i]
@@ -220,7 +231,7 @@ class Executor:
                 op.kind < _abi.NPU_POOL_COUNT
                 and ins[0].dtype == out.dtype
                 and is_float
-                and _pool_ok(shape(ins[0]), shape(out), list(op.params[:7]))
+                and _pool_ok(shape(ins[0]), shape(out), list(op.params[:11]))
             )
         elif op.opcode == _abi.NPU_OP_REQUANT:
             ok = (
@@ -384,7 +395,7 @@ class Executor:
             return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_POOL2D:
             x = self._load(op.t[0]).astype(np.float64)
-            self._store(op.t[1], pool2d_ref(x, op.kind, list(op.params[:7])))
+            self._store(op.t[1], pool2d_ref(x, op.kind, list(op.params[:11])))
             return _abi.NPU_ST_OK
         x = self._load(op.t[0])
         with np.errstate(all="ignore"):
@@ -414,11 +425,36 @@ def _conv_ok(shapes: list[tuple[int, ...]], p: list[int]) -> bool:
     )
 
 
+def _pool_geometry(p: list[int]) -> tuple[list[tuple[int, int, int, int, int]], int] | None:
+    """Per axis (k, stride, pad begin, pad end, dilation) and the flags; None if invalid."""
+    kh, kw, sh, sw, ph, pw, flags, *rest = p
+    if flags & ~_abi.NPU_POOL_F_MASK:
+        return None
+    if flags & _abi.NPU_POOL_F_GEOMETRY:
+        peh, pew, dh, dw = rest
+    elif any(rest) or flags & _abi.NPU_POOL_F_CEIL:
+        return None
+    else:
+        peh, pew, dh, dw = ph, pw, 1, 1
+    return [(kh, sh, ph, peh, dh), (kw, sw, pw, pew, dw)], flags
+
+
+def _pool_out(n: int, k: int, stride: int, pb: int, pe: int, dil: int, ceil: bool) -> int:
+    """POOL2D output size along one axis (``npu_pool_out``); 0 if invalid."""
+    span = dil * (k - 1) + 1
+    if not k or not stride or not dil or span > n + pb + pe or pb >= span or pe >= span:
+        return 0
+    q, r = divmod(n + pb + pe - span, stride)
+    return q + 2 if ceil and r and (q + 1) * stride < n + pb else q + 1
+
+
 def _pool_ok(x: tuple[int, ...], out: tuple[int, ...], p: list[int]) -> bool:
-    kh, kw, sh, sw, ph, pw, flags = p
-    if len(x) != 4 or len(out) != 4 or flags & ~_abi.NPU_POOL_F_COUNT_PAD or ph >= kh or pw >= kw:
+    geo = _pool_geometry(p)
+    if geo is None or len(x) != 4 or len(out) != 4:
         return False
-    return out == (x[0], x[1], _window_out(x[2], kh, sh, ph, 1), _window_out(x[3], kw, sw, pw, 1))
+    axes, flags = geo
+    ceil = bool(flags & _abi.NPU_POOL_F_CEIL)
+    return out == (x[0], x[1], *(_pool_out(n, *a, ceil) for n, a in zip(x[2:], axes, strict=True)))
 
 
 def conv2d_ref(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any], p: list[int]) -> Any:
@@ -448,26 +484,49 @@ def conv2d_ref(x: np.ndarray[Any, Any], w: np.ndarray[Any, Any], p: list[int]) -
 
 
 def pool2d_ref(x: np.ndarray[Any, Any], kind: int, p: list[int]) -> Any:
-    """POOL2D of NCHW ``x`` (params as NPU_POOL_P_*), in float64."""
-    kh, kw, sh, sw, ph, pw, flags = p
-    n, c, h, wd = x.shape
-    oh, ow = _window_out(h, kh, sh, ph, 1), _window_out(wd, kw, sw, pw, 1)
-    fill = -np.inf if kind == _abi.NPU_POOL_MAX else 0.0
-    xp = np.full((n, c, h + 2 * ph, wd + 2 * pw), fill)
-    xp[:, :, ph : ph + h, pw : pw + wd] = x
-    ones = np.zeros((h + 2 * ph, wd + 2 * pw))
-    ones[ph : ph + h, pw : pw + wd] = 1
-    acc = np.full((n, c, oh, ow), fill)
-    cnt = np.zeros((oh, ow))
+    """POOL2D of NCHW ``x`` (params as NPU_POOL_P_*, valid), in float64.
+
+    Embeds the input in a zero canvas that reaches the last tap of the last
+    window and walks the kernel taps as strided slices, with one mask of
+    the real elements and one of the declared padded extent.
+    """
+    geo = _pool_geometry(p)
+    assert geo is not None
+    (kh, sh, pbh, peh, dh), (kw, sw, pbw, pew, dw) = axes = geo[0]
+    ceil = bool(geo[1] & _abi.NPU_POOL_F_CEIL)
+    n, c, h, w = x.shape
+    oh, ow = (_pool_out(size, *a, ceil) for size, a in zip((h, w), axes, strict=True))
+    ext = (
+        max((oh - 1) * sh + dh * (kh - 1) + 1, h + pbh + peh),
+        max((ow - 1) * sw + dw * (kw - 1) + 1, w + pbw + pew),
+    )
+    xp = np.zeros((n, c, *ext))
+    xp[:, :, pbh : pbh + h, pbw : pbw + w] = x
+    real = np.zeros(ext, bool)
+    real[pbh : pbh + h, pbw : pbw + w] = True
+    padded = np.zeros(ext, bool)
+    padded[: h + pbh + peh, : w + pbw + pew] = True
+    is_max = kind == _abi.NPU_POOL_MAX
+    acc = np.full((n, c, oh, ow), -np.inf if is_max else 0.0)
+    cnt, pcnt = np.zeros((oh, ow)), np.zeros((oh, ow))
     for i in range(kh):
         for j in range(kw):
-            win = (slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
-            patch = xp[:, :, win[0], win[1]]
-            acc = np.maximum(acc, patch) if kind == _abi.NPU_POOL_MAX else acc + patch
-            cnt += ones[win[0], win[1]]
-    if kind == _abi.NPU_POOL_MAX:
+            win = (
+                slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+                slice(j * dw, j * dw + sw * (ow - 1) + 1, sw),
+            )
+            tap, m = xp[:, :, win[0], win[1]], real[win]
+            if is_max:
+                acc = np.where(m, np.maximum(acc, tap), acc)
+            else:
+                acc += np.where(m, tap, 0.0)
+            cnt += m
+            pcnt += padded[win]
+    if is_max:
         return acc
-    return acc / (kh * kw if flags & _abi.NPU_POOL_F_COUNT_PAD else cnt)
+    div = pcnt if geo[1] & _abi.NPU_POOL_F_COUNT_PAD else cnt
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(div > 0, acc / np.where(div > 0, div, 1), 0.0)
 
 
 def _signed(word: int) -> int:
@@ -518,7 +577,7 @@ _N_PARAMS = {
     _abi.NPU_OP_MATMUL: 1,
     _abi.NPU_OP_LINEAR: 1,
     _abi.NPU_OP_CONV2D: 8,
-    _abi.NPU_OP_POOL2D: 7,
+    _abi.NPU_OP_POOL2D: 11,
     _abi.NPU_OP_REQUANT: 1,
 }
 _SUPPORTED_BY = {

@@ -37,7 +37,7 @@ from ..core.stream import Program, Stream, current_user_stream
 from ..errors import NpuDeviceError, NpuError
 from ..kernels import ops
 from ..kernels.ops import TensorOp
-from ..kernels.validate import window_out
+from ..kernels.validate import pool_out, window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
 from .partition import (
@@ -47,6 +47,8 @@ from .partition import (
     UNARY_OPS,
     VARIADIC_OPS,
     VIEW_OPS,
+    PoolGeometry,
+    pool_geometry,
     slice_spec,
     split_sizes,
     transpose_runs,
@@ -940,29 +942,33 @@ class NpuProvider:
 
     def _plan_pool(self, b: _Builder, node: Node) -> None:
         x = b.get(node.inputs[0])
-        a = node.attrs
         op = node.op_type
         kind = _abi.PoolKind.MAX if op in ("MaxPool", "GlobalMaxPool") else _abi.PoolKind.AVG
         if op.startswith("Global"):
-            kh, kw = x.shape[2], x.shape[3]
-            sh = sw = 1
-            ph = pw = 0
-            count_pad = True
+            geo = PoolGeometry((x.shape[2], x.shape[3]), (1, 1), (0, 0, 0, 0), (1, 1), False, True)
         else:
-            kh, kw = (int(k) for k in a["kernel_shape"])
-            sh, sw = (int(s) for s in a.get("strides", [1, 1]))
-            pads = conv_pads(a, x.shape[2:], (kh, kw), (sh, sw), (1, 1))
-            ph, pw = pads[0], pads[1]
-            count_pad = bool(a.get("count_include_pad", 0))
-        oh = window_out(x.shape[2], kh, sh, ph)
-        ow = window_out(x.shape[3], kw, sw, pw)
+            geo = pool_geometry(node, x.shape[2:])
+        oh, ow = (
+            pool_out(x.shape[2 + i], geo.kernel[i], geo.strides[i],
+                     (geo.pads[i], geo.pads[i + 2]), geo.dilations[i], geo.ceil_mode)
+            for i in (0, 1)
+        )  # fmt: skip
         o = b.new(node.outputs[0], (x.shape[0], x.shape[1], oh, ow), x.dtype)
         R = b.ref
         b.emit(
             [x],
             [o],
             lambda: ops.pool2d_op(
-                kind, R(x), R(o), (kh, kw), (sh, sw), (ph, pw), count_pad, _bufs(x, o)
+                kind,
+                R(x),
+                R(o),
+                geo.kernel,
+                geo.strides,
+                geo.pads,
+                geo.count_include_pad,
+                _bufs(x, o),
+                dilation=geo.dilations,
+                ceil_mode=geo.ceil_mode,
             ),
         )
 

@@ -31,8 +31,10 @@ __all__ = [
     "VARIADIC_OPS",
     "VIEW_OPS",
     "Partition",
+    "PoolGeometry",
     "npu_reason",
     "partition",
+    "pool_geometry",
     "slice_spec",
     "split_sizes",
     "transpose_runs",
@@ -235,6 +237,69 @@ def _tensor_reason(graph: Graph, name: str, what: str, views: bool = False) -> s
     return None
 
 
+@dataclass(frozen=True)
+class PoolGeometry:
+    """A 2-D MaxPool/AveragePool's window as POOL2D takes it (``pads`` as ONNX's)."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]  # top, left, bottom, right
+    dilations: tuple[int, int]
+    ceil_mode: bool
+    count_include_pad: bool
+
+    @property
+    def needs_geometry(self) -> bool:
+        """Whether POOL2D needs ``NPU_POOL_F_GEOMETRY`` (``Cap.POOL_GEOMETRY``)."""
+        p = self.pads
+        return p[:2] != p[2:] or self.dilations != (1, 1) or self.ceil_mode
+
+
+def pool_geometry(node: Node, spatial: Sequence[int]) -> PoolGeometry:
+    """The window of a 2-D MaxPool/AveragePool over a ``spatial`` (H, W) input.
+
+    Raises:
+        ValueError: ``kernel_shape`` is not 2-D.
+    """
+    a = node.attrs
+    kernel = tuple(int(k) for k in a.get("kernel_shape", []))
+    if len(kernel) != 2:
+        raise ValueError(f"kernel_shape {list(kernel)} is not 2-D")
+    strides = tuple(int(s) for s in a.get("strides", [1, 1]))
+    dil = tuple(int(d) for d in a.get("dilations", [1, 1]))
+    pads = conv_pads(a, spatial, kernel, strides, dil)
+    return PoolGeometry(
+        (kernel[0], kernel[1]),
+        (strides[0], strides[1]),
+        (pads[0], pads[1], pads[2], pads[3]),
+        (dil[0], dil[1]),
+        bool(a.get("ceil_mode", 0)),
+        bool(a.get("count_include_pad", 0)),
+    )
+
+
+def _pool_reason(node: Node, graph: Graph, caps: int) -> str | None:
+    """None if POOL2D can run this MaxPool/AveragePool, else the reason."""
+    a = node.attrs
+    if a.get("storage_order", 0) or len([o for o in node.outputs if o]) != 1:
+        return "MaxPool with an Indices output or storage_order"
+    shape = graph.tensor_info(node.inputs[0]).static_shape
+    if shape is None:
+        return f"{node.op_type} of a dynamic shape"
+    try:
+        geo = pool_geometry(node, shape[2:])
+    except ValueError as exc:
+        return str(exc)
+    if geo.ceil_mode and a.get("auto_pad", "NOTSET") != "NOTSET":
+        return "ceil_mode with auto_pad"
+    spans = [d * (k - 1) + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
+    if any(p >= spans[i % 2] for i, p in enumerate(geo.pads)):
+        return f"pads {list(geo.pads)} not below the window span {spans}"
+    if geo.needs_geometry and not caps & _abi.Cap.POOL_GEOMETRY:
+        return "uneven pads, dilations or ceil_mode without Cap.POOL_GEOMETRY"
+    return None
+
+
 def _symmetric_pads(node: Node, graph: Graph, kernel: Sequence[int]) -> str | None:
     """None if the node's 2-D padding is symmetric (and static), else the reason."""
     a = node.attrs
@@ -255,7 +320,7 @@ def _symmetric_pads(node: Node, graph: Graph, kernel: Sequence[int]) -> str | No
     return None
 
 
-def _op_reason(node: Node, graph: Graph) -> str | None:
+def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
     """Op-specific rules (dtypes/ranks of device tensors already checked)."""
     op = node.op_type
     a = node.attrs
@@ -375,22 +440,7 @@ def _op_reason(node: Node, graph: Graph) -> str | None:
             if w is None or len(w) != 4:
                 return "the weight shape is not static 4-D"
             return _symmetric_pads(node, graph, w[2:])
-        kernel = [int(k) for k in a.get("kernel_shape", [])]
-        if len(kernel) != 2:
-            return f"kernel_shape {kernel} is not 2-D"
-        if a.get("ceil_mode", 0):
-            return "ceil_mode=1"
-        if any(int(d) != 1 for d in a.get("dilations", [1, 1])):
-            return "dilated pooling"
-        if a.get("storage_order", 0) or len([o for o in node.outputs if o]) != 1:
-            return "MaxPool with an Indices output or storage_order"
-        reason = _symmetric_pads(node, graph, kernel)
-        if reason:
-            return reason
-        pads = conv_pads(a, [0, 0], kernel, [1, 1], [1, 1])
-        if pads[0] >= kernel[0] or pads[1] >= kernel[1]:
-            return f"pads {pads} not below the kernel {kernel}"
-        return None
+        return _pool_reason(node, graph, caps)
     if op in ("Gemm", "MatMul"):
         if not floaty:
             return f"{op} of {dt} (float only)"
@@ -454,7 +504,7 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
             reason = _tensor_reason(graph, name, "output", views)
             if reason:
                 return reason
-    return _op_reason(node, graph)
+    return _op_reason(node, graph, caps)
 
 
 def partition(graph: Graph, on_npu: dict[str, bool]) -> list[Partition]:

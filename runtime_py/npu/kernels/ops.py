@@ -34,6 +34,8 @@ from .descriptors import check_range as _check_range
 from .validate import (
     check_tensor_op,
     f32_bits,
+    pool_out,
+    tensor_op_features,
     tensor_op_supported,
     window_out,
     zero_point_word,
@@ -60,9 +62,11 @@ __all__ = [
     "matmul_op",
     "nop",
     "pool2d_op",
+    "pool_out",
     "reduce",
     "requant_op",
     "softmax",
+    "tensor_op_features",
     "tensor_op_supported",
     "tensor_ref",
     "unary",
@@ -554,24 +558,45 @@ def pool2d_op(
     padding: SupportsIndex | Sequence[SupportsIndex] = 0,
     count_include_pad: bool = True,
     buffers: tuple[BufferLike, ...] = (),
+    *,
+    dilation: SupportsIndex | Sequence[SupportsIndex] = 1,
+    ceil_mode: bool = False,
 ) -> TensorOp:
     """Return a POOL2D op: max or average pooling of ``x`` ``[N, C, H, W]``.
 
-    ``out`` is ``[N, C, OH, OW]`` with the output size of :func:`window_out`
-    (dilation 1). ``stride`` defaults to ``kernel_size``; ``padding`` must be
-    below the kernel size. MAX ignores the padding; AVG divides by the kernel
-    area with ``count_include_pad`` (``NPU_POOL_F_COUNT_PAD``), else by the
-    number of in-bounds elements. One float dtype.
+    ``padding`` is one value, ``(pad_h, pad_w)`` or, as ONNX's ``pads``,
+    ``(top, left, bottom, right)``; every pad is below the window's span
+    ``dilation * (kernel_size - 1) + 1``. ``stride`` defaults to
+    ``kernel_size``. ``out`` is ``[N, C, OH, OW]`` with the output size of
+    :func:`pool_out` (``ceil_mode`` rounds it up, as PyTorch). MAX takes
+    the largest in-bounds tap; AVG divides the sum of the in-bounds taps by
+    the taps inside the padded extent with ``count_include_pad``
+    (``NPU_POOL_F_COUNT_PAD``), else by the in-bounds ones. Uneven pads, a
+    dilation or ``ceil_mode`` set ``NPU_POOL_F_GEOMETRY`` and need
+    ``Cap.POOL_GEOMETRY``. One float dtype.
 
     Raises:
-        ValueError: a kernel size or stride below 1, or the op breaks a rule
-            of :func:`check_tensor_op`.
+        ValueError: a kernel size, stride or dilation below 1, a padding of
+            other than 1, 2 or 4 values, or the op breaks a rule of
+            :func:`check_tensor_op`.
     """
     kh, kw = _pair("POOL2D kernel_size", kernel_size, 1)
     sh, sw = (kh, kw) if stride is None else _pair("POOL2D stride", stride, 1)
-    ph, pw = _pair("POOL2D padding", padding, 0)
+    dh, dw = _pair("POOL2D dilation", dilation, 1)
+    if isinstance(padding, Sequence) and len(padding) == 4:
+        ph, pw, peh, pew = (
+            _check_range(f"POOL2D padding[{i}]", p, 0, _abi.U32_MAX) for i, p in enumerate(padding)
+        )
+    else:
+        ph, pw = _pair("POOL2D padding", padding, 0)
+        peh, pew = ph, pw
     flags = _abi.NPU_POOL_F_COUNT_PAD if count_include_pad else 0
-    params = (kh, kw, sh, sw, ph, pw, flags)
+    params: tuple[int, ...] = (kh, kw, sh, sw, ph, pw)
+    if (peh, pew, dh, dw) != (ph, pw, 1, 1) or ceil_mode:
+        flags |= _abi.NPU_POOL_F_GEOMETRY | (_abi.NPU_POOL_F_CEIL if ceil_mode else 0)
+        params += (flags, peh, pew, dh, dw)
+    else:
+        params += (flags,)
     op = TensorOp(_abi.Opcode.POOL2D, int(kind), (x, out), buffers, params)
     check_tensor_op(op)
     return op

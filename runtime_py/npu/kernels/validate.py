@@ -1,14 +1,17 @@
 """The Python twin of the tensor-op validator of ``include/npu_tensor.h``.
 
 :func:`check_tensor_op` applies the rules of ``npu_tensor_op_check`` to a
-:class:`npu.ops.TensorOp`; :func:`window_out` is ``npu_window_out`` and
-:func:`tensor_op_supported` is ``npu_tensor_op_supported``. The op builders
+:class:`npu.ops.TensorOp`; :func:`window_out` is ``npu_window_out``,
+:func:`pool_out` ``npu_pool_out``, :func:`tensor_op_supported`
+``npu_tensor_op_supported`` and :func:`tensor_op_features`
+``npu_tensor_op_features``. The op builders
 of :mod:`npu.ops` call :func:`check_tensor_op` and re-export these functions.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import _abi
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = [
     "check_tensor_op",
     "f32_bits",
+    "pool_out",
+    "tensor_op_features",
     "tensor_op_supported",
     "window_out",
     "zero_point_word",
@@ -37,7 +42,8 @@ _OPERANDS = {
     _abi.Opcode.POOL2D: 2,
     _abi.Opcode.REQUANT: 3,
 }
-# Params each opcode uses (npu_tensor_op_params); the others must be zero.
+# Params each opcode uses (npu_tensor_op_params; POOL2D's 7..10 only with
+# NPU_POOL_F_GEOMETRY); the others must be zero.
 _PARAMS = {
     _abi.Opcode.REDUCE: 1,
     _abi.Opcode.SOFTMAX: 1,
@@ -45,7 +51,7 @@ _PARAMS = {
     _abi.Opcode.MATMUL: 1,
     _abi.Opcode.LINEAR: 1,
     _abi.Opcode.CONV2D: 8,
-    _abi.Opcode.POOL2D: 7,
+    _abi.Opcode.POOL2D: 11,
     _abi.Opcode.REQUANT: 1,
 }
 # Capability bit each tensor opcode needs (npu_tensor_op_supported).
@@ -74,6 +80,33 @@ def tensor_op_supported(opcode: int, caps: int) -> bool:
     except (ValueError, KeyError):
         return False
     return bool(caps & cap)
+
+
+def tensor_op_features(opcode: int, params: Sequence[int]) -> int:
+    """``npu_tensor_op_features``: capability bits an op needs beyond its opcode's."""
+    if opcode == _abi.Opcode.POOL2D and params[_abi.NPU_POOL_P_FLAGS] & (
+        _abi.NPU_POOL_F_GEOMETRY | _abi.NPU_POOL_F_CEIL
+    ):
+        return int(_abi.Cap.POOL_GEOMETRY)
+    return 0
+
+
+def pool_out(
+    size: int, k: int, stride: int, pad: tuple[int, int], dilation: int = 1, ceil: bool = False
+) -> int:
+    """``npu_pool_out``: POOL2D output size along one axis; 0 if invalid.
+
+    ``size`` elements padded by ``pad`` (begin, end), ``k`` taps
+    ``dilation`` apart moved by ``stride``; ``ceil`` rounds up, less one if
+    the last window would start past the input and the begin padding (as
+    PyTorch and onnxruntime). 0 also when a pad reaches the window's span.
+    """
+    span = dilation * (k - 1) + 1
+    pb, pe = pad
+    if not k or not stride or not dilation or span > size + pb + pe or max(pb, pe) >= span:
+        return 0
+    q, r = divmod(size + pb + pe - span, stride)
+    return q + 2 if ceil and r and (q + 1) * stride < size + pb else q + 1
 
 
 def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> int:
@@ -188,8 +221,12 @@ def _check_tensor_op(op: TensorOp) -> None:
         raise ValueError(f"{op.opcode.name} is not a tensor op")
     if len(op.operands) != n:
         raise ValueError(f"{op.opcode.name} takes {n} operands, not {len(op.operands)}")
-    used = _PARAMS.get(op.opcode, 0)
     params = op.params + (0,) * (_abi.TENSOR_OP_PARAMS - len(op.params))
+    used = _PARAMS.get(op.opcode, 0)
+    if op.opcode is _abi.Opcode.POOL2D and not params[_abi.NPU_POOL_P_FLAGS] & (
+        _abi.NPU_POOL_F_GEOMETRY
+    ):
+        used = 7
     if any(params[used:]):
         raise ValueError(f"{op}: {op.opcode.name} uses {used} params, the others must be zero")
     *inputs, out = op.operands
@@ -359,16 +396,24 @@ def _check_pool(op: TensorOp, x: TensorRef, out: TensorRef, params: tuple[int, .
         raise ValueError(f"{op}: POOL2D input and output must have one float dtype")
     if x.ndim != 4 or out.ndim != 4:
         raise ValueError(f"{op}: POOL2D operands must be 4-D (NCHW)")
-    kh, kw, sh, sw, ph, pw, flags = params[:7]
-    if flags & ~_abi.NPU_POOL_F_COUNT_PAD:
+    kh, kw, sh, sw, ph, pw, flags, peh, pew, dh, dw = params[:11]
+    if flags & ~_abi.NPU_POOL_F_MASK:
         raise ValueError(f"{op}: unknown POOL2D flags {flags:#x}")
-    if ph >= kh or pw >= kw:
-        raise ValueError(f"{op}: padding ({ph}, {pw}) must be below the kernel ({kh}, {kw})")
+    if not flags & _abi.NPU_POOL_F_GEOMETRY:
+        if flags & _abi.NPU_POOL_F_CEIL:
+            raise ValueError(f"{op}: POOL2D ceil mode needs NPU_POOL_F_GEOMETRY")
+        peh, pew, dh, dw = ph, pw, 1, 1
+    spans = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    if max(ph, peh) >= spans[0] or max(pw, pew) >= spans[1]:
+        raise ValueError(
+            f"{op}: padding ({ph}, {pw}, {peh}, {pew}) must be below the window span {spans}"
+        )
+    ceil = bool(flags & _abi.NPU_POOL_F_CEIL)
     want = (
         x.shape[0],
         x.shape[1],
-        window_out(x.shape[2], kh, sh, ph),
-        window_out(x.shape[3], kw, sw, pw),
+        pool_out(x.shape[2], kh, sh, (ph, peh), dh, ceil),
+        pool_out(x.shape[3], kw, sw, (pw, pew), dw, ceil),
     )
     if out.shape != want:
         raise ValueError(

@@ -483,6 +483,8 @@ def _pool(
     padding: PairArg,
     count_include_pad: bool,
     what: str,
+    dilation: PairArg = 1,
+    ceil_mode: bool = False,
 ) -> Tensor:
     t = as_tensor(x, what)
     dev = t.device
@@ -495,16 +497,22 @@ def _pool(
     kh, kw = pair(kernel_size, f"{what}: kernel_size", 1)
     sh, sw = (kh, kw) if stride is None else pair(stride, f"{what}: stride", 1)
     ph, pw = pair(padding, f"{what}: padding", 0)
-    if ph >= kh or pw >= kw:
+    dh, dw = pair(dilation, f"{what}: dilation", 1)
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    if ph >= span_h or pw >= span_w:
         raise ValueError(
-            f"{what}: padding ({ph}, {pw}) must be smaller than the kernel ({kh}, {kw})"
+            f"{what}: padding ({ph}, {pw}) must be smaller than the window ({span_h}, {span_w})"
         )
     n, c, h, wd = t.shape
-    oh, ow = ops.window_out(h, kh, sh, ph), ops.window_out(wd, kw, sw, pw)
+    oh = ops.pool_out(h, kh, sh, (ph, ph), dh, ceil_mode)
+    ow = ops.pool_out(wd, kw, sw, (pw, pw), dw, ceil_mode)
     if not oh or not ow:
         raise ValueError(
-            f"{what}: the {kh}x{kw} window does not fit the {h}x{wd} input padded by ({ph}, {pw})"
+            f"{what}: the {span_h}x{span_w} window does not fit the {h}x{wd} input "
+            f"padded by ({ph}, {pw})"
         )
+    if ((dh, dw) != (1, 1) or ceil_mode) and not dev.info.has(_abi.Cap.POOL_GEOMETRY):
+        raise ValueError(f"{what}: dilation or ceil_mode needs Cap.POOL_GEOMETRY")
     dtype = float_of(t.npu_dtype)
     shape = (n, c, oh, ow)
     final = shape[1:] if unbatched else shape
@@ -523,6 +531,8 @@ def _pool(
             (ph, pw),
             count_include_pad,
             buffers_of(src, out),
+            dilation=(dh, dw),
+            ceil_mode=ceil_mode,
         )
     )
     launch(batch, out, t)
@@ -530,21 +540,31 @@ def _pool(
 
 
 def max_pool2d(
-    x: Any, kernel_size: PairArg, stride: PairArg | None = None, padding: PairArg = 0
+    x: Any,
+    kernel_size: PairArg,
+    stride: PairArg | None = None,
+    padding: PairArg = 0,
+    dilation: PairArg = 1,
+    ceil_mode: bool = False,
 ) -> Tensor:
-    """Max pooling like ``torch.nn.functional.max_pool2d`` (no dilation, floor mode).
+    """Max pooling like ``torch.nn.functional.max_pool2d``.
 
     One POOL2D op, submitted without waiting. ``x`` is ``[N, C, H, W]`` (or
-    ``[C, H, W]``); ``kernel_size``, ``stride`` (default ``kernel_size``)
-    and ``padding`` are ints or ``(h, w)`` pairs; padded positions never win.
-    The result has ``x``'s float dtype (float32 for integers).
+    ``[C, H, W]``); ``kernel_size``, ``stride`` (default ``kernel_size``),
+    ``padding`` and ``dilation`` are ints or ``(h, w)`` pairs; padded
+    positions never win. ``ceil_mode`` rounds the output size up as torch
+    does (a last window starting in the end padding is dropped). The
+    result has ``x``'s float dtype (float32 for integers).
 
     Raises:
-        ValueError: bad rank, a kernel/stride below 1, ``padding`` not below
-            the kernel size (torch asks for at most half of it), no window
-            fitting, or a device without ``Cap.CONV``.
+        ValueError: bad rank, a kernel/stride/dilation below 1, ``padding``
+            not below the window span (torch asks for at most half of it),
+            no window fitting, a device without ``Cap.CONV``, or dilation or
+            ``ceil_mode`` on one without ``Cap.POOL_GEOMETRY``.
     """
-    return _pool(_abi.PoolKind.MAX, x, kernel_size, stride, padding, True, "max_pool2d")
+    return _pool(
+        _abi.PoolKind.MAX, x, kernel_size, stride, padding, True, "max_pool2d", dilation, ceil_mode
+    )
 
 
 def avg_pool2d(
@@ -553,18 +573,30 @@ def avg_pool2d(
     stride: PairArg | None = None,
     padding: PairArg = 0,
     count_include_pad: bool = True,
+    *,
+    ceil_mode: bool = False,
 ) -> Tensor:
-    """Average pooling like ``torch.nn.functional.avg_pool2d`` (floor mode).
+    """Average pooling like ``torch.nn.functional.avg_pool2d``.
 
-    As :func:`max_pool2d`; padded positions read zero and, with
-    ``count_include_pad`` (the default), count in the divisor (the kernel
-    area), else the divisor is the number of in-bounds elements.
+    As :func:`max_pool2d` without dilation; padded positions read zero and,
+    with ``count_include_pad`` (the default), count in the divisor (the
+    kernel area, less the taps of a ``ceil_mode`` window past the padding,
+    as torch), else the divisor is the number of in-bounds elements.
+    ``ceil_mode`` is keyword-only here: ``count_include_pad`` has held the
+    fifth place since before it existed.
 
     Raises:
         ValueError: as :func:`max_pool2d`.
     """
     return _pool(
-        _abi.PoolKind.AVG, x, kernel_size, stride, padding, count_include_pad, "avg_pool2d"
+        _abi.PoolKind.AVG,
+        x,
+        kernel_size,
+        stride,
+        padding,
+        count_include_pad,
+        "avg_pool2d",
+        ceil_mode=ceil_mode,
     )
 
 
