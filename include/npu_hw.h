@@ -500,7 +500,7 @@ enum npu_eltwise_kind {
 	NPU_ELTWISE_COUNT,
 };
 
-/* UNARY kinds; those from GELU to SQRT take float dtypes only */
+/* UNARY kinds; all but RELU, ABS and NEG take float dtypes only */
 enum npu_unary_kind {
 	NPU_UNARY_RELU		= 0,
 	NPU_UNARY_GELU		= 1,	/* exact: x * (1 + erf(x / sqrt(2))) / 2 */
@@ -511,6 +511,8 @@ enum npu_unary_kind {
 	NPU_UNARY_SQRT		= 6,
 	NPU_UNARY_ABS		= 7,
 	NPU_UNARY_NEG		= 8,
+	NPU_UNARY_ERF		= 9,
+	NPU_UNARY_RECIPROCAL	= 10,	/* 1 / x, one IEEE division */
 	NPU_UNARY_COUNT,
 };
 

@@ -183,6 +183,12 @@ static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
 	}
 }
 
+/* Does UNARY @kind take float dtypes only (all but RELU, ABS and NEG)? */
+static inline int npu_unary_float_only(__u32 kind)
+{
+	return kind != NPU_UNARY_RELU && kind != NPU_UNARY_ABS && kind != NPU_UNARY_NEG;
+}
+
 /* Params an op uses (the others must be zero); POOL2D's depend on its flags. */
 static inline __u32 npu_tensor_op_params(__u32 opcode, const __u32 *params)
 {
@@ -443,8 +449,7 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 	case NPU_OP_UNARY:
 		if (kind >= NPU_UNARY_COUNT || p->t[0].dtype != out->dtype ||
 		    !npu_tensor_same_shape(&p->t[0], out) ||
-		    (kind >= NPU_UNARY_GELU && kind <= NPU_UNARY_SQRT &&
-		     !npu_dtype_is_float(out->dtype)))
+		    (npu_unary_float_only(kind) && !npu_dtype_is_float(out->dtype)))
 			return NPU_ST_BAD_ARGS;
 		return NPU_ST_OK;
 	case NPU_OP_REDUCE:

@@ -370,6 +370,16 @@ void npu_unary_f32(uint32_t kind, float *o, const float *a, size_t n)
             o[i] = sqrtf(a[i]);
         }
         break;
+    case NPU_UNARY_ERF:
+        for (i = 0; i < n; i++) {
+            o[i] = erff(a[i]);
+        }
+        break;
+    case NPU_UNARY_RECIPROCAL:
+        for (i = 0; i < n; i++) {
+            o[i] = 1.0f / a[i];
+        }
+        break;
     case NPU_UNARY_ABS:
         for (i = 0; i + NPU_V4 <= n; i += NPU_V4) {
             NpuV4i x = (NpuV4i)npu_v4f_ld(a + i);
@@ -947,8 +957,9 @@ static bool npu_tensor_cheap(const NpuTensorJob *job)
 
     if (!job->stream || job->odtype == NPU_DTYPE_FP16 ||
         job->odtype == NPU_DTYPE_BF16 ||
-        (job->opcode == NPU_OP_UNARY && job->kind >= NPU_UNARY_GELU &&
-         job->kind <= NPU_UNARY_LOG)) {
+        (job->opcode == NPU_OP_UNARY &&
+         ((job->kind >= NPU_UNARY_GELU && job->kind <= NPU_UNARY_LOG) ||
+          job->kind == NPU_UNARY_ERF))) {
         return false;
     }
     for (i = 0; i < job->nin; i++) {

@@ -151,7 +151,9 @@ NPU_UNARY_LOG: Final = 5
 NPU_UNARY_SQRT: Final = 6
 NPU_UNARY_ABS: Final = 7
 NPU_UNARY_NEG: Final = 8
-NPU_UNARY_COUNT: Final = 9
+NPU_UNARY_ERF: Final = 9
+NPU_UNARY_RECIPROCAL: Final = 10
+NPU_UNARY_COUNT: Final = 11
 
 NPU_CMD_F_IRQ: Final = 1 << 0
 NPU_CMD_F_MASK: Final = NPU_CMD_F_IRQ
@@ -291,6 +293,8 @@ class UnaryKind(enum.IntEnum):
     SQRT = NPU_UNARY_SQRT
     ABS = NPU_UNARY_ABS
     NEG = NPU_UNARY_NEG
+    ERF = NPU_UNARY_ERF
+    RECIPROCAL = NPU_UNARY_RECIPROCAL
 
 
 class ReduceKind(enum.IntEnum):

@@ -107,7 +107,7 @@ def test_on_a_stream_a_freed_buffer_is_refused_with_the_nodes_named(dev, stream)
         assert info.value.errno == 9  # EBADF
 
 
-@pytest.mark.parametrize("op", ["Softplus", "Erf", "Floor"])
+@pytest.mark.parametrize("op", ["Softplus", "Sin", "Floor"])
 def test_model_with_an_op_the_npu_lacks_runs_npu_cpu_npu(dev, op):
     model = digits_cnn(middle=op)
     x = np.random.default_rng(2).uniform(0, 1, (4, 1, 28, 28)).astype(np.float32)
@@ -152,7 +152,7 @@ def test_driver_refusal_names_the_nodes(dev):
 
 def test_no_buffer_leaks_after_close(dev):
     baseline = len(dev.buffers)
-    sess = npu.InferenceSession(digits_cnn(middle="Erf"), device=dev)
+    sess = npu.InferenceSession(digits_cnn(middle="Softplus"), device=dev)
     sess.run(None, {"x": rnd(np.random.default_rng(6), 2, 1, 28, 28)})
     assert len(dev.buffers) > baseline
     sess.close()

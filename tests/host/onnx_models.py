@@ -66,7 +66,7 @@ def bn(x: str, y: str, prefix: str) -> onnx.NodeProto:
 def digits_cnn(batch: Any = "N", seed: int = 0, middle: str | None = None) -> onnx.ModelProto:
     """A LeNet-like digits CNN on [batch, 1, 28, 28] -> [batch, 10] probabilities.
 
-    ``middle`` inserts an op the NPU lacks (e.g. ``"Softplus"``, ``"Erf"``,
+    ``middle`` inserts an op the NPU lacks (e.g. ``"Softplus"``, ``"Sin"``,
     ``"Floor"``) after the first pooling.
     """
     rng = np.random.default_rng(seed)

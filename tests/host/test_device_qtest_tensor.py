@@ -70,7 +70,8 @@ ELTWISE = {"add": hw.ELTWISE_ADD, "sub": hw.ELTWISE_SUB, "mul": hw.ELTWISE_MUL,
            "div": hw.ELTWISE_DIV, "max": hw.ELTWISE_MAX, "min": hw.ELTWISE_MIN}  # fmt: skip
 UNARY = {"relu": hw.UNARY_RELU, "gelu": hw.UNARY_GELU, "sigmoid": hw.UNARY_SIGMOID,
          "tanh": hw.UNARY_TANH, "exp": hw.UNARY_EXP, "log": hw.UNARY_LOG,
-         "sqrt": hw.UNARY_SQRT, "abs": hw.UNARY_ABS, "neg": hw.UNARY_NEG}  # fmt: skip
+         "sqrt": hw.UNARY_SQRT, "abs": hw.UNARY_ABS, "neg": hw.UNARY_NEG,
+         "erf": hw.UNARY_ERF, "reciprocal": hw.UNARY_RECIPROCAL}  # fmt: skip
 INT_UNARY = {"relu", "abs", "neg"}
 
 PARAMS = DATA  # parameter block (64-byte aligned)
@@ -262,7 +263,8 @@ def ref_unary(kind: int, x: np.ndarray, dtype: int) -> tuple[np.ndarray, float, 
             return wrap(r, dtype), 0.0, 0.0
         x32 = x.astype(np.float32)
         exact = {hw.UNARY_RELU: np.maximum(x32, np.float32(0)), hw.UNARY_SQRT: np.sqrt(x32),
-                 hw.UNARY_ABS: np.abs(x32), hw.UNARY_NEG: -x32}  # fmt: skip
+                 hw.UNARY_ABS: np.abs(x32), hw.UNARY_NEG: -x32,
+                 hw.UNARY_RECIPROCAL: np.float32(1) / x32}  # fmt: skip
         if kind in exact:
             return round_to(exact[kind], dtype), 0.0, 0.0
         x64 = x.astype(np.float64)
@@ -272,6 +274,7 @@ def ref_unary(kind: int, x: np.ndarray, dtype: int) -> tuple[np.ndarray, float, 
             hw.UNARY_TANH: lambda: np.tanh(x64),
             hw.UNARY_EXP: lambda: np.exp(x64),
             hw.UNARY_LOG: lambda: np.log(x64),
+            hw.UNARY_ERF: lambda: _erf(x64).astype(np.float64),
         }[kind]()
         rtol = {FP32: 4e-6, FP16: 2e-3, BF16: 1.6e-2}[dtype]
         return round_to(r, dtype), rtol, 2e-6
@@ -758,7 +761,7 @@ BAD_OPS: dict[str, tuple[int, int, bytes, str]] = {
         "BAD_ARGS",
     ),
     "eltwise-kind-6": (hw.OP_ELTWISE, 6, tensor_params(good_eltwise()), "BAD_ARGS"),
-    "unary-kind-9": (hw.OP_UNARY, 9, tensor_params(good_unary()), "BAD_ARGS"),
+    "unary-kind-count": (hw.OP_UNARY, hw.UNARY_COUNT, tensor_params(good_unary()), "BAD_ARGS"),
     "convert-kind-1": (hw.OP_CONVERT, 1, tensor_params(good_unary()), "BAD_ARGS"),
     "all-zero-block": (hw.OP_ELTWISE, 0, bytes(TENSOR_PARAMS_SIZE), "BAD_ARGS"),
     "operand-wraps-2^64": (

@@ -5,6 +5,8 @@ NPU (CPU backend) and matches onnx.reference exactly."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -331,3 +333,20 @@ def test_gather_of_constant_indices_copies_rows_on_the_npu(
     shape = [4, 3, 5][:ax] + list(indices.shape) + [4, 3, 5][ax + 1 :]
     model = make([node], [vi("x", [4, 3, 5])], [vi("y", shape)], inits=inits)
     _run_on_npu(model, {"x": x}, device)
+
+
+@pytest.mark.parametrize("op", ["Erf", "Reciprocal"])
+def test_erf_and_reciprocal_run_as_unary_ops_on_the_npu(device: npu.Device, op: str) -> None:
+    model = make([helper.make_node(op, ["x"], ["y"])], [vi("x", [3, 17])], [vi("y", [3, 17])])
+    x = rnd(RNG, 3, 17, scale=3.0)
+    x[0, :4] = [0.0, -0.0, np.inf, -np.inf]
+    _run_on_npu(model, {"x": x}, device)
+
+
+def test_tensor_erf_and_reciprocal_match_the_math(default_device: npu.Device) -> None:
+    x = np.array([-3.0, -0.5, 0.0, 0.25, 2.0, np.inf, -np.inf], np.float32)
+    want_erf = np.array([math.erf(v) for v in x.astype(np.float64)])
+    np.testing.assert_allclose(npu.erf(x).numpy(), want_erf, rtol=1e-6, atol=1e-7)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(npu.reciprocal(x).numpy(), np.float32(1) / x)
+    assert npu.reciprocal(np.array([2, 4], np.int32)).dtype == np.float32

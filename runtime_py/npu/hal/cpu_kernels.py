@@ -172,7 +172,7 @@ class Executor:
                 op.kind < _abi.NPU_UNARY_COUNT
                 and ins[0].dtype == out.dtype
                 and shape(ins[0]) == shape(out)
-                and (not _abi.NPU_UNARY_GELU <= op.kind <= _abi.NPU_UNARY_SQRT or is_float)
+                and (op.kind in _INT_UNARY or is_float)
             )
         elif op.opcode == _abi.NPU_OP_REDUCE:
             mask = op.params[0]
@@ -641,4 +641,7 @@ _UNARY: dict[int, Callable[[Any], Any]] = {
     _abi.NPU_UNARY_SQRT: np.sqrt,
     _abi.NPU_UNARY_ABS: np.abs,
     _abi.NPU_UNARY_NEG: np.negative,
+    _abi.NPU_UNARY_ERF: _erf,
+    _abi.NPU_UNARY_RECIPROCAL: np.reciprocal,
 }
+_INT_UNARY = frozenset({_abi.NPU_UNARY_RELU, _abi.NPU_UNARY_ABS, _abi.NPU_UNARY_NEG})

@@ -69,6 +69,8 @@ UNARY_OPS: Final = {
     "Sqrt": _abi.UnaryKind.SQRT,
     "Abs": _abi.UnaryKind.ABS,
     "Neg": _abi.UnaryKind.NEG,
+    "Erf": _abi.UnaryKind.ERF,
+    "Reciprocal": _abi.UnaryKind.RECIPROCAL,
 }
 _INT_UNARY = frozenset({"Relu", "Abs", "Neg"})
 #: Ops the NPU provider runs as zero-copy views of a contiguous buffer.
@@ -283,11 +285,14 @@ def _pool_reason(node: Node, graph: Graph, caps: int) -> str | None:
     a = node.attrs
     if a.get("storage_order", 0) or len([o for o in node.outputs if o]) != 1:
         return "MaxPool with an Indices output or storage_order"
-    shape = graph.tensor_info(node.inputs[0]).static_shape
-    if shape is None:
-        return f"{node.op_type} of a dynamic shape"
+    spatial = (graph.tensor_info(node.inputs[0]).shape or ())[2:]
+    if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        if not all(isinstance(d, int) for d in spatial):
+            return "auto_pad SAME with dynamic spatial dims"
+    else:
+        spatial = (0, 0)  # the explicit pads do not depend on the input's size
     try:
-        geo = pool_geometry(node, shape[2:])
+        geo = pool_geometry(node, [int(d) for d in spatial if d is not None])
     except ValueError as exc:
         return str(exc)
     if geo.ceil_mode and a.get("auto_pad", "NOTSET") != "NOTSET":

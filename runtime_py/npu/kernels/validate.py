@@ -25,6 +25,7 @@ __all__ = [
     "pool_out",
     "tensor_op_features",
     "tensor_op_supported",
+    "unary_float_only",
     "window_out",
     "zero_point_word",
 ]
@@ -80,6 +81,11 @@ def tensor_op_supported(opcode: int, caps: int) -> bool:
     except (ValueError, KeyError):
         return False
     return bool(caps & cap)
+
+
+def unary_float_only(kind: int) -> bool:
+    """``npu_unary_float_only``: does UNARY ``kind`` take float dtypes only?"""
+    return kind not in (_abi.UnaryKind.RELU, _abi.UnaryKind.ABS, _abi.UnaryKind.NEG)
 
 
 def tensor_op_features(opcode: int, params: Sequence[int]) -> int:
@@ -254,7 +260,7 @@ def _check_tensor_op(op: TensorOp) -> None:
         (t,) = inputs
         if t.dtype is not out.dtype or t.shape != out.shape:
             raise ValueError(f"{op}: UNARY input and output must have the same dtype and shape")
-        if _abi.UnaryKind.GELU <= ukind <= _abi.UnaryKind.SQRT and not out.dtype.is_float:
+        if unary_float_only(ukind) and not out.dtype.is_float:
             raise ValueError(f"{op}: {ukind.name} takes float dtypes only")
     elif op.opcode is _abi.Opcode.REDUCE:
         rkind = _abi.ReduceKind(op.kind)

@@ -16,6 +16,7 @@ import numpy as np
 from .. import _abi
 from ..dtypes import DType, float_of, promote
 from ..kernels import ops
+from ..kernels.validate import unary_float_only
 from .tensor import (
     Plan,
     Tensor,
@@ -38,6 +39,7 @@ __all__ = [
     "add",
     "divide",
     "equal",
+    "erf",
     "exp",
     "gelu",
     "greater",
@@ -51,6 +53,7 @@ __all__ = [
     "negative",
     "not_equal",
     "power",
+    "reciprocal",
     "relu",
     "sigmoid",
     "sqrt",
@@ -120,7 +123,7 @@ def _unary(kind: _abi.UnaryKind, x: Any, what: str) -> Tensor:
     dtype = t.npu_dtype
     if dtype is DType.BOOL:
         raise TypeError(f"{what}: not supported for bool tensors; convert with astype()")
-    if _abi.UnaryKind.GELU <= kind <= _abi.UnaryKind.SQRT:
+    if unary_float_only(kind):
         dtype = float_of(dtype)
     if t.size == 0:
         return empty_tensor(t.device, dtype, t.shape)
@@ -242,6 +245,16 @@ def log(x: Any) -> Tensor:
 def sqrt(x: Any) -> Tensor:
     """Square root; integer inputs promote like :func:`exp`."""
     return _unary(_abi.UnaryKind.SQRT, x, "sqrt")
+
+
+def erf(x: Any) -> Tensor:
+    """The error function (``torch.erf``); integer inputs promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.ERF, x, "erf")
+
+
+def reciprocal(x: Any) -> Tensor:
+    """``1 / x`` (``torch.reciprocal``), one IEEE division; integers promote like :func:`exp`."""
+    return _unary(_abi.UnaryKind.RECIPROCAL, x, "reciprocal")
 
 
 @register_operator("abs")
