@@ -72,6 +72,8 @@ GUEST_CMDS = (
     "python3 examples/bench_driver.py",
     # The ioctl fuzzer's rate (fuzz_calls_per_s): 20,000 calls (quick: 5,000).
     "python3 -m tests.stress.fuzz_model",
+    # torch.compile(backend="npu") on ResNet-18 against eager torch in the guest.
+    "python3 examples/torch_compile_resnet18.py --json --runs 2",
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0

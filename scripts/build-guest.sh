@@ -62,11 +62,11 @@ if [ ! -f "$top/.done" ]; then
 	# shellcheck disable=SC2016 # dpkg-query's format, not the shell's
 	chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' \
 		"linux-image-$kver" python3-numpy python3-onnx python3-onnxruntime \
-		libopenblas0-pthread python3 >"$top/versions"
+		python3-torch libopenblas0-pthread python3 >"$top/versions"
 	readlink -f "$root/etc/alternatives/libblas.so.3-x86_64-linux-gnu" >"$top/blas"
 
 	log "guest: making the ext4 image"
-	mke2fs -q -t ext4 -L npuroot -d "$root" "$top/rootfs.ext4" 3G
+	mke2fs -q -t ext4 -L npuroot -d "$root" "$top/rootfs.ext4" 4G
 	touch "$top/.done"
 fi
 ln -sfn "$key" "$current"

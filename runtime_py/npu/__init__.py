@@ -117,7 +117,7 @@ from .tensors.factory import (
 from .tensors.nn import avg_pool2d, conv2d, global_avg_pool2d, linear, max_pool2d
 from .tensors.quant import quantized_conv2d, quantized_linear, quantized_matmul
 from .tensors.reduce import layer_norm, log_softmax, max, mean, min, softmax, sum
-from .tensors.tensor import Tensor, from_numpy, permute, tensor
+from .tensors.tensor import Tensor, from_numpy, from_torch, permute, tensor
 
 if TYPE_CHECKING:
     from .inference import InferenceSession, ModelError
@@ -196,6 +196,7 @@ __all__ = [
     "float32",
     "float32_to_bf16",
     "from_numpy",
+    "from_torch",
     "full",
     "full_like",
     "gelu",

@@ -6,8 +6,9 @@ It has no cycle, and every edge goes down the layers (or stays in one):
 the base modules, ``npu.coredump`` (the device coredump decoder, a tool
 on the base), ``npu.hal`` (the backends), ``npu.kernels`` (descriptors),
 ``npu.core`` (device, buffers, queues, streams), ``npu.allocator``,
-``npu.tensors``, ``npu.graph``, ``npu.api``, ``npu.inference``, and the
-package itself. ``npu.hal`` may import only itself and ``npu._abi``.
+``npu.tensors``, ``npu.graph``, ``npu.api``, ``npu.inference`` and
+``npu.dynamo`` (the two front ends), and the package itself. ``npu.hal``
+may import only itself and ``npu._abi``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ LAYERS = (
     ("npu.tensors",),
     ("npu.graph",),
     ("npu.api",),
-    ("npu.inference",),
+    ("npu.inference", "npu.dynamo"),
 )
 
 

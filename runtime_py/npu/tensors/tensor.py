@@ -433,6 +433,35 @@ class Tensor:
             return bf16_to_float32(data)
         return data
 
+    def to_torch(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Any:
+        """Wait for the data and return it as a ``torch.Tensor`` sharing this memory.
+
+        Zero-copy like ``torch.from_numpy``: the torch tensor is a view of
+        the device buffer's mapping and keeps this tensor (hence its
+        buffer) alive; writes through it change this tensor, so do not
+        write it while queued ops read the tensor. bfloat16 tensors and
+        tensors without memory come back as a float32 copy. Needs torch
+        (imported here, not by ``import npu``).
+
+        Raises:
+            ImportError: torch is not installed.
+            NpuDeviceError, NpuTimeoutError: see :meth:`wait`.
+        """
+        import torch
+
+        self.wait(timeout_s)
+        if self._buffer is None or self._dtype is DType.BF16:
+            return torch.from_numpy(self.numpy(timeout_s))
+        item = self.itemsize
+        flat = self._buffer.numpy(storage_dtype(self._dtype))
+        view = np.lib.stride_tricks.as_strided(
+            flat[self._offset :],
+            shape=self._shape,
+            strides=tuple(s * item for s in self._strides),
+        ).view(_OwnedArray)
+        view.owner = self
+        return torch.from_numpy(view)
+
     def copy_(self, src: Any) -> Tensor:
         """Write ``src`` (broadcast to this shape) into this tensor's memory, in place.
 
@@ -1375,6 +1404,37 @@ def from_numpy(array: npt.NDArray[Any], device: DeviceArg = None) -> Tensor:
     buf, offset = dev.userptr(array)
     strides = tuple(st // item for st in array.strides)
     return Tensor(dev, buf, target, shape, strides, offset // item)
+
+
+def from_torch(value: Any, device: DeviceArg = None) -> Tensor:
+    """A tensor of a CPU ``torch.Tensor``: shared (no copy) where the device can read it.
+
+    A CPU tensor of float32, float16, int8 or int32 with usable strides is
+    pinned in place as :func:`from_numpy` does (writes to either show in
+    the other); anything else (another dtype, bfloat16, a negative or
+    zero-size stride, rank > 4) is copied as :func:`tensor` would.
+
+    Raises:
+        TypeError: ``value`` is not a torch tensor, or lives on another device.
+    """
+    if not hasattr(value, "detach") or not hasattr(value, "is_cpu"):
+        raise TypeError(f"from_torch() takes a torch.Tensor, not {type(value).__name__}")
+    if not value.is_cpu:
+        raise TypeError(f"from_torch(): the tensor is on {value.device}, not the CPU")
+    t = value.detach()
+    if str(t.dtype) == "torch.bfloat16":
+        return tensor(t.float().numpy(), dtype=DType.BF16, device=device)
+    arr = t.numpy()
+    try:
+        return from_numpy(arr, device)
+    except (TypeError, ValueError):
+        return tensor(np.ascontiguousarray(arr), device=device)
+
+
+class _OwnedArray(np.ndarray[Any, Any]):
+    """An ndarray view that keeps the :class:`Tensor` owning its memory alive."""
+
+    owner: Any = None
 
 
 def _scalar_dtype(value: Any, other: DType | None) -> DType | None:
