@@ -350,3 +350,46 @@ def test_tensor_erf_and_reciprocal_match_the_math(default_device: npu.Device) ->
     with np.errstate(divide="ignore"):
         np.testing.assert_array_equal(npu.reciprocal(x).numpy(), np.float32(1) / x)
     assert npu.reciprocal(np.array([2, 4], np.int32)).dtype == np.float32
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+def test_a_comparison_runs_on_the_npu_and_gives_bool(device: npu.Device, op: str) -> None:
+    model = make(
+        [
+            helper.make_node(op, ["a", "b"], ["c"]),
+            helper.make_node("Cast", ["c"], ["y"], to=onnx.TensorProto.FLOAT),
+        ],
+        [vi("a", [3, 8]), vi("b", [8])],
+        [vi("y", [3, 8])],
+    )
+    a, b = rnd(RNG, 3, 8), rnd(RNG, 8)
+    a[0, :4] = [np.nan, 0.0, -0.0, np.inf]
+    b[:4] = [np.nan, -0.0, 0.0, np.inf]
+    a[1] = b  # equal rows
+    _run_on_npu(model, {"a": a, "b": b}, device)
+
+
+def test_a_cast_to_bool_treats_nan_as_true_and_zero_as_false(device: npu.Device) -> None:
+    model = make(
+        [helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.BOOL)],
+        [vi("x", [6])],
+        [vi("y", [6], onnx.TensorProto.BOOL)],
+    )
+    x = np.array([np.nan, 0.0, -0.0, 1e-30, -2.0, np.inf], np.float32)
+    _run_on_npu(model, {"x": x}, device)
+
+
+def test_a_partition_unplannable_for_two_shapes_is_reported_once(device: npu.Device) -> None:
+    # 300 blocks before the axis x 2 inputs for any k: the same reason for both shapes.
+    model = make(
+        [helper.make_node("Concat", ["a", "b"], ["y"], axis=2)],
+        [vi("a", [1, 300, "k"]), vi("b", [1, 300, "k"])],
+        [vi("y", [1, 300, "k2"])],
+    )
+    with npu.InferenceSession(model, device=device) as sess:
+        for k in (1, 2):
+            feeds = {"a": rnd(RNG, 1, 300, k), "b": rnd(RNG, 1, 300, k)}
+            (got,) = sess.run(None, feeds)
+            np.testing.assert_array_equal(got, np.concatenate([feeds["a"], feeds["b"]], axis=2))
+        assert len(sess.fallbacks) == 1, sess.fallbacks
+        assert sess.placement == {"Concat_0": "CPU"}

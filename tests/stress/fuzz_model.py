@@ -675,32 +675,28 @@ class Worker:
 
     def handle(self, slot: Slot, p_live: float = 0.8) -> int:
         """A BO handle: the slot's own, stale (destroyed), another file's, or any value."""
-        rng = self.rng
         with self.fz.lock:
-            live, stale = list(slot.bos), list(slot.stale_bos)
-            foreign = list(self.other(slot).bos)
-        r = rng.random()
-        if live and r < p_live:
-            return rng.choice(live)
-        if stale and r < p_live + 0.08:
-            return rng.choice(stale)
-        if foreign and r < p_live + 0.16:
-            return rng.choice(foreign)
-        return self.val(32)
+            pools = (list(slot.bos), list(slot.stale_bos), list(self.other(slot).bos))
+        return self.from_pools(*pools, p_live, 0.08)
 
     def sync_handle(self, slot: Slot, p_live: float = 0.8) -> int:
         """A syncobj handle: the slot's own, stale, another file's, or any value."""
-        rng = self.rng
         with self.fz.lock:
-            live, stale = list(slot.syncobjs), list(slot.stale_syncobjs)
-            foreign = list(self.other(slot).syncobjs)
-        r = rng.random()
-        if live and r < p_live:
-            return rng.choice(live)
-        if stale and r < p_live + 0.07:
-            return rng.choice(stale)
-        if foreign and r < p_live + 0.14:
-            return rng.choice(foreign)
+            pools = (
+                list(slot.syncobjs),
+                list(slot.stale_syncobjs),
+                list(self.other(slot).syncobjs),
+            )
+        return self.from_pools(*pools, p_live, 0.07)
+
+    def from_pools(
+        self, live: list[int], stale: list[int], foreign: list[int], p_live: float, step: float
+    ) -> int:
+        """An id: live with ``p_live``, then stale and foreign ``step`` each, else any value."""
+        r = self.rng.random()
+        for pool, limit in ((live, p_live), (stale, p_live + step), (foreign, p_live + 2 * step)):
+            if pool and r < limit:
+                return self.rng.choice(pool)
         return self.val(32)
 
     def sync_point(self, slot: Slot, handle: int) -> int:

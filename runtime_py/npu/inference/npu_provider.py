@@ -41,6 +41,7 @@ from ..kernels.validate import pool_out, window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
 from .graph import Graph, ModelError, Node
 from .partition import (
+    COMPARE_OPS,
     COMPOSED_OPS,
     ELTWISE_OPS,
     NPU_DTYPES,
@@ -209,7 +210,8 @@ class _Builder:
         if math.prod(shp) != base.numel:
             raise ModelError(f"{self.g.source}: view {name!r} {shp} of {base.shape} changes size")
         v = Val(base.storage, shp, base.dtype, base.offset)
-        self.vals[name] = v
+        if name:
+            self.vals[name] = v
         return v
 
     def emit(
@@ -696,7 +698,7 @@ class NpuProvider:
         if op in ELTWISE_OPS:
             a, c = b.get(node.inputs[0]), b.get(node.inputs[1])
             oshape = tuple(np.broadcast_shapes(a.shape, c.shape))
-            o = b.new(out, oshape, a.dtype)
+            o = b.new(out, oshape, np.dtype(np.bool_) if op in COMPARE_OPS else a.dtype)
             r = max(len(oshape), 1)
             os_ = oshape or (1,)
             pa, pc = _pad_to(a.shape, r), _pad_to(c.shape, r)
@@ -985,26 +987,9 @@ class NpuProvider:
         n, c, h, w = x.shape
         size = int(node.attrs["size"])
         alpha, bias, neg_beta = self._lrn_scalars(node)
-        dt = x.dtype
         pooled = (n, 1, c, h * w)
-        ones = (1, 1, 1, 1)
-        bc = (0, 0, 0, 0)
-
-        def scalar_op(kind: _abi.EltwiseKind, src: Val, value: float) -> Val:
-            k = self._scalar(value, dt)
-            o = b.new("", pooled, dt)
-            b.emit(
-                [src, k],
-                [o],
-                lambda: ops.eltwise(kind, R(src, pooled), R(k, ones, bc), R(o), _bufs(src, k, o)),
-            )
-            return o
-
-        sq = b.new("", x.shape, dt)
-        b.emit(
-            [x], [sq], lambda: ops.eltwise(_abi.EltwiseKind.MUL, R(x), R(x), R(sq), _bufs(x, sq))
-        )
-        avg = b.new("", pooled, dt)
+        sq = self._binary(b, _abi.EltwiseKind.MUL, x, x)
+        avg = b.new("", pooled, x.dtype)
         pad = (size - 1) // 2
         b.emit(
             [sq],
@@ -1020,24 +1005,11 @@ class NpuProvider:
                 _bufs(sq, avg),
             ),
         )
-        d = scalar_op(_abi.EltwiseKind.ADD, scalar_op(_abi.EltwiseKind.MUL, avg, alpha), bias)
-        logd = b.new("", pooled, dt)
-        b.emit([d], [logd], lambda: ops.unary(_abi.UnaryKind.LOG, R(d), R(logd), _bufs(d, logd)))
-        scaled = scalar_op(_abi.EltwiseKind.MUL, logd, neg_beta)
-        inv = b.new("", pooled, dt)
-        b.emit(
-            [scaled],
-            [inv],
-            lambda: ops.unary(_abi.UnaryKind.EXP, R(scaled), R(inv), _bufs(scaled, inv)),
-        )
-        o = b.new(node.outputs[0], x.shape, dt)
-        b.emit(
-            [x, inv],
-            [o],
-            lambda: ops.eltwise(
-                _abi.EltwiseKind.MUL, R(x), R(inv, x.shape), R(o), _bufs(x, inv, o)
-            ),
-        )
+        mul, add = _abi.EltwiseKind.MUL, _abi.EltwiseKind.ADD
+        d = self._scalar_op(b, add, self._scalar_op(b, mul, avg, alpha), bias)
+        scaled = self._scalar_op(b, mul, self._unary(b, _abi.UnaryKind.LOG, d), neg_beta)
+        inv = self._unary(b, _abi.UnaryKind.EXP, scaled)
+        self._binary(b, mul, x, b.alias("", inv, x.shape), node.outputs[0])
 
     def _plan_gemm(self, b: _Builder, node: Node) -> None:
         a_v = b.get(node.inputs[0])

@@ -24,6 +24,7 @@ from .cpu import conv_pads
 from .graph import NPU_MIN_OPSET, Graph, Node
 
 __all__ = [
+    "COMPARE_OPS",
     "COMPOSED_OPS",
     "ELTWISE_OPS",
     "NPU_DTYPES",
@@ -46,6 +47,7 @@ NPU_DTYPES: Final[dict[np.dtype[Any], _abi.DType]] = {
     np.dtype(np.float16): _abi.DType.FP16,
     np.dtype(np.int32): _abi.DType.INT32,
     np.dtype(np.int8): _abi.DType.INT8,
+    np.dtype(np.bool_): _abi.DType.BOOL,
 }
 _FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float16)})
 
@@ -57,7 +59,14 @@ ELTWISE_OPS: Final = {
     "Div": _abi.EltwiseKind.DIV,
     "Max": _abi.EltwiseKind.MAX,
     "Min": _abi.EltwiseKind.MIN,
+    "Equal": _abi.EltwiseKind.EQ,
+    "Less": _abi.EltwiseKind.LT,
+    "LessOrEqual": _abi.EltwiseKind.LE,
+    "Greater": _abi.EltwiseKind.GT,
+    "GreaterOrEqual": _abi.EltwiseKind.GE,
 }
+#: The comparisons among them: their output is bool.
+COMPARE_OPS: Final = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
 #: ONNX unary ops -> UNARY kinds.
 UNARY_OPS: Final = {
     "Relu": _abi.UnaryKind.RELU,
@@ -224,11 +233,13 @@ def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int]
     return merged, new_perm
 
 
-def _tensor_reason(graph: Graph, name: str, what: str, views: bool = False) -> str | None:
+def _tensor_reason(
+    graph: Graph, name: str, what: str, views: bool = False, bools: bool = False
+) -> str | None:
     info = graph.tensor_info(name)
     if info.dtype is None:
         return f"{what} {name!r} has an unknown element type"
-    if info.dtype not in NPU_DTYPES:
+    if info.dtype not in NPU_DTYPES or (info.dtype == np.bool_ and not bools):
         return f"{what} {name!r} is {info.dtype}, the NPU has float32/float16/int32/int8"
     if info.rank is None:
         return f"{what} {name!r} has an unknown rank"
@@ -492,6 +503,8 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
     # Views move no data, so their tensors may have any rank; a Transpose
     # needs rank <= 4 once the axes that stay together are merged.
     views = op in VIEW_OPS or op == "Transpose"
+    # BOOL tensors: the comparisons' operands and results, and CONVERT's.
+    bools = op in COMPARE_OPS or op in VIEW_OPS or op == "Cast"
     if op == "Reshape" and graph.opset >= 5 and graph.const(node.input(1)) is None:
         return "Reshape to a shape computed at run time"
     for i, name in enumerate(node.inputs):
@@ -501,12 +514,12 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
             if graph.const(name) is None:
                 return f"parameter input {name!r} is not a constant"
             continue
-        reason = _tensor_reason(graph, name, "input", views)
+        reason = _tensor_reason(graph, name, "input", views, bools)
         if reason:
             return reason
     for name in node.outputs:
         if name:
-            reason = _tensor_reason(graph, name, "output", views)
+            reason = _tensor_reason(graph, name, "output", views, bools)
             if reason:
                 return reason
     return _op_reason(node, graph, caps)

@@ -342,7 +342,9 @@ class InferenceSession(Closing):
         for node in nodes:
             if node.name not in self._kernels:
                 self._kernels[node.name] = cpu_kernel(node, self.graph)
-            self.fallbacks.append((node.name, node.op_type, why))
+            entry = (node.name, node.op_type, why)
+            if entry not in self.fallbacks:  # once per reason, not per input signature
+                self.fallbacks.append(entry)
             self._on_cpu.add(node.name)
         log.info("%s: partition %d runs on the CPU: %s", self.source, k, why)
 
