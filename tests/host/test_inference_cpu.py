@@ -100,3 +100,19 @@ def test_get_inputs_and_outputs_describe_the_graph() -> None:
 def test_unknown_provider_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown providers"):
         npu.InferenceSession(digits_cnn(), providers=("GPU",))
+
+
+def test_a_cast_of_float32_to_string_gives_its_shortest_text() -> None:
+    import onnx
+    from onnx import helper
+
+    from onnx_models import make, vi
+
+    model = make(
+        [helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.STRING)],
+        [vi("x", [4])],
+        [vi("y", [4], onnx.TensorProto.STRING)],
+    )
+    x = np.array([0.9767611, 0.039187793, -2.5, 1e-8], np.float32)
+    (got,) = npu.InferenceSession(model, providers=("CPU",)).run(None, {"x": x})
+    assert got.tolist() == ["0.9767611", "0.039187793", "-2.5", "1e-08"]

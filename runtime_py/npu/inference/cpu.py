@@ -14,6 +14,7 @@ when the session is created.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -438,6 +439,8 @@ def _cast_target(node: Node) -> np.dtype[Any] | None:
 def _cast(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
     to = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+    if to.kind == "O":  # STRING: numpy's shortest round-trip text of the source dtype
+        return [x.astype(np.str_).astype(object)]
     with np.errstate(invalid="ignore", over="ignore"):
         return [x.astype(to)]
 
@@ -479,6 +482,15 @@ def _identity(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     if len(node.outputs) > 1:  # Dropout's mask
         outs.append(np.ones(x.shape, dtype=bool))
     return outs
+
+
+def _optional(node: Node, xs: list[Array | None], opset: int) -> list[Any]:
+    """Optional(x) is x itself (a tensor or a sequence); Optional() is the empty optional.
+
+    onnx.reference 1.17 wraps the value in a one-element list, which turns a
+    sequence of [5] tensors into [1, 5] (onnx's test_if_opt).
+    """
+    return [xs[0] if xs else None]
 
 
 def _batchnorm(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
@@ -574,6 +586,7 @@ CPU_OPS: dict[str, Kernel] = {
     "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze,
     "Identity": _identity,
+    "Optional": _optional,
     "Dropout": _identity,
     "BatchNormalization": _batchnorm,
     "Shape": _shape,
@@ -617,6 +630,22 @@ def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
     if op == "Cast":
         return a.get("saturate", 1) == 1 and not _custom(_cast_target(node))
     return True
+
+
+@functools.cache
+def _reference_fixes() -> list[type]:
+    """onnx.reference ops replaced by spec-following ones (used in subgraphs too)."""
+    from onnx.reference.op_run import OpRun
+
+    class Optional(OpRun):
+        """Optional(x) is x; 1.17's wraps it in a list (see :func:`_optional`)."""
+
+        op_domain = ""
+
+        def _run(self, x: Any = None, type: Any = None) -> tuple[Any]:
+            return (x,)
+
+    return [Optional]
 
 
 class ReferenceKernel:
@@ -671,7 +700,8 @@ class ReferenceKernel:
             ir_version=graph.ir_version,
         )
         try:
-            self.evaluator = ReferenceEvaluator(model)
+            fixes: Any = _reference_fixes()  # classes, which onnx's hints call OpRun
+            self.evaluator = ReferenceEvaluator(model, new_ops=fixes)
         except Exception as exc:
             raise ModelError(
                 f"{graph.source}: {node.describe()}: no NPU support and no CPU "
