@@ -672,176 +672,152 @@ class NpuProvider:
         )
 
     def _plan_node(self, b: _Builder, node: Node) -> None:
-        op = node.op_type
-        g = self.graph
-        out = node.outputs[0]
-        R = b.ref
-        if op in VIEW_OPS or (
-            op == "Cast"
-            and np.dtype(_onnx_np(int(node.attrs["to"]))) == b.get(node.inputs[0]).dtype
-        ):
-            x = b.get(node.inputs[0])
-            if op == "Cast":
-                b.alias(out, x, x.shape)
-                return
-            params: list[Array | None] = [np.empty(x.shape, np.uint8)]
-            params += [g.const(i) for i in node.inputs[1:]]
-            shape = CPU_OPS[op](node, params, g.opset)[0].shape
-            b.alias(out, x, shape)
-            return
-        if op in VARIADIC_OPS and op != "Mean" and (op == "Sum" or len(node.inputs) != 2):
-            self._plan_variadic(b, node)
-            return
-        if op == "Concat":
-            self._plan_concat(b, node)
-            return
-        if op in ELTWISE_OPS:
-            a, c = b.get(node.inputs[0]), b.get(node.inputs[1])
-            oshape = tuple(np.broadcast_shapes(a.shape, c.shape))
-            o = b.new(out, oshape, np.dtype(np.bool_) if op in COMPARE_OPS else a.dtype)
-            r = max(len(oshape), 1)
-            os_ = oshape or (1,)
-            pa, pc = _pad_to(a.shape, r), _pad_to(c.shape, r)
-            kind = ELTWISE_OPS[op]
-            b.emit(
-                [a, c],
-                [o],
-                lambda: ops.eltwise(
-                    kind,
-                    R(a, pa, _bcast_strides(pa, os_)),
-                    R(c, pc, _bcast_strides(pc, os_)),
-                    R(o, os_),
-                    _bufs(a, c, o),
-                ),
+        planner = _PLANNERS.get(node.op_type)
+        if planner is None:
+            raise ModelError(
+                f"{self.graph.source}: {node.describe()}: no NPU planner for {node.op_type}"
             )
-            return
-        if op in UNARY_OPS:
-            x = b.get(node.inputs[0])
-            o = b.new(out, x.shape, x.dtype)
-            ukind = UNARY_OPS[op]
-            b.emit([x], [o], lambda: ops.unary(ukind, R(x), R(o), _bufs(x, o)))
-            return
-        if op == "Cast":
-            x = b.get(node.inputs[0])
-            o = b.new(out, x.shape, np.dtype(_onnx_np(int(node.attrs["to"]))))
-            b.emit([x], [o], lambda: ops.convert(R(x), R(o), _bufs(x, o)))
-            return
-        if op == "Transpose":
-            x = b.get(node.inputs[0])
-            perm = [int(p) for p in node.attrs.get("perm", range(len(x.shape) - 1, -1, -1))]
-            o = b.new(out, tuple(x.shape[p] for p in perm), x.dtype)
-            # Axes that stay adjacent move as one (rank <= 4 on the device).
-            mshape, mperm = transpose_runs(x.shape, perm)
-            st = _strides(mshape)
-            pshape = tuple(mshape[p] for p in mperm)
-            pstrides = tuple(st[p] for p in mperm)
-            b.emit(
-                [x],
-                [o],
-                lambda: ops.convert(
-                    R(x, pshape or (1,), pstrides or (1,)), R(o, pshape or (1,)), _bufs(x, o)
-                ),
-            )
-            return
-        if op == "Conv":
-            self._plan_conv(b, node)
-            return
-        if op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
-            self._plan_pool(b, node)
-            return
-        if op == "LRN":
-            self._plan_lrn(b, node)
-            return
-        if op in COMPOSED_OPS:
-            self._plan_composed(b, node)
-            return
-        if op in ("Slice", "Split"):
-            self._plan_slice(b, node)
-            return
-        if op == "Gather":
-            self._plan_gather(b, node)
-            return
-        if op in ("ReduceL2", "ReduceLogSumExp"):
-            self._plan_reduce_composed(b, node)
-            return
-        if op == "Mean":
-            self._plan_variadic(b, node, "" if len([i for i in node.inputs if i]) > 1 else None)
-            return
-        if op == "Gemm":
-            self._plan_gemm(b, node)
-            return
-        if op == "MatMul":
-            self._plan_matmul(b, node)
-            return
-        if op in ("Softmax", "LogSoftmax"):
-            x = b.get(node.inputs[0])
-            o = b.new(out, x.shape, x.dtype)
-            skind = _abi.SoftmaxKind.LOG if op == "LogSoftmax" else _abi.SoftmaxKind.SOFTMAX
-            r = len(x.shape)
-            if g.opset < 13:
-                axis = int(node.attrs.get("axis", 1)) % r
-                flat = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
-                b.emit(
-                    [x],
-                    [o],
-                    lambda: ops.softmax(skind, R(x, flat), R(o, flat), 1, _bufs(x, o)),
-                )
-            else:
-                ax = int(node.attrs.get("axis", -1)) % r
-                b.emit([x], [o], lambda: ops.softmax(skind, R(x), R(o), ax, _bufs(x, o)))
-            return
-        if op == "LayerNormalization":
-            x = b.get(node.inputs[0])
-            r = len(x.shape)
-            axis = int(node.attrs.get("axis", -1)) % r
-            want = (1,) * axis + x.shape[axis:]
-            n = math.prod(x.shape[axis:])
-            gamma = b.get(node.inputs[1])
-            beta = b.get(node.input(2)) if node.input(2) else self._zeros(n, gamma.dtype)
-            o = b.new(out, x.shape, x.dtype)
-            eps = float(node.attrs.get("epsilon", 1e-5))
-            b.emit(
-                [x, gamma, beta],
-                [o],
-                lambda: ops.layernorm(
-                    R(x),
-                    R(gamma, want),
-                    R(beta, want),
-                    R(o),
-                    r - axis,
-                    eps,
-                    _bufs(x, gamma, beta, o),
-                ),
-            )
-            return
-        if op in _REDUCE:
-            x = b.get(node.inputs[0])
-            axes = reduce_axes(node, g.const(node.input(1)), len(x.shape), g.opset)
-            if axes is None:
-                b.alias(out, x, x.shape)
-                return
-            kshape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
-            o = b.new("", kshape, x.dtype)
-            rkind = _REDUCE[op]
-            b.emit([x], [o], lambda: ops.reduce(rkind, R(x), R(o), axes, _bufs(x, o)))
-            keep = bool(node.attrs.get("keepdims", 1))
-            b.alias(
-                out, o, kshape if keep else tuple(s for d, s in enumerate(x.shape) if d not in axes)
-            )
-            return
-        raise ModelError(f"{g.source}: {node.describe()}: no NPU planner for {op}")
+        planner(self, b, node)
 
-    def _plan_variadic(self, b: _Builder, node: Node, last: str | None = None) -> None:
+    def _plan_view(self, b: _Builder, node: Node) -> None:
+        """Reshape, Flatten, Squeeze, Unsqueeze, Identity: a view (the CPU kernel's shape)."""
+        g = self.graph
+        x = b.get(node.inputs[0])
+        params: list[Array | None] = [np.empty(x.shape, np.uint8)]
+        params += [g.const(i) for i in node.inputs[1:]]
+        shape = CPU_OPS[node.op_type](node, params, g.opset)[0].shape
+        b.alias(node.outputs[0], x, shape)
+
+    def _plan_cast(self, b: _Builder, node: Node) -> None:
+        """A Cast to the same dtype is a view; any other a CONVERT."""
+        R = b.ref
+        x = b.get(node.inputs[0])
+        to = np.dtype(_onnx_np(int(node.attrs["to"])))
+        if to == x.dtype:
+            b.alias(node.outputs[0], x, x.shape)
+            return
+        o = b.new(node.outputs[0], x.shape, to)
+        b.emit([x], [o], lambda: ops.convert(R(x), R(o), _bufs(x, o)))
+
+    def _plan_max_min(self, b: _Builder, node: Node) -> None:
+        """Max/Min of two inputs is one ELTWISE; of any other number a chain."""
+        if len(node.inputs) == 2:
+            self._plan_eltwise(b, node)
+        else:
+            self._plan_variadic(b, node)
+
+    def _plan_eltwise(self, b: _Builder, node: Node) -> None:
+        """A binary ELTWISE with numpy broadcasting (a bool result for the comparisons)."""
+        R = b.ref
+        op = node.op_type
+        a, c = b.get(node.inputs[0]), b.get(node.inputs[1])
+        oshape = tuple(np.broadcast_shapes(a.shape, c.shape))
+        o = b.new(node.outputs[0], oshape, np.dtype(np.bool_) if op in COMPARE_OPS else a.dtype)
+        r = max(len(oshape), 1)
+        os_ = oshape or (1,)
+        pa, pc = _pad_to(a.shape, r), _pad_to(c.shape, r)
+        kind = ELTWISE_OPS[op]
+        b.emit(
+            [a, c],
+            [o],
+            lambda: ops.eltwise(
+                kind,
+                R(a, pa, _bcast_strides(pa, os_)),
+                R(c, pc, _bcast_strides(pc, os_)),
+                R(o, os_),
+                _bufs(a, c, o),
+            ),
+        )
+
+    def _plan_unary(self, b: _Builder, node: Node) -> None:
+        R = b.ref
+        x = b.get(node.inputs[0])
+        o = b.new(node.outputs[0], x.shape, x.dtype)
+        ukind = UNARY_OPS[node.op_type]
+        b.emit([x], [o], lambda: ops.unary(ukind, R(x), R(o), _bufs(x, o)))
+
+    def _plan_transpose(self, b: _Builder, node: Node) -> None:
+        """A CONVERT of the permuted view, adjacent axes merged (rank <= 4 on the device)."""
+        R = b.ref
+        x = b.get(node.inputs[0])
+        perm = [int(p) for p in node.attrs.get("perm", range(len(x.shape) - 1, -1, -1))]
+        o = b.new(node.outputs[0], tuple(x.shape[p] for p in perm), x.dtype)
+        mshape, mperm = transpose_runs(x.shape, perm)
+        st = _strides(mshape)
+        pshape = tuple(mshape[p] for p in mperm)
+        pstrides = tuple(st[p] for p in mperm)
+        b.emit(
+            [x],
+            [o],
+            lambda: ops.convert(
+                R(x, pshape or (1,), pstrides or (1,)), R(o, pshape or (1,)), _bufs(x, o)
+            ),
+        )
+
+    def _plan_softmax(self, b: _Builder, node: Node) -> None:
+        """SOFTMAX along one axis; before opset 13 the input is coerced to 2-D first."""
+        R = b.ref
+        x = b.get(node.inputs[0])
+        o = b.new(node.outputs[0], x.shape, x.dtype)
+        skind = _abi.SoftmaxKind.LOG if node.op_type == "LogSoftmax" else _abi.SoftmaxKind.SOFTMAX
+        r = len(x.shape)
+        if self.graph.opset < 13:
+            axis = int(node.attrs.get("axis", 1)) % r
+            flat = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+            b.emit([x], [o], lambda: ops.softmax(skind, R(x, flat), R(o, flat), 1, _bufs(x, o)))
+        else:
+            ax = int(node.attrs.get("axis", -1)) % r
+            b.emit([x], [o], lambda: ops.softmax(skind, R(x), R(o), ax, _bufs(x, o)))
+
+    def _plan_layernorm(self, b: _Builder, node: Node) -> None:
+        R = b.ref
+        x = b.get(node.inputs[0])
+        r = len(x.shape)
+        axis = int(node.attrs.get("axis", -1)) % r
+        want = (1,) * axis + x.shape[axis:]
+        n = math.prod(x.shape[axis:])
+        gamma = b.get(node.inputs[1])
+        beta = b.get(node.input(2)) if node.input(2) else self._zeros(n, gamma.dtype)
+        o = b.new(node.outputs[0], x.shape, x.dtype)
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        b.emit(
+            [x, gamma, beta],
+            [o],
+            lambda: ops.layernorm(
+                R(x), R(gamma, want), R(beta, want), R(o), r - axis, eps,
+                _bufs(x, gamma, beta, o),
+            ),
+        )  # fmt: skip
+
+    def _plan_reduce(self, b: _Builder, node: Node) -> None:
+        """REDUCE over constant axes, keeping dims; a view drops them without keepdims."""
+        R = b.ref
+        out = node.outputs[0]
+        x = b.get(node.inputs[0])
+        axes = reduce_axes(node, self.graph.const(node.input(1)), len(x.shape), self.graph.opset)
+        if axes is None:
+            b.alias(out, x, x.shape)
+            return
+        kshape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+        o = b.new("", kshape, x.dtype)
+        rkind = _REDUCE[node.op_type]
+        b.emit([x], [o], lambda: ops.reduce(rkind, R(x), R(o), axes, _bufs(x, o)))
+        keep = bool(node.attrs.get("keepdims", 1))
+        b.alias(
+            out, o, kshape if keep else tuple(s for d, s in enumerate(x.shape) if d not in axes)
+        )
+
+    def _plan_variadic(self, b: _Builder, node: Node) -> None:
         """Sum, Mean, and Max/Min of other than two inputs: a chain of binary ELTWISE ops.
 
-        ``last`` names the chain's result (default: the node's output); Mean
-        sums into a temporary and scales it by 1/n into the output.
+        Mean sums into a temporary and scales it by 1/n into the output; one
+        input is the output itself (a view).
         """
         R = b.ref
         kind = VARIADIC_OPS[node.op_type]
         ins = [b.get(i) for i in node.inputs if i]
         acc = ins[0]
-        target = node.outputs[0] if last is None else last
+        target = "" if node.op_type == "Mean" else node.outputs[0]
         if len(ins) == 1:
             b.alias(node.outputs[0], acc, acc.shape)
             return
@@ -1233,3 +1209,39 @@ def free_buffers(buffers: list[Buffer]) -> None:
             buf.free()
         except NpuError as exc:  # device closed or already gone
             log.debug("freeing %r: %s", buf, exc)
+
+
+Planner = Callable[[NpuProvider, _Builder, Node], None]
+#: ONNX op -> the NpuProvider method that plans it (partition.npu_reason decides
+#: which nodes get here).
+_PLANNERS: Final[dict[str, Planner]] = {
+    **dict.fromkeys(VIEW_OPS, NpuProvider._plan_view),
+    "Cast": NpuProvider._plan_cast,
+    "Sum": NpuProvider._plan_variadic,
+    "Max": NpuProvider._plan_max_min,
+    "Min": NpuProvider._plan_max_min,
+    "Mean": NpuProvider._plan_variadic,
+    "Concat": NpuProvider._plan_concat,
+    **dict.fromkeys(
+        [op for op in ELTWISE_OPS if op not in ("Max", "Min")], NpuProvider._plan_eltwise
+    ),
+    **dict.fromkeys(UNARY_OPS, NpuProvider._plan_unary),
+    "Transpose": NpuProvider._plan_transpose,
+    "Conv": NpuProvider._plan_conv,
+    **dict.fromkeys(
+        ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"), NpuProvider._plan_pool
+    ),
+    "LRN": NpuProvider._plan_lrn,
+    **dict.fromkeys(COMPOSED_OPS, NpuProvider._plan_composed),
+    "Slice": NpuProvider._plan_slice,
+    "Split": NpuProvider._plan_slice,
+    "Gather": NpuProvider._plan_gather,
+    "ReduceL2": NpuProvider._plan_reduce_composed,
+    "ReduceLogSumExp": NpuProvider._plan_reduce_composed,
+    "Gemm": NpuProvider._plan_gemm,
+    "MatMul": NpuProvider._plan_matmul,
+    "Softmax": NpuProvider._plan_softmax,
+    "LogSoftmax": NpuProvider._plan_softmax,
+    "LayerNormalization": NpuProvider._plan_layernorm,
+    **dict.fromkeys(_REDUCE, NpuProvider._plan_reduce),
+}
