@@ -28,7 +28,7 @@ endif
 DEMO ?= examples/infer_digits.py
 
 .PHONY: all deps qemu qemu-asan guest kernel-debug module module-debug firmware demo test \
-	test-host test-guest lint bench shell guest-run models clean help stress buildroot
+	test-host test-guest lint bench shell guest-run models resnet50 clean help stress buildroot
 
 all: qemu guest module
 
@@ -65,18 +65,18 @@ firmware: build/firmware/npu/npu_fw.bin
 build/firmware/npu/npu_fw.bin: firmware/npu_fw.json scripts/mkfw.py include/npu_hw.h include/npu_fw.h
 	@python3 scripts/mkfw.py $< -o $@
 
-demo: $(GUEST_DEPS)
+demo: $(GUEST_DEPS) resnet50
 	@$(GUEST) run -- python3 $(DEMO)
 
 # Host tests (qtests on the ASan QEMU), the guest suite on the distribution
 # kernel, then on the debug kernel behind an IOMMU, then fault injection.
-test: qemu qemu-asan guest module module-debug
+test: qemu qemu-asan guest module module-debug resnet50
 	@NPU_KERNEL=distro $(PY) -m pytest -n 2 --dist loadfile tests
 
 test-host: deps qemu-asan
 	@$(PY) -m pytest tests/host
 
-test-guest: $(GUEST_DEPS)
+test-guest: $(GUEST_DEPS) resnet50
 	@$(PY) -m pytest tests --ignore=tests/host
 
 # The reliability suite at the issue's sizes (make test runs it short),
@@ -93,12 +93,17 @@ lint: deps qemu module
 buildroot: deps
 	@mkdir -p $(NPU_CACHE) && BUILDROOT_DIR="$(BUILDROOT_DIR)" flock $(NPU_CACHE)/buildroot.lock bash scripts/buildroot.sh
 
-# Regenerate the example models in examples/models/ (host numpy; deterministic).
-models: deps
+# Regenerate the example models in examples/models/ (host numpy; deterministic),
+# and make ResNet-50 (build/models/, not committed: ~100 MB).
+models: deps resnet50
 	@$(PY) examples/models/train_digits.py -q
 	@$(PY) examples/models/make_resnet.py
 
-bench: $(GUEST_DEPS)
+# ResNet-50 with seeded weights and its sample (about 15 s; skipped when up to date).
+resnet50: deps
+	@$(PY) examples/models/make_resnet50.py
+
+bench: $(GUEST_DEPS) resnet50
 	@$(PY) scripts/bench.py
 
 shell: $(GUEST_DEPS)

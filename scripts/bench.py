@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_engine  # noqa: E402
+import onnx_conformance  # noqa: E402
 
 from guest import GUEST_DIR, Guest, GuestError, bad_dmesg_lines, qemu_argv  # noqa: E402
 
@@ -72,6 +73,8 @@ GUEST_CMDS = (
     "python3 examples/bench_driver.py",
     # The ioctl fuzzer's rate (fuzz_calls_per_s): 20,000 calls (quick: 5,000).
     "python3 -m tests.stress.fuzz_model",
+    # ResNet-50 end to end (NPU, guest onnxruntime, guest numpy; per-layer split).
+    "python3 examples/infer_resnet50.py --json",
     # torch.compile(backend="npu") on ResNet-18 against eager torch in the guest.
     "python3 examples/torch_compile_resnet18.py --json --runs 2",
     "python3 examples/bench_recovery.py",
@@ -454,6 +457,30 @@ def run_guest(quick: bool) -> tuple[float, dict[str, Any]]:
         return g.boot_s, result
 
 
+def conformance_keys(meta: dict[str, Any]) -> dict[str, Any]:
+    """``onnx_node_suite_pass`` and ``onnx_node_suite_npu_share`` of the latest conformance run.
+
+    Read from build/onnx-conformance.json, which ``make test``
+    (tests/test_onnx_conformance.py, about 4 minutes in the guest) writes,
+    rather than running the suite again; ``meta.onnx_conformance`` says which
+    run (its date and onnx version). Null keys without such a file.
+    """
+    path = ROOT / "build" / "onnx-conformance.json"
+    if not path.is_file():
+        log.warning("no %s (make test writes it): the ONNX suite keys are null", path)
+        meta["onnx_conformance"] = None
+        return {"onnx_node_suite_pass": None, "onnx_node_suite_npu_share": None}
+    data = json.loads(path.read_text())
+    stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC)
+    meta["onnx_conformance"] = {
+        "file": str(path.relative_to(ROOT)),
+        "written": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "onnx": data.get("meta", {}).get("onnx"),
+    }
+    keys = onnx_conformance.summary(data)
+    return {k: keys[k] for k in ("onnx_node_suite_pass", "onnx_node_suite_npu_share")}
+
+
 def add_ratios_and_targets(res: dict[str, Any]) -> None:
     """Add the GEMM ratios and the target verdicts to res, in place."""
     npu_gflops = res["gemm_fp32_1024_gflops_npu"]
@@ -546,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = bench_engine.measure()
         res["meta"]["engine_tile"] = engine.pop("meta_engine_tile")
         res.update(engine)
+        res.update(conformance_keys(res["meta"]))
         add_ratios_and_targets(res)
     except (BenchFailed, GuestError, KeyError, ValueError) as e:
         log.error("benchmark failed: %s", e)

@@ -136,17 +136,17 @@ class Builder:
         out = self.gb.node("Add", [y, sc], f"{name}.add")
         return self.relu(out, f"{name}.relu2")
 
-    def head(self, x: str, cin: int) -> str:
-        """GlobalAveragePool, Flatten, Gemm cin -> NUM_CLASSES."""
+    def head(self, x: str, cin: int, num_classes: int = NUM_CLASSES) -> str:
+        """GlobalAveragePool, Flatten, Gemm cin -> num_classes."""
         x = self.gb.node("GlobalAveragePool", [x], "pool")
         x = self.gb.node("Flatten", [x], "flatten", axis=1)
         self.h = self.h.mean(axis=(2, 3))
         # Scaled and centred on the calibration batch: each logit has unit
         # spread over inputs (not a near-constant offset), plus a small bias.
-        w64 = self.rng.standard_normal((NUM_CLASSES, cin))
+        w64 = self.rng.standard_normal((num_classes, cin))
         z = self.h @ w64.T
         w64 /= z.std(axis=0)[:, None]
-        b64 = -(self.h @ w64.T).mean(axis=0) + self.rng.normal(0.0, 0.1, NUM_CLASSES)
+        b64 = -(self.h @ w64.T).mean(axis=0) + self.rng.normal(0.0, 0.1, num_classes)
         w, b = w64.astype(np.float32), b64.astype(np.float32)
         self.params["fc.weight"], self.params["fc.bias"] = w, b
         self.h = self.h @ w.T.astype(np.float64) + b

@@ -122,3 +122,43 @@ def test_resnet_logits_match_reference_within_tolerance(resnet_run):
     assert np.all(err <= bound), (
         f"max err {err.max():.3g}, {float(np.max(err / bound)):.3g}x the bound"
     )
+
+
+# -- ResNet-50, the flagship example (examples/infer_resnet50.py; make resnet50) --------------
+
+EXAMPLES = MODELS.parent
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    import infer_resnet50 as ex
+
+    assert ex.MODEL.exists(), f"{ex.MODEL} is missing: make test builds it (make resnet50)"
+    with np.load(ex.SAMPLE) as d:
+        sample = {k: d[k] for k in ("images", "x", "logits")}
+    sess = npu.InferenceSession(str(ex.MODEL))
+    yield ex, sess, sample
+    sess.close()
+
+
+def test_resnet50_input_pipeline_on_the_npu_matches_float64(resnet50):
+    ex, _, sample = resnet50
+    pipe = ex.Pipeline(*sample["images"].shape[1:3])
+    x = pipe(sample["images"][:2])
+    assert x.shape == (2, 3, 224, 224) and x.dtype == np.float32
+    np.testing.assert_allclose(x, sample["x"][:2], rtol=0, atol=ex.PIPELINE_ATOL)
+
+
+def test_resnet50_is_one_npu_partition_and_matches_the_reference(resnet50):
+    ex, sess, sample = resnet50
+    assert [p.provider for p in sess.partitions] == ["NPU"], sess.fallbacks
+    got = sess.run(None, {sess.get_inputs()[0].name: sample["x"][:2]})[0]
+    want = sample["logits"][:2]
+    assert np.abs(got - want).max() <= ex.LOGIT_ATOL * np.abs(want).max()
+    assert (got.argmax(1) == want.argmax(1)).all()
+    times = sess.node_times()  # every node that became device ops (Flatten is a view)
+    assert {"Conv", "MaxPool", "Add", "GlobalAveragePool", "Gemm"} <= {t.op_type for t in times}
+    assert sum(t.ops for t in times) >= 70 and sum(t.device_us for t in times) > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 
 import numpy as np
@@ -133,3 +134,17 @@ def test_outputs_do_not_alias_device_memory(device: npu.Device) -> None:
         sess.run(None, {"x": x * 2})
     np.testing.assert_array_equal(a, keep)
     assert a.flags.owndata
+
+
+def test_node_times_give_each_npu_node_its_ops_device_time(device: npu.Device) -> None:
+    sess = npu.InferenceSession(digits_cnn(), device=device)
+    with pytest.raises(npu.NpuError) as info:
+        sess.node_times()
+    assert info.value.errno == errno.ENOENT
+    sess.run(None, {"x": rnd(np.random.default_rng(4), 3, 1, 28, 28)})
+    times = sess.node_times()
+    names = [t.name for t in times]
+    assert names[:2] == ["conv1", "pool1"] and "fc2" in names
+    assert all(t.ops >= 1 and t.device_us >= 0 for t in times)
+    assert times[0].device_us > 0  # the backend stamps each op's start and end
+    sess.close()

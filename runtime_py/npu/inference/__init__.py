@@ -19,6 +19,6 @@ from __future__ import annotations
 
 from .graph import ModelError
 from .partition import Partition
-from .session import InferenceSession, NodeArg, RunProfile
+from .session import InferenceSession, NodeArg, NodeTime, RunProfile
 
-__all__ = ["InferenceSession", "ModelError", "NodeArg", "Partition", "RunProfile"]
+__all__ = ["InferenceSession", "ModelError", "NodeArg", "NodeTime", "Partition", "RunProfile"]

@@ -22,6 +22,7 @@ numpy views of the arena (later NPU partitions read them in place).
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -154,6 +155,8 @@ class PartitionPlan:
     vals: dict[str, Val] = field(default_factory=dict)
     # The ops prebuilt for user streams, at the first run inside `with stream:`.
     program: Program | None = None
+    # The fence of each chunk's last op in the latest SUBMIT run (queue 0).
+    fences: list[int] = field(default_factory=list)
 
 
 class _Builder:
@@ -1116,15 +1119,18 @@ class NpuProvider:
         t1 = time.perf_counter()
         stream = current_user_stream(self.device) if plan.chunks else None
         if stream is not None:
+            plan.fences = []  # op_times reads SUBMIT runs' records only
             self._run_on_stream(plan, stream)
         elif plan.chunks:
             dev = self.device
             fence = 0
+            plan.fences = []
             for chunk, packed in zip(plan.chunks, plan.packed, strict=True):
                 try:
                     fence = dev.submit_packed(packed)
                 except NpuError as exc:
                     raise self._partition_error(plan, chunk, exc, "") from exc
+                plan.fences.append(fence)
             try:
                 dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
             except NpuDeviceError as exc:
@@ -1133,6 +1139,25 @@ class NpuProvider:
         for name, view in plan.outputs:
             env[name] = view
         return t1 - t0, t2 - t1
+
+    def op_times(self, plan: PartitionPlan) -> list[tuple[Node, int]]:
+        """Each op of ``plan``'s latest SUBMIT run: (its node, device time in ns).
+
+        From the device's completion records (FENCE_INFO's ``t_end - t_start``):
+        op ``i`` of a chunk of ``n`` got fence ``last - (n - 1 - i)``.
+
+        Raises:
+            NpuError: no SUBMIT run yet (``ENOENT``: also when the records
+                were reused by more than ``ring_entries`` later ops).
+        """
+        if len(plan.fences) != len(plan.chunks):
+            raise NpuError(errno.ENOENT, "no completed SUBMIT run of this plan", "op_times")
+        out: list[tuple[Node, int]] = []
+        for chunk, last in zip(plan.chunks, plan.fences, strict=True):
+            for i, op in enumerate(chunk):
+                info = self.device.fence_info(last - (len(chunk) - 1 - i))
+                out.append((plan.op_nodes[id(op)], info.t_end_ns - info.t_start_ns))
+        return out
 
     def _run_on_stream(self, plan: PartitionPlan, stream: Stream) -> None:
         """Launch ``plan`` on a user stream from its prebuilt descriptors; wait for it."""

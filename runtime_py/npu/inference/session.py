@@ -32,7 +32,7 @@ from .npu_provider import NpuProvider, PartitionPlan, Val, free_buffers
 from .partition import Partition, npu_reason, partition
 from .rewrite import rewrite
 
-__all__ = ["InferenceSession", "NodeArg", "RunProfile"]
+__all__ = ["InferenceSession", "NodeArg", "NodeTime", "RunProfile"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,23 @@ class RunProfile:
     download_s: float = 0.0
     total_s: float = 0.0
     planned: bool = False
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    """The device time of one node's NPU ops in the last run (:meth:`InferenceSession.node_times`).
+
+    ``name`` and ``op_type`` are the node's after the rewrites (a Conv that
+    absorbed a BatchNormalization and a Relu lists them in ``fused``);
+    ``ops`` is how many device ops it became, ``device_us`` their summed
+    device time (each op's completion record, ``t_end - t_start``).
+    """
+
+    name: str
+    op_type: str
+    fused: tuple[str, ...]
+    ops: int
+    device_us: float
 
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
@@ -148,6 +165,8 @@ class InferenceSession(Closing):
             self._buffers = self._npu.buffers
         self._finalizer = weakref.finalize(self, free_buffers, self._buffers)
         self._plans: dict[Signature, list[PartitionPlan | None]] = {}
+        # The NPU plans the last run executed, in order (node_times reads them).
+        self._last_plans: list[PartitionPlan] | None = None
         self._device_vals: dict[Signature, dict[str, Val]] = {}
         # Per input signature, the NPU partitions the NPU could not plan.
         self._cpu_parts: dict[Signature, set[int]] = {}
@@ -284,6 +303,7 @@ class InferenceSession(Closing):
             self._plans[sig] = plans
             self._device_vals[sig] = dict(self._npu.weights) if self._npu is not None else {}
         known = self._device_vals[sig]
+        ran: list[PartitionPlan] = []
         initializers = self.graph.initializers
         opset = self.graph.opset
         for k, part in enumerate(self.partitions):
@@ -326,6 +346,7 @@ class InferenceSession(Closing):
                         known[name] = plan.vals[name]
                 prof.planned = True
             up, comp = self._npu.run_plan(plan, env)
+            ran.append(plan)
             prof.upload_s += up
             prof.compute_s += comp
         t0 = time.perf_counter()
@@ -335,7 +356,35 @@ class InferenceSession(Closing):
         prof.download_s = time.perf_counter() - t0
         prof.total_s = time.perf_counter() - t_start
         self.last_profile = prof
+        self._last_plans = ran
         return outs
+
+    def node_times(self) -> list[NodeTime]:
+        """Per NPU node, the device time of its ops in the last :meth:`run`, in run order.
+
+        Read from the device's completion records, so call it right after
+        the run (the records of a partition are reused after
+        ``ring_entries`` later ops on queue 0). Runs inside ``with stream:``
+        are not covered.
+
+        Raises:
+            NpuError: no run yet, the last run was on a user stream, or its
+                records were reused (``ENOENT``).
+        """
+        if self._last_plans is None:
+            raise NpuError(errno.ENOENT, "no run to report", f"InferenceSession({self.source})")
+        assert self._npu is not None or not self._last_plans
+        times: dict[str, list[Any]] = {}
+        for plan in self._last_plans:
+            assert self._npu is not None
+            for node, ns in self._npu.op_times(plan):
+                t = times.setdefault(node.name, [node, 0, 0])
+                t[1] += 1
+                t[2] += ns
+        return [
+            NodeTime(n.name, n.op_type, tuple(n.fused), ops, ns / 1000.0)
+            for n, ops, ns in times.values()
+        ]
 
     def _plan_on_cpu(self, k: int, nodes: list[Node], sig: Signature, why: str) -> None:
         self._cpu_parts.setdefault(sig, set()).add(k)
