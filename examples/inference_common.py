@@ -211,13 +211,19 @@ class Speed:
 
 
 def measure(
-    sess: Any, x1: Array, xb: Array, on_npu: bool, batch_out: list[Array] | None = None
+    sess: Any,
+    x1: Array,
+    xb: Array,
+    on_npu: bool,
+    batch_out: list[Array] | None = None,
+    min_runs: int = GUEST_MIN_RUNS,
 ) -> Speed:
     """Batch-1 latency on x1 and throughput on the batch xb, after one warm-up run of each.
 
     The NPU runs NPU_*_RUNS times; a CPU session (the CPU provider, or an
     onnxruntime session) CPU_*_RUNS times or until its time budget is spent,
-    whichever comes first, but at least GUEST_MIN_RUNS times. If batch_out
+    whichever comes first, but at least ``min_runs`` times (GUEST_MIN_RUNS;
+    fewer for models whose CPU runs take minutes under TCG). If batch_out
     is given, the first output of the warm-up run on xb is appended to it."""
     inf = float("inf")
     if on_npu:
@@ -226,7 +232,6 @@ def measure(
     else:
         b1_runs, b1_budget = CPU_B1_RUNS, CPU_B1_BUDGET_S
         bn_runs, bn_budget = CPU_BATCH_RUNS, CPU_BATCH_BUDGET_S
-        min_runs = GUEST_MIN_RUNS
     f1, fb = feed(sess, x1), feed(sess, xb)
     profiles: list[Breakdown] = []
 
@@ -273,7 +278,9 @@ class OrtRun:
 _ort_missing: list[bool] = []  # [True] once a worker found no onnxruntime
 
 
-def ort_baseline(model: str, check: Array, x1: Array, xb: Array) -> OrtRun | None:
+def ort_baseline(
+    model: str, check: Array, x1: Array, xb: Array, min_runs: int = GUEST_MIN_RUNS
+) -> OrtRun | None:
     """Run examples/models/<model> on the guest's onnxruntime and measure it.
 
     A child process (this file run as a script: :func:`ort_worker`) makes
@@ -296,7 +303,7 @@ def ort_baseline(model: str, check: Array, x1: Array, xb: Array) -> OrtRun | Non
         return None
     with tempfile.TemporaryDirectory(prefix="npu-ort-") as tmp:
         inp, out = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
-        np.savez(inp, check=check, x1=x1, xb=xb)
+        np.savez(inp, check=check, x1=x1, xb=xb, min_runs=np.array(min_runs))
         argv = [sys.executable, str(Path(__file__).resolve()), "ort-worker", model, str(inp)]
         try:
             proc = subprocess.run([*argv, str(out)], timeout=ORT_WORKER_TIMEOUT_S, check=False)
@@ -357,9 +364,9 @@ def ort_worker(model: str, inp: str, out: str) -> int:
         sess = ort_session(model)
     assert sess is not None
     with np.load(inp) as d:
-        check, x1, xb = d["check"], d["x1"], d["xb"]
+        check, x1, xb, min_runs = d["check"], d["x1"], d["xb"], int(d["min_runs"])
     warm: list[Array] = []
-    speed = measure(sess, x1, xb, on_npu=False, batch_out=warm)
+    speed = measure(sess, x1, xb, on_npu=False, batch_out=warm, min_runs=min_runs)
     same = check.shape == xb.shape and bool(np.array_equal(check, xb))
     logits = warm[0] if same else predict(sess, check)
     info = {

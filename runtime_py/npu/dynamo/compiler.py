@@ -195,6 +195,7 @@ class CompiledGraph:
                         del env[n]
                 continue
             self._captured = True
+            log.info("%s: captured %s", self.name, describe(self._segments))
             return
 
     def _capture_segment(self, seg: _Segment, env: dict[Any, Any]) -> None:

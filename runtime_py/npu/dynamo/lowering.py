@@ -226,40 +226,32 @@ def _same(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     return x
 
 
-def _unary(fn: Callable[[Any], Tensor]) -> Lowering:
-    return lambda x: fn(x)
-
-
-def _binary(fn: Callable[[Any, Any], Tensor]) -> Lowering:
-    return lambda a, b: fn(a, b)
-
-
 e = nt.elementwise
 #: ATen overload name -> lowering.
 LOWERINGS: Final[dict[str, Lowering]] = {
     "aten.convolution.default": _conv,
-    "aten.relu.default": _unary(e.relu),
-    "aten.sigmoid.default": _unary(e.sigmoid),
-    "aten.tanh.default": _unary(e.tanh),
-    "aten.exp.default": _unary(e.exp),
-    "aten.log.default": _unary(e.log),
-    "aten.sqrt.default": _unary(e.sqrt),
-    "aten.abs.default": _unary(e.abs),
-    "aten.neg.default": _unary(e.negative),
-    "aten.erf.default": _unary(e.erf),
-    "aten.reciprocal.default": _unary(e.reciprocal),
+    "aten.relu.default": e.relu,
+    "aten.sigmoid.default": e.sigmoid,
+    "aten.tanh.default": e.tanh,
+    "aten.exp.default": e.exp,
+    "aten.log.default": e.log,
+    "aten.sqrt.default": e.sqrt,
+    "aten.abs.default": e.abs,
+    "aten.neg.default": e.negative,
+    "aten.erf.default": e.erf,
+    "aten.reciprocal.default": e.reciprocal,
     "aten.gelu.default": _gelu,
     "aten.hardtanh.default": _hardtanh,
     "aten.add.Tensor": _add,
     "aten.sub.Tensor": _sub,
-    "aten.mul.Tensor": _binary(e.multiply),
+    "aten.mul.Tensor": e.multiply,
     "aten.div.Tensor": _div,
-    "aten.maximum.default": _binary(e.maximum),
-    "aten.minimum.default": _binary(e.minimum),
+    "aten.maximum.default": e.maximum,
+    "aten.minimum.default": e.minimum,
     "aten.addmm.default": _addmm,
-    "aten.mm.default": _binary(nt.nn.matmul),
-    "aten.bmm.default": _binary(nt.nn.matmul),
-    "aten.matmul.default": _binary(nt.nn.matmul),
+    "aten.mm.default": nt.nn.matmul,
+    "aten.bmm.default": nt.nn.matmul,
+    "aten.matmul.default": nt.nn.matmul,
     "aten.t.default": lambda x: _transpose(x, 0, 1) if x.ndim == 2 else x,
     "aten.transpose.int": _transpose,
     "aten.permute.default": _permute,

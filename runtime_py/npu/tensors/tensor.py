@@ -420,15 +420,7 @@ class Tensor:
         out_dtype = np.dtype(np.float32) if self._dtype is DType.BF16 else NUMPY[self._dtype]
         if self._buffer is None:
             return np.zeros(self._shape, dtype=out_dtype)
-        item = self.itemsize
-        flat = self._buffer.numpy(storage_dtype(self._dtype))
-        view = np.lib.stride_tricks.as_strided(
-            flat[self._offset :],
-            shape=self._shape,
-            strides=tuple(s * item for s in self._strides),
-            writeable=False,
-        )
-        data = np.array(view, copy=True)
+        data = np.array(self._mapped_view(writeable=False), copy=True)
         if self._dtype is DType.BF16:
             return bf16_to_float32(data)
         return data
@@ -452,15 +444,21 @@ class Tensor:
         self.wait(timeout_s)
         if self._buffer is None or self._dtype is DType.BF16:
             return torch.from_numpy(self.numpy(timeout_s))
+        view = self._mapped_view(writeable=True).view(_OwnedArray)
+        view.owner = self
+        return torch.from_numpy(view)
+
+    def _mapped_view(self, writeable: bool) -> npt.NDArray[Any]:
+        """This tensor's elements as an ndarray over its buffer's mapping (no copy)."""
+        assert self._buffer is not None
         item = self.itemsize
         flat = self._buffer.numpy(storage_dtype(self._dtype))
-        view = np.lib.stride_tricks.as_strided(
+        return np.lib.stride_tricks.as_strided(
             flat[self._offset :],
             shape=self._shape,
             strides=tuple(s * item for s in self._strides),
-        ).view(_OwnedArray)
-        view.owner = self
-        return torch.from_numpy(view)
+            writeable=writeable,
+        )
 
     def copy_(self, src: Any) -> Tensor:
         """Write ``src`` (broadcast to this shape) into this tensor's memory, in place.
