@@ -348,5 +348,5 @@ def test_runtime_rejects_bad_arguments_before_the_device(cdev):
                           ({"dilation": 3}, "does not fit")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             npu.conv2d(x, w, **kwargs)
-    with pytest.raises(ValueError, match="smaller than the kernel"):
+    with pytest.raises(ValueError, match="smaller than the window"):
         npu.max_pool2d(x, 2, padding=2)
