@@ -118,3 +118,18 @@ def test_to_torch_is_a_view_of_the_device_tensor():
     assert x.numpy()[1, 2] == -1.0
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
         npu.from_torch(np.ones(3))
+
+
+def test_the_backend_leaves_onnxruntime_unimported_so_onnx_reference_still_loads():
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, npu.dynamo, sys\n"
+        "m = torch.nn.Linear(4, 2).eval()\n"
+        "with torch.no_grad(): torch.compile(m, backend='npu')(torch.ones(1, 4))\n"
+        "assert 'onnxruntime' not in sys.modules, 'onnxruntime was imported'\n"
+        "import onnx.reference\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -71,11 +71,21 @@ def _boxed(compiled: CompiledGraph) -> Any:
 
 
 def register() -> None:
-    """Register :func:`npu_backend` with dynamo as ``"npu"`` (idempotent)."""
-    from torch._dynamo import list_backends, register_backend
+    """Register :func:`npu_backend` with dynamo as ``"npu"`` (idempotent).
 
-    if "npu" not in list_backends(exclude_tags=()):
+    Not through ``torch._dynamo.list_backends()``: that imports every
+    backend dynamo knows, onnxruntime's among them, and in Debian's
+    python3-onnx a process that has imported onnxruntime can no longer
+    import ``onnx.reference`` (one schema registry; the CPU provider's
+    last-resort kernels need it). ``register_backend`` refuses a second
+    registration with an AssertionError: the "already registered" answer.
+    """
+    from torch._dynamo import register_backend
+
+    try:
         register_backend(name="npu")(npu_backend)
+    except AssertionError:
+        log.debug("the npu dynamo backend was already registered")
 
 
 try:
