@@ -92,12 +92,7 @@ class Pipeline:
 def median_ms(fn: Callable[[], Any], runs: int) -> float:
     """Median wall time of ``fn`` in ms over ``runs`` runs, after one warm-up run."""
     fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(ic.timed_runs(fn, runs)) * 1e3
 
 
 def speed_keys(name: str, speed: ic.Speed | None) -> dict[str, float | None]:

@@ -136,8 +136,13 @@ class Builder:
         out = self.gb.node("Add", [y, sc], f"{name}.add")
         return self.relu(out, f"{name}.relu2")
 
-    def head(self, x: str, cin: int, num_classes: int = NUM_CLASSES) -> str:
-        """GlobalAveragePool, Flatten, Gemm cin -> num_classes."""
+    def head(self, x: str, cin: int, num_classes: int = NUM_CLASSES, per_class: bool = True) -> str:
+        """GlobalAveragePool, Flatten, Gemm cin -> num_classes.
+
+        ``per_class``: each logit's spread over the calibration batch is
+        scaled to 1; else their joint spread (a batch of a few images
+        cannot estimate one spread per class).
+        """
         x = self.gb.node("GlobalAveragePool", [x], "pool")
         x = self.gb.node("Flatten", [x], "flatten", axis=1)
         self.h = self.h.mean(axis=(2, 3))
@@ -145,7 +150,10 @@ class Builder:
         # spread over inputs (not a near-constant offset), plus a small bias.
         w64 = self.rng.standard_normal((num_classes, cin))
         z = self.h @ w64.T
-        w64 /= z.std(axis=0)[:, None]
+        if per_class:
+            w64 /= z.std(axis=0)[:, None]
+        else:
+            w64 /= (z - z.mean(axis=0)).std() + 1e-12
         b64 = -(self.h @ w64.T).mean(axis=0) + self.rng.normal(0.0, 0.1, num_classes)
         w, b = w64.astype(np.float32), b64.astype(np.float32)
         self.params["fc.weight"], self.params["fc.bias"] = w, b
@@ -173,17 +181,22 @@ def build() -> tuple[GraphBuilder, dict[str, Array]]:
     return b.gb, b.params
 
 
+def conv_bn(p: dict[str, Array], h: Array, conv: str, bn: str, stride: int) -> Array:
+    """Conv ``conv`` (no bias, "same" padding) then BatchNormalization ``bn``, in float64."""
+    w = p[f"{conv}.weight"]
+    y = nn.conv2d(h, w, None, stride=stride, pad=w.shape[2] // 2)
+    return nn.batchnorm(
+        y, p[f"{bn}.scale"], p[f"{bn}.bias"], p[f"{bn}.mean"], p[f"{bn}.var"], BN_EPS
+    )
+
+
 def forward(params: dict[str, Array], x: Array) -> Array:
     """The network's logits for x in float64 numpy (the independent reference)."""
     p = {k: v.astype(np.float64) for k, v in params.items()}
     h = x.astype(np.float64)
 
     def cbn(h: Array, name: str, bn: str, stride: int) -> Array:
-        w = p[f"{name}.weight"]
-        y = nn.conv2d(h, w, None, stride=stride, pad=w.shape[2] // 2)
-        return nn.batchnorm(
-            y, p[f"{bn}.scale"], p[f"{bn}.bias"], p[f"{bn}.mean"], p[f"{bn}.var"], BN_EPS
-        )
+        return conv_bn(p, h, name, bn, stride)
 
     h = np.maximum(cbn(h, "stem.conv", "stem.bn", 1), 0)
     for s, (_, stride) in enumerate(STAGES, 1):

@@ -49,8 +49,7 @@ import numpy.typing as npt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import numpy_nn as nn  # noqa: E402
-from make_resnet import BN_EPS, Builder  # noqa: E402
+from make_resnet import Builder, conv_bn  # noqa: E402
 from onnx_build import save  # noqa: E402
 
 Array = npt.NDArray[Any]
@@ -71,39 +70,22 @@ STD = np.array([0.229, 0.224, 0.225])
 DEFAULT_OUT = HERE.parent.parent / "build" / "models"
 
 
+def maxpool_3x3s2(h: Array) -> Array:
+    """MaxPool 3x3, stride 2, pad 1 of NCHW h (the padding never wins)."""
+    h = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(h, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
+    out: Array = win.max(axis=(4, 5))
+    return out
+
+
 class ResNet50Builder(Builder):
     """make_resnet's builder plus the max pool and the bottleneck block."""
 
     def maxpool(self, x: str, name: str) -> str:
         """MaxPool 3x3, stride 2, pad 1 (the stem's)."""
-        h = np.pad(self.h, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-        win = np.lib.stride_tricks.sliding_window_view(h, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
-        self.h = win.max(axis=(4, 5))
+        self.h = maxpool_3x3s2(self.h)
         return self.gb.node(
             "MaxPool", [x], name, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
-        )
-
-    def head(self, x: str, cin: int, num_classes: int = NUM_CLASSES) -> str:
-        """GlobalAveragePool, Flatten, Gemm; logits of unit spread over the calibration batch.
-
-        (make_resnet's head scales each class by its own spread, which a
-        calibration batch of a few 224x224 images cannot estimate.)
-        """
-        x = self.gb.node("GlobalAveragePool", [x], "pool")
-        x = self.gb.node("Flatten", [x], "flatten", axis=1)
-        self.h = self.h.mean(axis=(2, 3))
-        w64 = self.rng.standard_normal((num_classes, cin))
-        z = self.h @ w64.T
-        w64 /= (z - z.mean(axis=0)).std() + 1e-12
-        b64 = -(self.h @ w64.T).mean(axis=0) + self.rng.normal(0.0, 0.1, num_classes)
-        w, b = w64.astype(np.float32), b64.astype(np.float32)
-        self.params["fc.weight"], self.params["fc.bias"] = w, b
-        self.h = self.h @ w.T.astype(np.float64) + b
-        return self.gb.node(
-            "Gemm",
-            [x, self.gb.const("fc.weight", w), self.gb.const("fc.bias", b)],
-            "logits",
-            transB=1,
         )
 
     def bottleneck(self, x: str, name: str, cin: int, width: int, stride: int) -> str:
@@ -139,7 +121,7 @@ def build() -> tuple[Any, dict[str, Array]]:
         for i in range(blocks):
             x = b.bottleneck(x, f"layer{s}.{i}", cin, width, stride if i == 0 else 1)
             cin = width * EXPANSION
-    b.head(x, cin, NUM_CLASSES)
+    b.head(x, cin, NUM_CLASSES, per_class=False)
     return b.gb, b.params
 
 
@@ -148,16 +130,9 @@ def forward(params: dict[str, Array], x: Array) -> Array:
     p = {k: v.astype(np.float64) for k, v in params.items()}
 
     def cbn(h: Array, conv: str, bn: str, stride: int) -> Array:
-        w = p[f"{conv}.weight"]
-        y = nn.conv2d(h, w, None, stride=stride, pad=w.shape[2] // 2)
-        return nn.batchnorm(
-            y, p[f"{bn}.scale"], p[f"{bn}.bias"], p[f"{bn}.mean"], p[f"{bn}.var"], BN_EPS
-        )
+        return conv_bn(p, h, conv, bn, stride)
 
-    h = np.maximum(cbn(x.astype(np.float64), "stem.conv", "stem.bn", 2), 0)
-    h = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
-    h = np.lib.stride_tricks.sliding_window_view(h, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
-    h = h.max(axis=(4, 5))
+    h = maxpool_3x3s2(np.maximum(cbn(x.astype(np.float64), "stem.conv", "stem.bn", 2), 0))
     for s, (_, blocks, stride) in enumerate(STAGES, 1):
         for i in range(blocks):
             n, st = f"layer{s}.{i}", stride if i == 0 else 1

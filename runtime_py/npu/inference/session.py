@@ -373,10 +373,9 @@ class InferenceSession(Closing):
         """
         if self._last_plans is None:
             raise NpuError(errno.ENOENT, "no run to report", f"InferenceSession({self.source})")
-        assert self._npu is not None or not self._last_plans
         times: dict[str, list[Any]] = {}
         for plan in self._last_plans:
-            assert self._npu is not None
+            assert self._npu is not None  # only the NPU provider makes plans
             for node, ns in self._npu.op_times(plan):
                 t = times.setdefault(node.name, [node, 0, 0])
                 t[1] += 1
