@@ -98,6 +98,7 @@ buildroot: deps
 models: deps resnet50
 	@$(PY) examples/models/train_digits.py -q
 	@$(PY) examples/models/make_resnet.py
+	@$(PY) examples/models/quantize_models.py -q
 
 # ResNet-50 with seeded weights and its sample (about 15 s; skipped when up to date).
 resnet50: deps

@@ -75,6 +75,8 @@ GUEST_CMDS = (
     "python3 -m tests.stress.fuzz_model",
     # ResNet-50 end to end (NPU, guest onnxruntime, guest numpy; per-layer split).
     "python3 examples/infer_resnet50.py --json",
+    # int8 (QDQ) digits CNN and small ResNet against their fp32 models on the NPU.
+    "python3 examples/infer_int8.py --json",
     # torch.compile(backend="npu") on ResNet-18 against eager torch in the guest.
     "python3 examples/torch_compile_resnet18.py --json --runs 2",
     "python3 examples/bench_recovery.py",
@@ -183,6 +185,13 @@ TARGETS: list[tuple[str, str, float, str]] = [
         ">=",
         20.0,
         "ResNet-style net at batch 8 >= 20x numpy in the guest (images/s)",
+    ),
+    # Issue 17: int8 models within 1 point of fp32 (examples/infer_int8.py).
+    (
+        "digits_cnn_int8_accuracy_drop",
+        "<=",
+        0.01,
+        "the int8 digits CNN's test accuracy at most 1 point below fp32's",
     ),
 ]
 # CONV2D problem of examples/bench_npu.py: N, C, O, H = W, K (padding 1).
@@ -508,6 +517,9 @@ def add_ratios_and_targets(res: dict[str, Any]) -> None:
         res["user_queue_vs_python_call"] = res["op_us_user_queue"] / call
         res["graph_submit_stream_vs_python_call"] = res["graph_submit_us_stream"] / call
     res["preempt_tiles"] = (res["preempt_latency_us"] - res["nop_latency_us"]) / res["tile_us"]
+    res["digits_cnn_int8_accuracy_drop"] = (
+        res["digits_cnn_fp32_accuracy"] - res["digits_cnn_int8_accuracy"]
+    )
     targets = {}
     for key, op, threshold, what in TARGETS:
         value = float(res[key])

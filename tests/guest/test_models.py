@@ -162,3 +162,39 @@ def test_resnet50_is_one_npu_partition_and_matches_the_reference(resnet50):
     times = sess.node_times()  # every node that became device ops (Flatten is a view)
     assert {"Conv", "MaxPool", "Add", "GlobalAveragePool", "Gemm"} <= {t.op_type for t in times}
     assert sum(t.ops for t in times) >= 70 and sum(t.device_us for t in times) > 0
+
+
+# -- int8 models (examples/infer_int8.py; examples/models/quantize_models.py) -----------------
+
+
+def _predict(sess: npu.InferenceSession, x: np.ndarray) -> np.ndarray:
+    name = sess.get_inputs()[0].name
+    return np.concatenate(
+        [sess.run(None, {name: x[i : i + BATCH]})[0] for i in range(0, len(x), BATCH)]
+    )
+
+
+def test_int8_digits_cnn_is_one_npu_partition_within_a_point_of_fp32():
+    x, y = _digits()
+    with (
+        npu.InferenceSession(str(MODELS / "digits_cnn_int8.onnx")) as s8,
+        npu.InferenceSession(str(MODELS / "digits_cnn.onnx")) as s32,
+        npu.InferenceSession(str(MODELS / "digits_cnn_int8.onnx"), providers=["CPU"]) as c8,
+    ):
+        assert [p.provider for p in s8.partitions] == ["NPU"], s8.fallbacks
+        assert s8.rewrites.get("fuse_qdq") == 5  # 3 Conv + 2 Gemm: integer ops
+        got8, got32 = _predict(s8, x), _predict(s32, x)
+        np.testing.assert_array_equal(got8[:BATCH], _predict(c8, x[:BATCH]))
+    acc8 = float(np.mean(got8.argmax(1) == y))
+    acc32 = float(np.mean(got32.argmax(1) == y))
+    assert acc8 >= acc32 - 0.01, (acc8, acc32)
+
+
+def test_int8_small_resnet_is_one_npu_partition_and_equals_numpy():
+    x = np.random.default_rng(12).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    with (
+        npu.InferenceSession(str(MODELS / "resnet_small_int8.onnx")) as s8,
+        npu.InferenceSession(str(MODELS / "resnet_small_int8.onnx"), providers=["CPU"]) as c8,
+    ):
+        assert [p.provider for p in s8.partitions] == ["NPU"], s8.fallbacks
+        np.testing.assert_array_equal(_predict(s8, x), _predict(c8, x))

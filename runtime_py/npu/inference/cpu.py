@@ -37,6 +37,7 @@ __all__ = [
     "cpu_kernel",
     "erf",
     "reduce_axes",
+    "register_kernel",
     "reshape_target",
 ]
 
@@ -596,9 +597,40 @@ CPU_OPS: dict[str, Kernel] = {
 }
 
 
+#: Kernels of ops outside the default domain, by (domain, op type).
+_DOMAIN_OPS: dict[tuple[str, str], Kernel] = {}
+#: Registered kernels' rules: whether the kernel covers a node.
+_ACCEPTS: dict[tuple[str, str], Callable[[Node, Graph], bool]] = {}
+
+
+def register_kernel(
+    op_type: str,
+    kernel: Kernel,
+    domain: str = "",
+    accepts: Callable[[Node, Graph], bool] | None = None,
+) -> None:
+    """Add the numpy kernel of ``op_type`` (of ``domain``) to the CPU provider.
+
+    ``accepts(node, graph)`` says whether it covers a node's attributes and
+    dtypes; nodes it refuses run with onnx.reference.
+    """
+    if domain in ("", "ai.onnx"):
+        CPU_OPS[op_type] = kernel
+        domain = ""
+    else:
+        _DOMAIN_OPS[(domain, op_type)] = kernel
+    if accepts is not None:
+        _ACCEPTS[(domain, op_type)] = accepts
+
+
 def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
     """Whether the numpy kernel covers this node's attributes (else the reference runs it)."""
-    if node.domain not in ("", "ai.onnx") or node.op_type not in CPU_OPS:
+    key = (node.domain if node.domain not in ("", "ai.onnx") else "", node.op_type)
+    if key in _ACCEPTS and not _ACCEPTS[key](node, graph):
+        return False
+    if key[0]:
+        return key in _DOMAIN_OPS
+    if node.op_type not in CPU_OPS:
         return False
     if graph.opset < NPU_MIN_OPSET or any(
         _custom(graph.tensor_info(n).dtype) for n in [*node.inputs, *node.outputs] if n
@@ -738,7 +770,7 @@ def cpu_kernel(node: Node, graph: Graph) -> Kernel:
         ModelError: the node has neither (unknown op).
     """
     if numpy_kernel_ok(node, graph):
-        return CPU_OPS[node.op_type]
+        return _DOMAIN_OPS.get((node.domain, node.op_type)) or CPU_OPS[node.op_type]
     ref = ReferenceKernel(node, graph)
     log.info("%s: %s runs with onnx.reference on the CPU", graph.source, node.describe())
     return ref

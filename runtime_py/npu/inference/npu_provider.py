@@ -55,6 +55,7 @@ from .partition import (
     split_sizes,
     transpose_runs,
 )
+from .quant import requant_scale
 
 __all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
 
@@ -62,6 +63,9 @@ log = logging.getLogger(__name__)
 
 _ALIGN: Final = 64
 _LIVE_FOREVER: Final = 1 << 62
+#: 1.5 * 2**23: ``(v + M) - M`` rounds an fp32 ``|v| < 2**22`` to an integer,
+#: half to even (larger values saturate the int8 result either way).
+_RNE_MAGIC: Final = 12582912.0
 #: WAIT timeout of one partition (TCG emulation is slow).
 WAIT_TIMEOUT_S: Final = 120.0
 _ACT = {"": _abi.ActKind.NONE, "Relu": _abi.ActKind.RELU, "Gelu": _abi.ActKind.GELU}
@@ -77,6 +81,13 @@ _PARAM_INPUTS: Final = {
     "Squeeze": {1},
     "Unsqueeze": {1},
     **{op: {1} for op in _REDUCE},
+    "QuantizeLinear": {1, 2},
+    "DequantizeLinear": {1, 2},
+    "QLinearConv": {1, 2, 4, 5, 6, 7},
+    "QLinearMatMul": {1, 2, 4, 5, 6, 7},
+    "QGemm": {1, 2, 4, 5, 7, 8},
+    "MatMulInteger": {2, 3},
+    "ConvInteger": {2, 3},
 }
 
 
@@ -333,9 +344,8 @@ class NpuProvider:
             for i, name in enumerate(node.inputs):
                 if name and i not in params and name in g.initializers:
                     consts[name] = np.asarray(g.initializers[name], order="C")  # keeps rank 0
-            zeros = self._zeros_for(node)
-            if zeros is not None:
-                consts.setdefault(zeros[0], zeros[1])
+            for name, arr in self._derived_for(node):
+                consts.setdefault(name, arr)
             for name, arr in self._scalars_for(node):
                 consts.setdefault(name, arr)
         if not consts:
@@ -355,18 +365,59 @@ class NpuProvider:
         self.weight_uploads += 1
         log.debug("%s: uploaded %d constants (%d bytes)", g.source, len(consts), total)
 
-    def _zeros_for(self, node: Node) -> tuple[str, Array] | None:
+    def _derived_for(self, node: Node) -> list[tuple[str, Array]]:
+        """Constants a node's plan reads beyond its inputs (uploaded with the weights).
+
+        Zero biases (CONV2D and LAYERNORM always take one), the float32
+        scale and zero point of QuantizeLinear/DequantizeLinear shaped to
+        broadcast along their axis, and the REQUANT scale of the integer ops.
+        """
         g = self.graph
-        if node.op_type == "Conv" and not node.input(2):
-            w = g.tensor_info(node.input(1)).static_shape
+        op = node.op_type
+        if op in ("Conv", "QLinearConv", "ConvInteger"):
+            bias_in = {"Conv": 2, "QLinearConv": 8}.get(op)
+            w = g.tensor_info(node.input(3 if op == "QLinearConv" else 1)).static_shape
             dt = g.tensor_info(node.input(0)).dtype
-            if w is not None and dt is not None:
-                return f"__zeros_{dt}_{w[0]}", np.zeros(w[0], dt)
-        if node.op_type == "LayerNormalization" and not node.input(2):
+            out: list[tuple[str, Array]] = []
+            if op != "Conv":
+                dt = np.dtype(np.int32)
+            if (bias_in is None or not node.input(bias_in)) and w is not None and dt is not None:
+                out.append((f"__zeros_{dt}_{w[0]}", np.zeros(w[0], dt)))
+            if op == "QLinearConv":
+                out.append(self._requant_scale(node, 6))
+            return out
+        if op == "LayerNormalization" and not node.input(2):
             s = g.const(node.input(1))
             if s is not None:
-                return f"__zeros_{s.dtype}_{s.size}", np.zeros(s.size, s.dtype)
-        return None
+                return [(f"__zeros_{s.dtype}_{s.size}", np.zeros(s.size, s.dtype))]
+        if op in ("QLinearMatMul", "QGemm"):
+            return [self._requant_scale(node, 7 if op == "QGemm" else 6)]
+        if op in ("QuantizeLinear", "DequantizeLinear"):
+            rank = g.tensor_info(node.inputs[0]).rank or 0
+            out = [(f"__qs_{node.name}", self._along_axis(node, 1, rank))]
+            zp = g.const(node.input(2)) if node.input(2) else None
+            if zp is not None and np.any(zp):
+                out.append((f"__qz_{node.name}", self._along_axis(node, 2, rank)))
+            return out
+        return []
+
+    def _along_axis(self, node: Node, i: int, rank: int) -> Array:
+        """Constant input ``i`` as float32, shaped to broadcast along the node's axis."""
+        v = np.asarray(self.graph.const(node.input(i)), np.float32).reshape(-1)
+        if v.size == 1:
+            return v.reshape(())
+        axis = int(node.attrs.get("axis", 1))
+        axis = axis + rank if axis < 0 else axis
+        return v.reshape((v.size,) + (1,) * (rank - 1 - axis))
+
+    def _requant_scale(self, node: Node, y_scale: int) -> tuple[str, Array]:
+        """``x_scale * w_scale * alpha / y_scale`` (float32, 1-D) of an integer node."""
+        c = self.graph.const
+        alpha = float(node.attrs.get("alpha", 1.0))
+        sx = np.asarray(c(node.input(1)), np.float64) * alpha
+        sw, sy = (np.asarray(c(node.input(i)), np.float64) for i in (4, y_scale))
+        scale = requant_scale(x_scale=sx, w_scale=sw, y_scale=sy)
+        return f"__rq_{node.name}", scale
 
     def _zeros(self, n: int, dtype: np.dtype[Any]) -> Val:
         return self.weights[f"__zeros_{dtype}_{n}"]
@@ -410,6 +461,8 @@ class NpuProvider:
             return [1.0 / 6.0, 0.5, 0.0, 1.0]
         if op == "Mean":
             return [1.0 / len([i for i in node.inputs if i])]
+        if op == "QuantizeLinear":
+            return [_RNE_MAGIC]
         return []
 
     def _scalars_for(self, node: Node) -> list[tuple[str, Array]]:
@@ -891,8 +944,23 @@ class NpuProvider:
     def _plan_conv(self, b: _Builder, node: Node) -> None:
         x = b.get(node.inputs[0])
         w = b.get(node.inputs[1])
+        bias = b.get(node.input(2)) if node.input(2) else self._zeros(w.shape[0], x.dtype)
+        self._conv(b, node, x, w, bias, node.outputs[0], x.dtype, _ACT[node.act], 0)
+
+    def _conv(
+        self,
+        b: _Builder,
+        node: Node,
+        x: Val,
+        w: Val,
+        bias: Val,
+        out: str,
+        dtype: np.dtype[Any],
+        act: _abi.ActKind,
+        zero_point: int,
+    ) -> Val:
+        """One CONV2D of ``node``'s geometry into a new tensor ``out``."""
         o_ch, _, kh, kw = w.shape
-        bias = b.get(node.input(2)) if node.input(2) else self._zeros(o_ch, x.dtype)
         a = node.attrs
         sh, sw = (int(s) for s in a.get("strides", [1, 1]))
         dh, dw = (int(d) for d in a.get("dilations", [1, 1]))
@@ -901,8 +969,7 @@ class NpuProvider:
         ph, pw = pads[0], pads[1]
         oh = window_out(x.shape[2], kh, sh, ph, dh)
         ow = window_out(x.shape[3], kw, sw, pw, dw)
-        o = b.new(node.outputs[0], (x.shape[0], o_ch, oh, ow), x.dtype)
-        act = _ACT[node.act]
+        o = b.new(out, (x.shape[0], o_ch, oh, ow), dtype)
         R = b.ref
         b.emit(
             [x, w, bias],
@@ -918,8 +985,131 @@ class NpuProvider:
                 groups,
                 act,
                 _bufs(x, w, bias, o),
+                input_zero_point=zero_point,
             ),
         )
+        return o
+
+    # -- int8 ---------------------------------------------------------------------
+
+    def _int_param(self, node: Node, i: int) -> int:
+        """A scalar integer constant input (a zero point); 0 when absent."""
+        v = self.graph.const(node.input(i)) if node.input(i) else None
+        return 0 if v is None else int(np.asarray(v).reshape(-1)[0])
+
+    def _requant(self, b: _Builder, node: Node, acc: Val, out: str, zp_in: int, axis: int) -> Val:
+        """REQUANT ``acc`` (int32) to int8 ``out`` with the node's scale along ``axis``."""
+        R = b.ref
+        scale = self.weights[f"__rq_{node.name}"]
+        sshape = [1] * len(acc.shape)
+        if scale.numel > 1:
+            sshape[axis] = scale.numel
+        o = b.new(out, acc.shape, np.dtype(np.int8))
+        act = _ACT[node.act]
+        b.emit(
+            [acc, scale],
+            [o],
+            lambda: ops.requant_op(
+                R(acc), R(scale, sshape), R(o), zp_in, act, _bufs(acc, scale, o)
+            ),
+        )
+        return o
+
+    def _plan_qlinear_conv(self, b: _Builder, node: Node) -> None:
+        """QLinearConv and ConvInteger: an integer CONV2D (then REQUANT for QLinearConv)."""
+        x = b.get(node.inputs[0])
+        q = node.op_type == "QLinearConv"
+        w = b.get(node.input(3 if q else 1))
+        i32 = np.dtype(np.int32)
+        bias = b.get(node.input(8)) if q and node.input(8) else self._zeros(w.shape[0], i32)
+        zx = self._int_param(node, 2)
+        if not q:
+            self._conv(b, node, x, w, bias, node.outputs[0], i32, _abi.ActKind.NONE, zx)
+            return
+        acc = self._conv(b, node, x, w, bias, "", i32, _abi.ActKind.NONE, zx)
+        self._requant(b, node, acc, node.outputs[0], self._int_param(node, 7), 1)
+
+    def _plan_qlinear_matmul(self, b: _Builder, node: Node) -> None:
+        """QLinearMatMul and MatMulInteger: an integer MATMUL (then REQUANT)."""
+        q = node.op_type == "QLinearMatMul"
+        a_v = b.get(node.inputs[0])
+        b_v = b.get(node.input(3 if q else 1))
+        ash, bsh, dev_shape, onnx_shape = _matmul_shapes(a_v.shape, b_v.shape)
+        za = self._int_param(node, 2)
+        acc = b.new("", dev_shape, np.dtype(np.int32))
+        R = b.ref
+        b.emit(
+            [a_v, b_v],
+            [acc],
+            lambda: ops.matmul_op(
+                R(a_v, ash), R(b_v, bsh), R(acc), _abi.ActKind.NONE, _bufs(a_v, b_v, acc),
+                input_zero_point=za,
+            ),
+        )  # fmt: skip
+        res = (
+            self._requant(b, node, acc, "", self._int_param(node, 7), len(dev_shape) - 1)
+            if q
+            else acc
+        )
+        b.alias(node.outputs[0], res, onnx_shape)
+
+    def _plan_qgemm(self, b: _Builder, node: Node) -> None:
+        """com.microsoft.QGemm: an integer LINEAR (MATMUL without C), then REQUANT."""
+        a_v = b.get(node.inputs[0])
+        b_v = b.get(node.input(3))
+        m, k = a_v.shape
+        tb = bool(node.attrs.get("transB", 0))
+        n = b_v.shape[0] if tb else b_v.shape[1]
+        b_ref = ((k, n), (1, k)) if tb else ((k, n), (n, 1))
+        za = self._int_param(node, 2)
+        acc = b.new("", (m, n), np.dtype(np.int32))
+        R = b.ref
+        none = _abi.ActKind.NONE
+        if node.input(6):
+            c = b.get(node.input(6))
+            b.emit(
+                [a_v, b_v, c],
+                [acc],
+                lambda: ops.linear_op(
+                    R(a_v), R(b_v, *b_ref), R(c, (1, n)), R(acc), none, _bufs(a_v, b_v, c, acc),
+                    input_zero_point=za,
+                ),
+            )  # fmt: skip
+        else:
+            b.emit(
+                [a_v, b_v],
+                [acc],
+                lambda: ops.matmul_op(
+                    R(a_v), R(b_v, *b_ref), R(acc), none, _bufs(a_v, b_v, acc), input_zero_point=za
+                ),
+            )
+        self._requant(b, node, acc, node.outputs[0], self._int_param(node, 8), 1)
+
+    def _plan_quantize(self, b: _Builder, node: Node) -> None:
+        """QuantizeLinear: ``x / scale``, rounded half to even, ``+ zp``, CONVERT (saturating)."""
+        E = _abi.EltwiseKind
+        R = b.ref
+        x = b.get(node.inputs[0])
+        t = self._binary(b, E.DIV, x, self.weights[f"__qs_{node.name}"])
+        t = self._scalar_op(b, E.SUB, self._scalar_op(b, E.ADD, t, _RNE_MAGIC), _RNE_MAGIC)
+        zp = self.weights.get(f"__qz_{node.name}")
+        if zp is not None:
+            t = self._binary(b, E.ADD, t, zp)
+        shp = x.shape or (1,)
+        o = b.new(node.outputs[0], x.shape, np.dtype(np.int8))
+        b.emit([t], [o], lambda: ops.convert(R(t, shp), R(o, shp), _bufs(t, o)))
+
+    def _plan_dequantize(self, b: _Builder, node: Node) -> None:
+        """DequantizeLinear: CONVERT to float32, ``- zp``, ``* scale``."""
+        E = _abi.EltwiseKind
+        R = b.ref
+        x = b.get(node.inputs[0])
+        shp = x.shape or (1,)
+        wide = b.new("", x.shape, np.dtype(np.float32))
+        b.emit([x], [wide], lambda: ops.convert(R(x, shp), R(wide, shp), _bufs(x, wide)))
+        zp = self.weights.get(f"__qz_{node.name}")
+        centred = self._binary(b, E.SUB, wide, zp) if zp is not None else wide
+        self._binary(b, E.MUL, centred, self.weights[f"__qs_{node.name}"], node.outputs[0])
 
     def _plan_pool(self, b: _Builder, node: Node) -> None:
         x = b.get(node.inputs[0])
@@ -1059,14 +1249,8 @@ class NpuProvider:
     def _plan_matmul(self, b: _Builder, node: Node) -> None:
         a_v = b.get(node.inputs[0])
         b_v = b.get(node.inputs[1])
-        ash = a_v.shape if len(a_v.shape) > 1 else (1, *a_v.shape)
-        bsh = b_v.shape if len(b_v.shape) > 1 else (*b_v.shape, 1)
-        r = max(len(ash), len(bsh))
-        ash, bsh = _pad_to(ash, r), _pad_to(bsh, r)
-        batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
-        m, n = ash[-2], bsh[-1]
-        dev_shape = (*batch, m, n)
-        onnx_shape = _matmul_shape(a_v.shape, b_v.shape)
+        ash, bsh, dev_shape, onnx_shape = _matmul_shapes(a_v.shape, b_v.shape)
+        r, n = len(dev_shape), dev_shape[-1]
         o = b.new("", dev_shape, a_v.dtype)
         act = _ACT[node.act]
         R = b.ref
@@ -1197,6 +1381,19 @@ class NpuProvider:
         )
 
 
+def _matmul_shapes(
+    a: tuple[int, ...], b: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """MATMUL's operand shapes (one rank, 1-D operands promoted), its output's, and ONNX's."""
+    ash = a if len(a) > 1 else (1, *a)
+    bsh = b if len(b) > 1 else (*b, 1)
+    r = max(len(ash), len(bsh))
+    ash, bsh = _pad_to(ash, r), _pad_to(bsh, r)
+    batch = tuple(np.broadcast_shapes(ash[:-2], bsh[:-2]))
+    dev_shape = (*batch, ash[-2], bsh[-1])
+    return ash, bsh, dev_shape, _matmul_shape(a, b)
+
+
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     ash = a if len(a) > 1 else (1, *a)
     bsh = b if len(b) > 1 else (*b, 1)
@@ -1269,4 +1466,11 @@ _PLANNERS: Final[dict[str, Planner]] = {
     "LogSoftmax": NpuProvider._plan_softmax,
     "LayerNormalization": NpuProvider._plan_layernorm,
     **dict.fromkeys(_REDUCE, NpuProvider._plan_reduce),
+    "QuantizeLinear": NpuProvider._plan_quantize,
+    "DequantizeLinear": NpuProvider._plan_dequantize,
+    "QLinearConv": NpuProvider._plan_qlinear_conv,
+    "ConvInteger": NpuProvider._plan_qlinear_conv,
+    "QLinearMatMul": NpuProvider._plan_qlinear_matmul,
+    "MatMulInteger": NpuProvider._plan_qlinear_matmul,
+    "QGemm": NpuProvider._plan_qgemm,
 }

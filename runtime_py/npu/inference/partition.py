@@ -22,12 +22,14 @@ from .. import _abi
 from ..kernels.validate import tensor_op_supported
 from .cpu import conv_pads
 from .graph import NPU_MIN_OPSET, Graph, Node
+from .quant import MS_DOMAIN
 
 __all__ = [
     "COMPARE_OPS",
     "COMPOSED_OPS",
     "ELTWISE_OPS",
     "NPU_DTYPES",
+    "QUANT_OPS",
     "UNARY_OPS",
     "VARIADIC_OPS",
     "VIEW_OPS",
@@ -107,7 +109,18 @@ _PARAM_INPUTS: Final = {
     "ReduceMean": (1,),
     "ReduceMax": (1,),
     "ReduceMin": (1,),
+    "QuantizeLinear": (1, 2),
+    "DequantizeLinear": (1, 2),
+    "QLinearConv": (1, 2, 4, 5, 6, 7),
+    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+    "QGemm": (1, 2, 4, 5, 7, 8),
+    "MatMulInteger": (2, 3),
+    "ConvInteger": (2, 3),
 }
+#: The integer ops (Cap.QUANT): int8 operands, exact int32 sums, REQUANT.
+QUANT_OPS: Final = frozenset(
+    {"QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger", "ConvInteger"}
+)
 # Capability each op needs.
 _OPCODE: Final = {
     **dict.fromkeys(ELTWISE_OPS, _abi.Opcode.ELTWISE),
@@ -135,6 +148,13 @@ _OPCODE: Final = {
     **dict.fromkeys(COMPOSED_OPS, _abi.Opcode.ELTWISE),
     "ReduceL2": _abi.Opcode.REDUCE,
     "ReduceLogSumExp": _abi.Opcode.REDUCE,
+    "QuantizeLinear": _abi.Opcode.ELTWISE,
+    "DequantizeLinear": _abi.Opcode.CONVERT,
+    "QLinearConv": _abi.Opcode.CONV2D,
+    "QLinearMatMul": _abi.Opcode.MATMUL,
+    "QGemm": _abi.Opcode.LINEAR,
+    "MatMulInteger": _abi.Opcode.MATMUL,
+    "ConvInteger": _abi.Opcode.CONV2D,
 }
 
 #: Variadic ops the NPU runs as a chain of binary ELTWISE ops.
@@ -336,9 +356,121 @@ def _symmetric_pads(node: Node, graph: Graph, kernel: Sequence[int]) -> str | No
     return None
 
 
+def _per_axis(graph: Graph, node: Node, i: int, channels: int | None) -> Any:
+    """Constant input ``i`` as a flat array if it has 1 or ``channels`` elements, else None."""
+    v = graph.const(node.input(i)) if node.input(i) else None
+    if v is None or v.ndim > 1 or v.size not in (1, channels):
+        return None
+    return v.reshape(-1)
+
+
+def _scales_ok(*scales: Any) -> bool:
+    return all(
+        s is not None and s.dtype == np.float32 and bool(np.all(np.isfinite(s) & (s > 0)))
+        for s in scales
+    )
+
+
+def _qdq_reason(node: Node, graph: Graph) -> str | None:
+    """QuantizeLinear (float32 -> int8) and DequantizeLinear (int8/int32 -> float32)."""
+    a = node.attrs
+    if a.get("block_size", 0):
+        return "blocked quantisation"
+    x = graph.tensor_info(node.inputs[0])
+    rank = x.rank or 0
+    axis = int(a.get("axis", 1))
+    axis = axis + rank if axis < 0 else axis
+    dim = x.shape[axis] if x.shape is not None and 0 <= axis < rank else None
+    channels = dim if isinstance(dim, int) else None
+    scale = _per_axis(graph, node, 1, channels)
+    if node.op_type == "QuantizeLinear":
+        if x.dtype != np.float32:
+            return f"QuantizeLinear of {x.dtype} (float32 only)"
+        if not _scales_ok(scale):
+            return "QuantizeLinear scale not finite float32 > 0, one or one per channel"
+    elif scale is None or scale.dtype != np.float32 or not np.all(np.isfinite(scale)):
+        return "DequantizeLinear scale not finite float32, one or one per channel"
+    if node.input(2) and _per_axis(graph, node, 2, channels) is None:
+        return "zero point not one value or one per channel"
+    return None
+
+
+def _zero(graph: Graph, node: Node, i: int) -> bool:
+    v = graph.const(node.input(i)) if node.input(i) else None
+    return not node.input(i) or (v is not None and not np.any(v))
+
+
+def _scalar_zp(graph: Graph, node: Node, i: int) -> bool:
+    v = graph.const(node.input(i)) if node.input(i) else None
+    return not node.input(i) or (v is not None and v.size == 1)
+
+
+def _quant_reason(node: Node, graph: Graph, caps: int) -> str | None:
+    """The integer ops: int8 inputs, symmetric int8 weights, scalar activation zero points."""
+    if not caps & _abi.Cap.QUANT:
+        return "the device lacks Cap.QUANT (int8 ops)"
+    op = node.op_type
+    x = graph.tensor_info(node.inputs[0])
+    w_in = 3 if op.startswith("Q") else 1
+    w = graph.tensor_info(node.input(w_in))
+    if x.dtype != np.int8 or w.dtype != np.int8:
+        return f"{op} of {x.dtype} x {w.dtype} (the NPU takes int8 x int8)"
+    if not _zero(graph, node, w_in + 2 if op.startswith("Q") else 3):
+        return "a weight zero point other than 0 (the NPU's weights are symmetric)"
+    if not _scalar_zp(graph, node, 2):
+        return "a per-channel input zero point"
+    wshape = w.static_shape
+    conv = op in ("QLinearConv", "ConvInteger")
+    if conv:
+        if (
+            x.rank != 4
+            or wshape is None
+            or len(wshape) != 4
+            or graph.const(node.input(w_in)) is None
+        ):
+            return f"{op} other than 2-D with a constant 4-D weight"
+        channels = wshape[0]
+    elif op == "QGemm":
+        a = node.attrs
+        if a.get("transA", 0) or x.rank != 2 or wshape is None or len(wshape) != 2:
+            return "QGemm with transA or operands not 2-D"
+        channels = wshape[0] if a.get("transB", 0) else wshape[1]
+        if not node.input(7):
+            return "QGemm with a float output (no y_scale)"
+    else:
+        if wshape is None or len(wshape) < 2 or (x.rank or 0) < 2:
+            return f"{op} of operands below rank 2 or a dynamic weight shape"
+        channels = wshape[-1]
+    if op in ("QLinearConv", "QLinearMatMul", "QGemm"):
+        out_scale = 7 if op == "QGemm" else 6
+        if not _scalar_zp(graph, node, out_scale + 1):
+            return "a per-channel output zero point"
+        sx, sy = _per_axis(graph, node, 1, 1), _per_axis(graph, node, out_scale, 1)
+        sw = _per_axis(graph, node, 4, channels)
+        if not _scales_ok(sx, sw, sy):
+            return "scales not finite float32 > 0 (input and output per tensor)"
+        alpha = float(node.attrs.get("alpha", 1.0))
+        rq = (sx.astype(np.float64) * alpha * sw / sy.astype(np.float64)).astype(np.float32)
+        if not _scales_ok(rq):
+            return "the requantisation scale is not a finite float32 > 0"
+        b_in = {"QLinearConv": 8, "QGemm": 6}.get(op)
+        if b_in is not None and node.input(b_in):
+            bias = graph.const(node.input(b_in))
+            if bias is None or bias.dtype != np.int32 or bias.size != channels:
+                return "bias not a constant int32 per output channel"
+    if conv:
+        assert wshape is not None
+        return _symmetric_pads(node, graph, wshape[2:])
+    return None
+
+
 def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
     """Op-specific rules (dtypes/ranks of device tensors already checked)."""
     op = node.op_type
+    if op in QUANT_OPS:
+        return _quant_reason(node, graph, caps)
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        return _qdq_reason(node, graph)
     a = node.attrs
     dts = [graph.tensor_info(i).dtype for i in node.inputs[:1] if i]
     dt = dts[0] if dts else None
@@ -489,7 +621,7 @@ def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
 
 def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
     """``None`` if the NPU provider can run ``node`` on a device with ``caps``, else why not."""
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in ("", "ai.onnx") and (node.domain, node.op_type) != (MS_DOMAIN, "QGemm"):
         return f"custom domain {node.domain!r}"
     if graph.opset < NPU_MIN_OPSET:
         return f"ai.onnx opset {graph.opset}: the NPU provider starts at opset {NPU_MIN_OPSET}"

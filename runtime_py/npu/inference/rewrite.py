@@ -4,6 +4,10 @@ Each rewrite keeps the graph's meaning, keeps the names of the tensors it
 does not remove, and returns how many times it applied:
 
 - :func:`constants_to_initializers`: ``Constant`` nodes become initializers;
+- :func:`~npu.inference.quant.fuse_qdq`: ``DequantizeLinear -> Conv/MatMul/Gemm
+  [-> Relu] -> QuantizeLinear`` islands of int8 models into ``QLinearConv``,
+  ``QLinearMatMul`` or ``com.microsoft.QGemm`` (before constants are folded,
+  which would turn the int8 weights into float ones);
 - :func:`fold_constants`: nodes whose inputs are all constants (and
   ``Shape`` of a tensor of static shape) are evaluated once with the CPU
   kernels, so e.g. a ``Shape``-derived ``Reshape`` target becomes a constant;
@@ -30,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import CPU_OPS, Array, ReferenceKernel, numpy_kernel_ok
+from .cpu import CPU_OPS, Array, ReferenceKernel, cpu_kernel, numpy_kernel_ok
 from .graph import NPU_MIN_OPSET, Graph, Node, TensorInfo
+from .quant import fuse_qdq
 
 __all__ = [
     "constants_to_initializers",
@@ -118,7 +123,7 @@ def fold_constants(graph: Graph) -> int:
             and numpy_kernel_ok(node, graph)
         ):
             xs: list[Array | None] = [graph.const(i) for i in node.inputs]
-            value = CPU_OPS[node.op_type](node, xs, graph.opset)
+            value = cpu_kernel(node, graph)(node, xs, graph.opset)
             if any(v.size > _FOLD_LIMIT for v in value):
                 value = None
         elif (
@@ -445,6 +450,7 @@ def rewrite(graph: Graph) -> dict[str, int]:
         return done
     passes: list[tuple[str, Any]] = [
         ("constants_to_initializers", constants_to_initializers),
+        ("fuse_qdq", fuse_qdq),
         ("fold_constants", fold_constants),
         ("drop_identities", drop_identities),
         ("fold_batchnorm", fold_batchnorm),
