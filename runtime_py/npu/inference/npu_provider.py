@@ -396,7 +396,15 @@ class NpuProvider:
             rank = g.tensor_info(node.inputs[0]).rank or 0
             out = [(f"__qs_{node.name}", self._along_axis(node, 1, rank))]
             zp = g.const(node.input(2)) if node.input(2) else None
-            if zp is not None and np.any(zp):
+            nonzero = zp is not None and bool(np.any(zp))
+            if op == "QuantizeLinear":
+                # (v + M) - (M - zp): the rounding's second step adds the zero point
+                # (all integers below 2**24: exact).
+                shift = np.float32(_RNE_MAGIC) - (
+                    self._along_axis(node, 2, rank) if nonzero else np.float32(0)
+                )
+                out.append((f"__qm_{node.name}", np.asarray(shift, np.float32)))
+            elif nonzero:
                 out.append((f"__qz_{node.name}", self._along_axis(node, 2, rank)))
             return out
         return []
@@ -1086,15 +1094,14 @@ class NpuProvider:
         self._requant(b, node, acc, node.outputs[0], self._int_param(node, 8), 1)
 
     def _plan_quantize(self, b: _Builder, node: Node) -> None:
-        """QuantizeLinear: ``x / scale``, rounded half to even, ``+ zp``, CONVERT (saturating)."""
+        """QuantizeLinear: ``x / scale``; ``(v + M) - (M - zp)`` rounds half to even
+        and adds the zero point; then CONVERT (saturating)."""
         E = _abi.EltwiseKind
         R = b.ref
         x = b.get(node.inputs[0])
         t = self._binary(b, E.DIV, x, self.weights[f"__qs_{node.name}"])
-        t = self._scalar_op(b, E.SUB, self._scalar_op(b, E.ADD, t, _RNE_MAGIC), _RNE_MAGIC)
-        zp = self.weights.get(f"__qz_{node.name}")
-        if zp is not None:
-            t = self._binary(b, E.ADD, t, zp)
+        t = self._scalar_op(b, E.ADD, t, _RNE_MAGIC)
+        t = self._binary(b, E.SUB, t, self.weights[f"__qm_{node.name}"])
         shp = x.shape or (1,)
         o = b.new(node.outputs[0], x.shape, np.dtype(np.int8))
         b.emit([t], [o], lambda: ops.convert(R(t, shp), R(o, shp), _bufs(t, o)))
