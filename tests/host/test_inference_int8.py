@@ -385,3 +385,37 @@ def test_the_int8_small_resnet_runs_as_one_npu_partition_and_matches_onnxruntime
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.9
     scale = float(np.abs(want).max())
     assert float(np.abs(got - want).max()) <= 0.1 * scale
+
+
+def test_uint8_activations_become_int8_and_run_as_one_npu_partition(
+    device: npu.Device, tmp_path: Path
+) -> None:
+    """onnxruntime's default static quantisation (QUInt8 activations, QInt8
+    weights) runs on the NPU: the uint8 tensors are shifted to int8 exactly."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    data = np.load(MODELS / "digits_test.npz")
+    x = data["x"][:64]
+
+    class Reader:
+        def __init__(self) -> None:
+            self.left = [{"input": x[i : i + 16]} for i in range(0, 64, 16)]
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return self.left.pop() if self.left else None
+
+    path = tmp_path / "u8.onnx"
+    quantize_static(
+        str(MODELS / "digits_cnn.onnx"), str(path), Reader(), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+    )  # fmt: skip
+    model = onnx.load(str(path))
+    assert any(i.data_type == TensorProto.UINT8 for i in model.graph.initializer)
+    with npu.InferenceSession(str(path), device=device) as sess:
+        got = sess.run(None, {"input": x})[0]
+        assert sess.rewrites.get("signed_activations", 0) >= 5
+        assert sess.rewrites.get("fuse_qdq") == 5
+        assert set(sess.placement.values()) == {"NPU"}, sess.fallbacks
+    want = _ort(model, {"input": x})[0]
+    assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.98
+    assert float((got != want).mean()) < 0.02

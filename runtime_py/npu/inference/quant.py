@@ -18,7 +18,9 @@ may differ from the unfused graph's by one quantisation step where the
 float value lies within rounding of a half step (onnxruntime's fused
 kernels differ from its unfused graph the same way).
 
-The fusion applies only where the integer form means the same: int8
+:func:`signed_activations` runs first: it turns uint8 quantised tensors
+(onnxruntime's default activations) into the equivalent int8 ones, which
+the NPU has. The fusion applies only where the integer form means the same: int8
 activations with scalar scales and zero points, int8 weights that are
 constants with zero zero points (symmetric, per tensor or per output
 channel), an int32 or float constant bias. Anything else is left as it
@@ -39,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from .cpu import CPU_OPS, Array, Kernel, register_kernel
-from .graph import Graph, Node, np_dtype
+from .graph import Graph, Node, TensorInfo, np_dtype
 
-__all__ = ["MS_DOMAIN", "fuse_qdq", "requant_scale", "requantize"]
+__all__ = ["MS_DOMAIN", "fuse_qdq", "requant_scale", "requantize", "signed_activations"]
 
 log = logging.getLogger(__name__)
 
@@ -479,6 +481,74 @@ class _Fuser:
             if n is not None:
                 self.removed.add(id(n))
         return fused
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def _s8(values: Array) -> Array:
+    """uint8 values (or zero points) as the int8 ones 128 below them."""
+    out: Array = (np.asarray(values).astype(np.int16) - 128).astype(np.int8)
+    return out
+
+
+def signed_activations(graph: Graph) -> int:
+    """Make uint8 quantised tensors int8 (the NPU has no UINT8), exactly.
+
+    ``x_u8`` with zero point ``z`` means what ``x_u8 - 128`` with zero point
+    ``z - 128`` means: ``(x - z) * s`` is unchanged, and a QuantizeLinear's
+    ``clamp(q + z, 0, 255) - 128`` is ``clamp(q + z - 128, -128, 127)``. So a
+    QuantizeLinear to uint8 whose output only DequantizeLinear nodes (with
+    the same constant zero point) read, none a graph output, gets an int8
+    zero point, as do its readers; and a DequantizeLinear of a uint8
+    constant (a weight or bias) reads the shifted int8 constant. This is
+    how onnxruntime's default ``QUInt8`` activations reach the NPU.
+    """
+    users = graph.consumers()
+    count = 0
+    for node in graph.nodes:
+        if node.domain or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        zp = graph.const(node.input(2))
+        if zp is None or zp.dtype != _U8:
+            continue
+        if node.op_type == "DequantizeLinear":
+            w = graph.const(node.inputs[0])
+            if w is None or w.dtype != _U8:
+                continue
+            name = f"{node.inputs[0]}__s8_{count}"
+            graph.initializers[name] = _s8(w)
+            zname = f"{node.input(2)}__s8_{count}"
+            graph.initializers[zname] = _s8(zp)
+            node.inputs = [name, node.inputs[1], zname, *node.inputs[3:]]
+            node.proto = None
+            count += 1
+            continue
+        out = node.outputs[0]
+        readers = users.get(out, [])
+        if out in graph.outputs or not readers:
+            continue
+        if not all(
+            r.op_type == "DequantizeLinear"
+            and not r.domain
+            and r.inputs[0] == out
+            and (rz := graph.const(r.input(2))) is not None
+            and rz.dtype == _U8
+            and np.array_equal(rz, zp)
+            and r.attrs.get("axis", 1) == node.attrs.get("axis", 1)
+            for r in readers
+        ):
+            continue
+        zname = f"{node.input(2)}__s8_{count}"
+        graph.initializers[zname] = _s8(zp)
+        for n in (node, *readers):
+            n.inputs = [*n.inputs[:2], zname, *n.inputs[3:]]
+            n.proto = None
+        graph.info[out] = TensorInfo(np.dtype(np.int8), graph.tensor_info(out).shape)
+        count += 1
+    if count:
+        log.debug("%s: %d uint8 quantised tensors made int8", graph.source, count)
+    return count
 
 
 def fuse_qdq(graph: Graph) -> int:

@@ -4,6 +4,9 @@ Each rewrite keeps the graph's meaning, keeps the names of the tensors it
 does not remove, and returns how many times it applied:
 
 - :func:`constants_to_initializers`: ``Constant`` nodes become initializers;
+- :func:`~npu.inference.quant.signed_activations`: uint8 quantised tensors
+  (and uint8 constants under a DequantizeLinear) become the equivalent int8
+  ones, 128 lower with zero points 128 lower;
 - :func:`~npu.inference.quant.fuse_qdq`: ``DequantizeLinear -> Conv/MatMul/Gemm
   [-> Relu] -> QuantizeLinear`` islands of int8 models into ``QLinearConv``,
   ``QLinearMatMul`` or ``com.microsoft.QGemm`` (before constants are folded,
@@ -36,7 +39,7 @@ import numpy as np
 
 from .cpu import CPU_OPS, Array, ReferenceKernel, cpu_kernel, numpy_kernel_ok
 from .graph import NPU_MIN_OPSET, Graph, Node, TensorInfo
-from .quant import fuse_qdq
+from .quant import fuse_qdq, signed_activations
 
 __all__ = [
     "constants_to_initializers",
@@ -450,6 +453,7 @@ def rewrite(graph: Graph) -> dict[str, int]:
         return done
     passes: list[tuple[str, Any]] = [
         ("constants_to_initializers", constants_to_initializers),
+        ("signed_activations", signed_activations),
         ("fuse_qdq", fuse_qdq),
         ("fold_constants", fold_constants),
         ("drop_identities", drop_identities),
