@@ -386,6 +386,9 @@ def _qdq_reason(node: Node, graph: Graph) -> str | None:
     if node.op_type == "QuantizeLinear":
         if x.dtype != np.float32:
             return f"QuantizeLinear of {x.dtype} (float32 only)"
+        out = graph.tensor_info(node.outputs[0]).dtype
+        if out != np.int8:
+            return f"QuantizeLinear to {out} (int8 only)"
         if not _scales_ok(scale):
             return "QuantizeLinear scale not finite float32 > 0, one or one per channel"
     elif scale is None or scale.dtype != np.float32 or not np.all(np.isfinite(scale)):
