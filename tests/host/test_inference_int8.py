@@ -276,8 +276,14 @@ def test_without_cap_quant_the_integer_ops_run_on_the_cpu() -> None:
 # -- QDQ fusion -------------------------------------------------------------------------
 
 
-def _qdq_model(op: str, relu: bool, w_zero: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
-    """x -> Q -> DQ -> op(DQ(w), DQ(b)) [-> Relu] -> Q -> DQ -> y, onnxruntime's QDQ form."""
+def _qdq_model(
+    op: str, relu: bool, w_zero: int = 0, per_tensor: bool = False, float_bias: bool = False
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """x -> Q -> DQ -> op(DQ(w), DQ(b)) [-> Relu] -> Q -> DQ -> y, onnxruntime's QDQ form.
+
+    ``per_tensor``: one weight scale (the bias's scale still one per channel);
+    ``float_bias``: a float32 bias initializer instead of DQ(int32).
+    """
     sx, sy = np.float32(0.02), np.float32(0.03)
     if op == "Conv":
         w = _i8(6, 3, 3, 3)
@@ -289,6 +295,8 @@ def _qdq_model(op: str, relu: bool, w_zero: int = 0) -> tuple[Any, dict[str, np.
         w = _i8(20, 6)
         x_shape, axis, attrs = [4, 20], 1, {}
     sw = RNG.uniform(0.002, 0.01, 6).astype(np.float32)
+    if per_tensor:
+        sw = np.full(6, sw[0], np.float32)
     inits = {
         "sx": np.array(sx), "zx": np.array(-4, np.int8), "w": w, "sw": sw,
         "zw": np.full(6, w_zero, np.int8), "sy": np.array(sy), "zy": np.array(3, np.int8),
@@ -301,7 +309,12 @@ def _qdq_model(op: str, relu: bool, w_zero: int = 0) -> tuple[Any, dict[str, np.
         helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=axis),
     ]
     ins = ["xd", "wd"]
-    if op != "MatMul":
+    if per_tensor:
+        inits["sw"], inits["zw"] = np.array(sw[0]), np.array(w_zero, np.int8)
+    if op != "MatMul" and float_bias:
+        inits["bf"] = (inits["bq"] * inits["sb"]).astype(np.float32)
+        ins.append("bf")
+    elif op != "MatMul":
         nodes.append(helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"], axis=0))
         ins.append("bd")
     nodes.append(helper.make_node(op, ins, ["h"], **attrs))
@@ -335,6 +348,21 @@ def test_a_qdq_island_is_fused_into_one_integer_node_on_the_npu(
         assert sess.graph.nodes[1].act == ("Relu" if relu else "")
         assert set(sess.placement.values()) == {"NPU"}
     diff = np.abs(got - _ort(model, feeds)[0]) / 0.03  # in output steps (sy)
+    assert diff.max() <= 1.0 + 1e-3 and (diff > 0.5).mean() < 0.02
+
+
+@pytest.mark.parametrize(
+    ("per_tensor", "float_bias"), [(True, False), (False, True)], ids=["per-tensor", "float-bias"]
+)
+def test_a_per_tensor_weight_or_a_float_bias_is_fused_too(
+    device: npu.Device, per_tensor: bool, float_bias: bool
+) -> None:
+    model, feeds = _qdq_model("Conv", False, per_tensor=per_tensor, float_bias=float_bias)
+    with npu.InferenceSession(model.SerializeToString(), device=device) as sess:
+        got = sess.run(None, feeds)[0]
+        assert sess.rewrites.get("fuse_qdq") == 1
+        assert set(sess.placement.values()) == {"NPU"}
+    diff = np.abs(got - _ort(model, feeds)[0]) / 0.03
     assert diff.max() <= 1.0 + 1e-3 and (diff > 0.5).mean() < 0.02
 
 

@@ -372,7 +372,8 @@ class _Fuser:
         if not name:
             return ""
         d = self.dq(name)
-        want = (np.float32(sx.reshape(-1)[0]) * sw.reshape(-1)).astype(np.float32)
+        per = (np.float32(sx.reshape(-1)[0]) * sw.reshape(-1)).astype(np.float32)
+        want = np.broadcast_to(per, (channels,))
         if d is not None:
             q = self.const(d.inputs[0])
             s = self.const(d.input(1))
@@ -382,6 +383,7 @@ class _Fuser:
                 and q.dtype == np.int32
                 and q.shape == (channels,)
                 and s is not None
+                and s.size in (1, channels)
                 and np.array_equal(np.broadcast_to(s.reshape(-1), want.shape), want)
                 and (z is None or not np.any(z))
             ):
@@ -390,7 +392,7 @@ class _Fuser:
         f = self.const(name)
         if f is None or f.dtype != _F32 or f.size != channels:
             return None
-        q32 = np.rint(f.reshape(-1).astype(np.float64) / np.broadcast_to(want, (channels,)))
+        q32 = np.rint(f.reshape(-1).astype(np.float64) / want)
         if np.any(np.abs(q32) >= 2**31):
             return None
         new = f"{name}__int32"
