@@ -205,6 +205,8 @@ struct npu_fw_log {
 #define NPU_CAP_QUANT		(1u << 10)	/* int8 MATMUL/LINEAR/CONV2D, REQUANT */
 #define NPU_CAP_LOCAL_MEM	(1u << 11)	/* device memory in BAR2 */
 #define NPU_CAP_POOL_GEOMETRY	(1u << 12)	/* POOL2D end pads, dilation, ceil */
+#define NPU_CAP_SELECT		(1u << 13)	/* SELECT */
+#define NPU_CAP_STRIDED_OUT	(1u << 14)	/* CONVERT into a strided output */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -343,8 +345,25 @@ enum npu_opcode {
 	NPU_OP_REQUANT	= 14,	/* int8 out = clamp(rne(acc * scale) + zp) */
 	NPU_OP_SIGNAL	= 15,	/* store sync.value (u64) at sync.va */
 	NPU_OP_WAIT	= 16,	/* hold the queue until the u64 at sync.va >= sync.value */
+	NPU_OP_SELECT	= 17,	/* out = cond ? x : y, per element */
 	NPU_OP_COUNT,
 };
+
+/*
+ * CONVERT: t[0] = in, t[1] = out, one shape, any dtypes (conversions as
+ * docs/npu-spec.md gives them). The output is row-major and dense (as
+ * every other op's), or, with NPU_CAP_STRIDED_OUT,
+ * any strided view in which no two elements share an address (a
+ * non-overlapping view: sorted by stride, each dimension of size > 1
+ * steps past the extent of the smaller ones). A strided output writes
+ * only its elements; the bytes between them keep their values.
+ *
+ * SELECT (NPU_CAP_SELECT): t[0] = cond BOOL, t[1] = x, t[2] = y,
+ * t[3] = out (contiguous); x, y and out share one dtype (any), and cond,
+ * x and y broadcast to out (size-1 dims, same rank). out = cond ? x : y
+ * elementwise, copying the chosen element's bits (NaN payloads and
+ * signed zeros kept); a nonzero cond byte is true. kind and params 0.
+ */
 
 /*
  * CONV2D: t[0] = in [N, C, H, W], t[1] = weight [O, C / groups, KH, KW],

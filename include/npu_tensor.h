@@ -82,6 +82,34 @@ static inline int npu_tensor_is_contiguous(const struct npu_hw_tensor *t)
 	return 1;
 }
 
+/*
+ * No two elements share an address: sorted by stride, each dimension of
+ * size > 1 steps past the extent of the smaller ones (what a strided
+ * CONVERT output must be).
+ */
+static inline int npu_tensor_is_disjoint(const struct npu_hw_tensor *t)
+{
+	__u32 idx[NPU_MAX_RANK], n = 0, i, j, k;
+	__u64 extent = 0;
+
+	for (i = 0; i < t->ndim; i++) {
+		if (t->shape[i] < 2)
+			continue;
+		/* Insertion sort by stride: at most NPU_MAX_RANK entries. */
+		for (j = n; j > 0 && t->strides[idx[j - 1]] > t->strides[i]; j--)
+			idx[j] = idx[j - 1];
+		idx[j] = i;
+		n++;
+	}
+	for (i = 0; i < n; i++) {
+		k = idx[i];
+		if (t->strides[k] <= extent)
+			return 0;
+		extent += (__u64)(t->shape[k] - 1) * t->strides[k];
+	}
+	return 1;
+}
+
 static inline int npu_tensor_is_zero(const struct npu_hw_tensor *t)
 {
 	const __u32 *w = (const __u32 *)t;
@@ -141,6 +169,8 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 		return 2;
 	case NPU_OP_REQUANT:
 		return 3;
+	case NPU_OP_SELECT:
+		return 4;
 	default:
 		return 0;
 	}
@@ -148,13 +178,17 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 
 /*
  * Capability bits a tensor op needs beyond its opcode's, from its params
- * (npu_tensor_op_supported() covers the opcode itself).
+ * and output @out (npu_tensor_op_supported() covers the opcode itself).
  */
-static inline __u32 npu_tensor_op_features(__u32 opcode, const __u32 *params)
+static inline __u32 npu_tensor_op_features(__u32 opcode, const __u32 *params,
+					   const struct npu_hw_tensor *out)
 {
 	if (opcode == NPU_OP_POOL2D &&
 	    params[NPU_POOL_P_FLAGS] & (NPU_POOL_F_GEOMETRY | NPU_POOL_F_CEIL))
 		return NPU_CAP_POOL_GEOMETRY;
+	if (opcode == NPU_OP_CONVERT && out->ndim <= NPU_MAX_RANK &&
+	    !npu_tensor_is_contiguous(out))
+		return NPU_CAP_STRIDED_OUT;
 	return 0;
 }
 
@@ -178,6 +212,8 @@ static inline int npu_tensor_op_supported(__u32 opcode, __u32 caps)
 		return !!(caps & NPU_CAP_CONV);
 	case NPU_OP_REQUANT:
 		return !!(caps & NPU_CAP_QUANT);
+	case NPU_OP_SELECT:
+		return !!(caps & NPU_CAP_SELECT);
 	default:
 		return 0;
 	}
@@ -427,10 +463,11 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		if (p->params[i])
 			return NPU_ST_BAD_RESERVED;
 	out = &p->t[n - 1];
-	if (!npu_tensor_is_contiguous(out))
+	if (!npu_tensor_is_contiguous(out) &&
+	    (opcode != NPU_OP_CONVERT || !npu_tensor_is_disjoint(out)))
 		return NPU_ST_BAD_ARGS;
-	/* BOOL: a comparison's operands and output, and CONVERT's, only. */
-	if (opcode != NPU_OP_CONVERT &&
+	/* BOOL: a comparison's operands and output, CONVERT's and SELECT's. */
+	if (opcode != NPU_OP_CONVERT && opcode != NPU_OP_SELECT &&
 	    !(opcode == NPU_OP_ELTWISE && npu_eltwise_is_compare(kind)))
 		for (i = 0; i < n; i++)
 			if (p->t[i].dtype == NPU_DTYPE_BOOL)
@@ -505,6 +542,14 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		if (kind >= NPU_POOL_COUNT || p->t[0].dtype != out->dtype ||
 		    !npu_dtype_is_float(out->dtype) || !npu_tensor_pool_ok(p))
 			return NPU_ST_BAD_ARGS;
+		return NPU_ST_OK;
+	case NPU_OP_SELECT:
+		if (kind || p->t[0].dtype != NPU_DTYPE_BOOL ||
+		    p->t[1].dtype != out->dtype || p->t[2].dtype != out->dtype)
+			return NPU_ST_BAD_ARGS;
+		for (i = 0; i < 3; i++)
+			if (!npu_tensor_broadcasts_to(&p->t[i], out))
+				return NPU_ST_BAD_ARGS;
 		return NPU_ST_OK;
 	default: /* NPU_OP_CONVERT */
 		if (kind || !npu_tensor_same_shape(&p->t[0], out))

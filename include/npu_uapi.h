@@ -40,6 +40,8 @@
 #define NPU_INFO_CAP_QUANT	(1u << 10)
 #define NPU_INFO_CAP_LOCAL_MEM	(1u << 11)
 #define NPU_INFO_CAP_POOL_GEOMETRY (1u << 12)	/* POOL2D end pads, dilation, ceil */
+#define NPU_INFO_CAP_SELECT	(1u << 13)	/* SELECT */
+#define NPU_INFO_CAP_STRIDED_OUT (1u << 14)	/* CONVERT into a strided output */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -211,13 +213,13 @@ struct npu_tensor_ref {
 };
 
 /*
- * A tensor op (the opcodes from NPU_OP_ELTWISE on): SUBMIT
+ * A tensor op (ELTWISE to REQUANT, and SELECT): SUBMIT
  * takes an array of these when op_size == sizeof(struct npu_tensor_op).
  * Operands in the order of npu_hw.h (inputs, then the output); params as
  * npu_hw.h gives them per opcode; unused operands and params zero.
  */
 struct npu_tensor_op {
-	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_REQUANT */
+	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_REQUANT, NPU_OP_SELECT */
 	__u16 flags;		/* must be zero */
 	__u32 kind;		/* enum npu_*_kind of the opcode; 0 if it has none */
 	struct npu_tensor_ref t[4];

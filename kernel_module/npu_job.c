@@ -254,8 +254,7 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 
 	if (!n || op->flags || op->rsvd)
 		return -EINVAL;
-	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps) ||
-	    npu_tensor_op_features(op->opcode, op->params) & ~ctx->ndev->caps)
+	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps))
 		return -EOPNOTSUPP;
 	memset(hw, 0, sizeof(*hw));
 	/* The validator below rejects params the opcode does not use. */
@@ -282,6 +281,9 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 		memcpy(hw->t[i].shape, ref->shape, sizeof(ref->shape));
 		memcpy(hw->t[i].strides, ref->strides, sizeof(ref->strides));
 	}
+	if (npu_tensor_op_features(op->opcode, hw->params, &hw->t[n - 1]) &
+	    ~ctx->ndev->caps)
+		return -EOPNOTSUPP;
 	if (npu_tensor_op_check(op->opcode, op->kind, hw) != NPU_ST_OK)
 		return -EINVAL;
 	for (i = 0; i < n; i++) {

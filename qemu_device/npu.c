@@ -651,7 +651,8 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         val = NPU_CAP_COPY | NPU_CAP_FILL | NPU_CAP_GEMM_FP32 | NPU_CAP_MSIX |
               NPU_CAP_TIMESTAMPS | NPU_CAP_MMU | NPU_CAP_TENSOR |
               NPU_CAP_REDUCE | NPU_CAP_MATMUL | NPU_CAP_CONV |
-              NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY |
+              NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY | NPU_CAP_SELECT |
+              NPU_CAP_STRIDED_OUT |
               (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:

@@ -277,7 +277,7 @@ void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero);
 void npu_budget_free(NpuState *s, void *p, uint64_t bytes);
 void npu_budget_reap(NpuState *s);
 
-/* npu_tensor.c: the tensor ops, ELTWISE .. POOL2D (opcodes 4 to 13). */
+/* npu_tensor.c: the tensor ops, ELTWISE .. REQUANT and SELECT. */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
 /* npu_tensor.c: free a level's gather scratch (it runs no command). */

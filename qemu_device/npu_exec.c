@@ -436,6 +436,7 @@ static const size_t npu_payload_used[NPU_OP_COUNT] = {
     [NPU_OP_REQUANT] = sizeof(((struct npu_cmd *)0)->tensor),
     [NPU_OP_SIGNAL] = sizeof(((struct npu_cmd *)0)->sync),
     [NPU_OP_WAIT] = sizeof(((struct npu_cmd *)0)->sync),
+    [NPU_OP_SELECT] = sizeof(((struct npu_cmd *)0)->tensor),
 };
 
 /* SIGNAL: store the 64-bit value, little endian, at an aligned VA. */
@@ -506,6 +507,7 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_CONV2D:
     case NPU_OP_POOL2D:
     case NPU_OP_REQUANT:
+    case NPU_OP_SELECT:
         return npu_exec_tensor(s, w, cmd);
     case NPU_OP_SIGNAL:
         return npu_exec_signal(s, w, cmd);

@@ -1,6 +1,6 @@
 /*
  * NPU tensor ops: ELTWISE, UNARY, CONVERT, REDUCE, SOFTMAX, LAYERNORM,
- * MATMUL, LINEAR, CONV2D, POOL2D and REQUANT.
+ * MATMUL, LINEAR, CONV2D, POOL2D, REQUANT and SELECT.
  *
  * The command processor reads the op's 256-byte parameter block once,
  * validates it with npu_tensor_op_check() (include/npu_tensor.h, the same
@@ -19,8 +19,9 @@
  * the inputs, dispatch) and ELTWISE, UNARY and CONVERT. The other ops are
  * computed in npu_reduce.c (REDUCE, SOFTMAX, LAYERNORM: per slice in
  * double) and npu_nn.c (MATMUL, LINEAR, CONV2D, POOL2D: cblas_sgemm with
- * fp32 accumulation, and direct loops); the conversions of runs of
- * elements are in npu_dtype.c.
+ * fp32 accumulation, and direct loops) and npu_place.c (SELECT, and
+ * CONVERT into a strided output); the conversions of runs of elements
+ * are in npu_dtype.c.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -889,6 +890,7 @@ static const char *const npu_tensor_names[NPU_OP_COUNT][NPU_TENSOR_OPERANDS] = {
                         "conv2d out" },
     [NPU_OP_POOL2D] = { "pool2d in", "pool2d out" },
     [NPU_OP_REQUANT] = { "requant acc", "requant scale", "requant out" },
+    [NPU_OP_SELECT] = { "select cond", "select x", "select y", "select out" },
 };
 
 /* The parameter block in host byte order. */
@@ -1121,7 +1123,7 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     job.osize = npu_dtype_size(out->dtype);
     job.out_va = out->va;
     nbuf = job.nin + 1;         /* the inputs and a host output */
-    if (opcode <= NPU_OP_CONVERT) {
+    if (opcode <= NPU_OP_CONVERT && npu_tensor_is_contiguous(out)) {
         for (i = 0; i < job.nin; i++) {
             job.in[i].va = p.t[i].va;
             job.in[i].end = p.t[i].va + sizes[i];
@@ -1172,6 +1174,11 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     }
     if (opcode == NPU_OP_REQUANT) {
         st = npu_exec_requant(s, w, &p, kind, bufs, bufs[job.nin]);
+        goto out;
+    }
+    if (opcode == NPU_OP_SELECT ||
+        (opcode == NPU_OP_CONVERT && !npu_tensor_is_contiguous(out))) {
+        st = npu_exec_place(s, w, &p, opcode, bufs, bufs[job.nin]);
         goto out;
     }
     if (opcode >= NPU_OP_REDUCE) {

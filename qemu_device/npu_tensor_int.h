@@ -1,7 +1,7 @@
 /*
  * NPU tensor ops: declarations shared by the files of the tensor-op
- * engine (npu_tensor.c, npu_dtype.c, npu_reduce.c, npu_nn.c), and the
- * element conversions they all inline.
+ * engine (npu_tensor.c, npu_dtype.c, npu_reduce.c, npu_nn.c and
+ * npu_place.c), and the element conversions they all inline.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -204,5 +204,10 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
 uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
                           const struct npu_tensor_params *p, uint32_t kind,
                           uint8_t *const *bufs, uint8_t *out);
+
+/* npu_place.c: SELECT, and CONVERT into a strided output */
+uint32_t npu_exec_place(NpuState *s, NpuWalk *w,
+                        const struct npu_tensor_params *p, uint32_t opcode,
+                        uint8_t *const *bufs, uint8_t *out);
 
 #endif

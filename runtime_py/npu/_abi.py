@@ -54,6 +54,8 @@ NPU_CAP_CONV: Final = 1 << 9
 NPU_CAP_QUANT: Final = 1 << 10
 NPU_CAP_LOCAL_MEM: Final = 1 << 11
 NPU_CAP_POOL_GEOMETRY: Final = 1 << 12
+NPU_CAP_SELECT: Final = 1 << 13
+NPU_CAP_STRIDED_OUT: Final = 1 << 14
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -76,7 +78,10 @@ NPU_OP_POOL2D: Final = 13
 NPU_OP_REQUANT: Final = 14
 NPU_OP_SIGNAL: Final = 15
 NPU_OP_WAIT: Final = 16
-NPU_OP_COUNT: Final = 17
+NPU_OP_SELECT: Final = 17
+NPU_OP_COUNT: Final = 18
+#: The tensor opcodes (a ``struct npu_tensor_params`` block each).
+TENSOR_OPCODES: Final = frozenset((*range(NPU_OP_ELTWISE, NPU_OP_REQUANT + 1), NPU_OP_SELECT))
 
 NPU_CONV_P_STRIDE_H: Final = 0
 NPU_CONV_P_STRIDE_W: Final = 1
@@ -224,6 +229,8 @@ NPU_INFO_CAP_CONV: Final = 1 << 9
 NPU_INFO_CAP_QUANT: Final = 1 << 10
 NPU_INFO_CAP_LOCAL_MEM: Final = 1 << 11
 NPU_INFO_CAP_POOL_GEOMETRY: Final = 1 << 12
+NPU_INFO_CAP_SELECT: Final = 1 << 13
+NPU_INFO_CAP_STRIDED_OUT: Final = 1 << 14
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -257,6 +264,7 @@ class Opcode(enum.IntEnum):
     REQUANT = NPU_OP_REQUANT
     SIGNAL = NPU_OP_SIGNAL
     WAIT = NPU_OP_WAIT
+    SELECT = NPU_OP_SELECT
 
 
 class EltwiseKind(enum.IntEnum):
@@ -376,6 +384,8 @@ class Cap(enum.IntFlag):
     QUANT = NPU_INFO_CAP_QUANT
     LOCAL_MEM = NPU_INFO_CAP_LOCAL_MEM
     POOL_GEOMETRY = NPU_INFO_CAP_POOL_GEOMETRY
+    SELECT = NPU_INFO_CAP_SELECT
+    STRIDED_OUT = NPU_INFO_CAP_STRIDED_OUT
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""

@@ -646,7 +646,7 @@ def _format_command(c: HungCommand) -> list[str]:
         ]
     elif op in (_abi.NPU_OP_SIGNAL, _abi.NPU_OP_WAIT):
         lines.append(f"  va {d.sync.va:#x}  value {d.sync.value}")
-    elif _abi.NPU_OP_ELTWISE <= op <= _abi.NPU_OP_REQUANT:
+    elif op in _abi.TENSOR_OPCODES:
         kind_enum = _KINDS.get(op)
         kind = _enum_name(kind_enum, d.tensor.kind, "") if kind_enum else str(d.tensor.kind)
         lines.append(f"  params {d.tensor.params:#x}  kind {kind}")

@@ -261,6 +261,19 @@ def opcode_seeds() -> dict[str, bytes]:
             [t(DATA, INT32, [4]), t(DATA + 0x1000, FP32, [1]), t(OUT, INT8, [4])],
             [0],
         ),
+        "op-select": tensor_seed(
+            hw.OP_SELECT,
+            [
+                t(DATA, hw.DTYPE_BOOL, [2, 4]),
+                t(DATA + 0x1000, FP32, [2, 4]),
+                t(DATA + 0x2000, FP32, [1, 4]),
+                t(OUT, FP32, [2, 4]),
+            ],
+        ),
+        "op-convert-strided": tensor_seed(
+            hw.OP_CONVERT,
+            [t(DATA, FP32, [2, 3]), qtest.hw_tensor(OUT, FP32, [2, 3], [8, 2])],
+        ),
         "op-signal": run([qtest.cmd(hw.OP_SIGNAL, struct.pack("<QQ", OUT, 7), fence=1)]),
         "op-wait": run([qtest.cmd(hw.OP_WAIT, struct.pack("<QQ", DATA, 1), fence=1)], [ONE_F32]),
     }

@@ -790,7 +790,7 @@ def test_the_boot_line_is_written_to_the_log_ring(npu: Npu) -> None:
     program_log(npu)
     assert boot(npu, image())[0] == hw.FW_RUNNING
     line = boot_line(MANIFEST)
-    assert line.startswith("npu-fw 1.0 booted: opcodes 0x1ffff heartbeat 10000 us - ")
+    assert line.startswith("npu-fw 1.0 booted: opcodes 0x3ffff heartbeat 10000 us - ")
     assert log_head(npu) == (len(line), LOG_SIZE)
     assert npu.qt.memread(LOG + LOG_HEAD, len(line)).decode() == line
     assert npu.qt.memread(LOG + LOG_HEAD + len(line), 16) == bytes(16)

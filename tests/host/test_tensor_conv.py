@@ -245,7 +245,8 @@ int main(void) {
     for (unsigned op = 0; op < 20; op++)
         for (unsigned flags = 0; flags < 8; flags++) {
             __u32 params[NPU_TENSOR_PARAMS] = { [NPU_POOL_P_FLAGS] = flags };
-            printf("%u\n", npu_tensor_op_features(op, params));
+            struct npu_hw_tensor out = { .ndim = 1, .shape = { 4 }, .strides = { 1 } };
+            printf("%u\n", npu_tensor_op_features(op, params, &out));
         }
     return 0;
 }

@@ -140,18 +140,25 @@ class Executor:
                 raise _err(errno.EINVAL)
             extents.append((t.handle, t.offset + (last + 1) * size))
         ins, out = [op.t[i] for i in range(n - 1)], op.t[n - 1]
-        want = 1
+        want, contiguous = 1, True
         for d in reversed(range(out.ndim)):
             if out.shape[d] > 1 and out.strides[d] != want:
-                raise _err(errno.EINVAL)
+                contiguous = False
             want *= out.shape[d]
+        if not contiguous and op.opcode == _abi.NPU_OP_CONVERT:
+            if not self.caps & _abi.NPU_INFO_CAP_STRIDED_OUT:
+                raise _err(errno.EOPNOTSUPP)
+            if not _disjoint(out):
+                raise _err(errno.EINVAL)
+        elif not contiguous:
+            raise _err(errno.EINVAL)
 
         def shape(t: _abi.NpuTensorRef) -> tuple[int, ...]:
             return tuple(t.shape[: t.ndim])
 
         is_float = out.dtype in _FLOATS
         compare = op.opcode == _abi.NPU_OP_ELTWISE and op.kind >= _abi.NPU_ELTWISE_EQ
-        bool_ok = compare or op.opcode == _abi.NPU_OP_CONVERT  # BOOL's only ops
+        bool_ok = compare or op.opcode in (_abi.NPU_OP_CONVERT, _abi.NPU_OP_SELECT)
         if not bool_ok and any(op.t[i].dtype == _abi.NPU_DTYPE_BOOL for i in range(n)):
             raise _err(errno.EINVAL)
         if op.opcode == _abi.NPU_OP_ELTWISE:
@@ -243,6 +250,18 @@ class Executor:
                 and all(s in (o, 1) for s, o in zip(shape(ins[1]), shape(out), strict=True))
                 and _signed(op.params[0]) in range(-128, 128)
             )
+        elif op.opcode == _abi.NPU_OP_SELECT:
+            ok = (
+                op.kind == 0
+                and ins[0].dtype == _abi.NPU_DTYPE_BOOL
+                and ins[1].dtype == out.dtype
+                and ins[2].dtype == out.dtype
+                and all(
+                    t.ndim == out.ndim
+                    and all(a in (b, 1) for a, b in zip(shape(t), shape(out), strict=True))
+                    for t in ins
+                )
+            )
         else:
             ok = op.kind == 0 and shape(ins[0]) == shape(out)
         if not ok:
@@ -323,6 +342,11 @@ class Executor:
         if op.opcode == _abi.NPU_OP_CONVERT:
             self._store(op.t[1], self._load(op.t[0]))
             return _abi.NPU_ST_OK
+        if op.opcode == _abi.NPU_OP_SELECT:  # the chosen element's bits, unchanged
+            cond = self._tensor(op.t[0]) != 0
+            x, y, dst = self._tensor(op.t[1]), self._tensor(op.t[2]), self._tensor(op.t[3])
+            dst[...] = np.where(cond, x, y)
+            return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_ELTWISE:
             a, b = self._load(op.t[0]), self._load(op.t[1])
             fn = _ELTWISE[op.kind]
@@ -401,6 +425,16 @@ class Executor:
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
         return _abi.NPU_ST_OK
+
+
+def _disjoint(t: _abi.NpuTensorRef) -> bool:
+    """``npu_tensor_is_disjoint``: no two elements of the view share an address."""
+    extent = 0
+    for stride, dim in sorted((t.strides[d], t.shape[d]) for d in range(t.ndim) if t.shape[d] > 1):
+        if stride <= extent:
+            return False
+        extent += (dim - 1) * stride
+    return True
 
 
 def _window_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -569,6 +603,7 @@ _N_OPERANDS = {
     _abi.NPU_OP_CONV2D: 4,
     _abi.NPU_OP_POOL2D: 2,
     _abi.NPU_OP_REQUANT: 3,
+    _abi.NPU_OP_SELECT: 4,
 }
 _N_PARAMS = {
     _abi.NPU_OP_REDUCE: 1,
@@ -590,6 +625,7 @@ _SUPPORTED_BY = {
     **dict.fromkeys((_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR), _abi.NPU_INFO_CAP_MATMUL),
     **dict.fromkeys((_abi.NPU_OP_CONV2D, _abi.NPU_OP_POOL2D), _abi.NPU_INFO_CAP_CONV),
     _abi.NPU_OP_REQUANT: _abi.NPU_INFO_CAP_QUANT,
+    _abi.NPU_OP_SELECT: _abi.NPU_INFO_CAP_SELECT,
 }
 _REDUCE: dict[int, Any] = {
     _abi.NPU_REDUCE_SUM: np.sum,

@@ -79,7 +79,7 @@ _USED: Final = {
     _abi.NPU_OP_GEMM: 56,
     _abi.NPU_OP_SIGNAL: 16,
     _abi.NPU_OP_WAIT: 16,
-    **{op: 16 for op in range(_abi.NPU_OP_ELTWISE, _abi.NPU_OP_REQUANT + 1)},
+    **dict.fromkeys(_abi.TENSOR_OPCODES, 16),
 }
 _BLOCKED: Final = -1  # a WAIT whose value is not there: no completion, head stays
 _POLL_MIN_S: Final = 100e-6

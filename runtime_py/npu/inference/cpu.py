@@ -543,6 +543,42 @@ def _lrn(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     return [(x / (bias + alpha / size * window) ** beta).astype(x.dtype)]
 
 
+def _pad(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
+    """Pad: negative pads crop first (onnx.reference 1.17 fails on them), then numpy pads."""
+    x = _req(xs[0])
+    a = node.attrs
+    mode = a.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    r = x.ndim
+    value: Any = 0
+    if opset < 11:
+        pads = [int(p) for p in a.get("pads", [])]
+        value = a.get("value", 0.0)
+        axes = list(range(r))
+    else:
+        pads = [int(p) for p in _req(xs[1]).reshape(-1)]
+        if len(xs) > 2 and xs[2] is not None and xs[2].size:
+            value = xs[2].reshape(-1)[0]
+        axes = (
+            [int(v) % r for v in xs[3].reshape(-1)]
+            if len(xs) > 3 and xs[3] is not None
+            else list(range(r))
+        )
+    begin, end = [0] * r, [0] * r
+    for k, ax in enumerate(axes):
+        begin[ax], end[ax] = pads[k], pads[k + len(axes)]
+    x = x[
+        tuple(
+            slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, x.shape, strict=True)
+        )
+    ]
+    widths = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end, strict=True)]
+    if mode == "constant":
+        return [np.pad(x, widths, mode="constant", constant_values=np.asarray(value, x.dtype))]
+    numpy_mode: Any = mode  # edge, reflect or wrap (numpy_kernel_ok)
+    return [np.pad(x, widths, mode=numpy_mode)]
+
+
 def _erf_kernel(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     x = _req(xs[0])
     return [erf(x).astype(x.dtype)]
@@ -594,6 +630,7 @@ CPU_OPS: dict[str, Kernel] = {
     "Concat": _concat,
     "Scatter": _scatter,
     "LRN": _lrn,
+    "Pad": _pad,
 }
 
 
@@ -661,6 +698,14 @@ def numpy_kernel_ok(node: Node, graph: Graph) -> bool:
         )
     if op == "Cast":
         return a.get("saturate", 1) == 1 and not _custom(_cast_target(node))
+    if op == "Pad":
+        mode = a.get("mode", "constant")
+        return (mode.decode() if isinstance(mode, bytes) else str(mode)) in (
+            "constant",
+            "edge",
+            "reflect",
+            "wrap",
+        )
     return True
 
 

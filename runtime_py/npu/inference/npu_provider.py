@@ -56,6 +56,7 @@ from .partition import (
     transpose_runs,
 )
 from .quant import requant_scale
+from .resample import PadSpec, linear_pieces, merge_dims, pad_spec, resize_dims, resize_maps
 
 __all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
 
@@ -88,6 +89,8 @@ _PARAM_INPUTS: Final = {
     "QGemm": {1, 2, 4, 5, 7, 8},
     "MatMulInteger": {2, 3},
     "ConvInteger": {2, 3},
+    "Pad": {1, 2, 3},
+    "Resize": {1, 2, 3},
 }
 
 
@@ -471,6 +474,24 @@ class NpuProvider:
             return [1.0 / len([i for i in node.inputs if i])]
         if op == "QuantizeLinear":
             return [_RNE_MAGIC]
+        if op in ("Pad", "Resize"):
+            shape = self.graph.tensor_info(node.inputs[0]).static_shape
+            if shape is None:
+                return []
+            if op == "Pad":
+                spec = pad_spec(node, self.graph, shape)
+                return [spec.value] if isinstance(spec, PadSpec) and spec.mode == "constant" else []
+            maps = resize_maps(node, self.graph, shape)
+            if isinstance(maps, str):
+                return []
+            return [
+                w
+                for m in maps
+                if any(m.w1)
+                for p in linear_pieces(m)
+                if p.w1 != 0.0
+                for w in (1.0 - p.w1, p.w1)
+            ]
         return []
 
     def _scalars_for(self, node: Node) -> list[tuple[str, Array]]:
@@ -948,6 +969,201 @@ class NpuProvider:
 
                 b.emit([src], [dst], make)
             start += n
+
+    def _copy(
+        self,
+        b: _Builder,
+        src: Val,
+        dst: Val,
+        dims: Sequence[tuple[int, int, int]],
+        offsets: tuple[int, int] = (0, 0),
+    ) -> None:
+        """CONVERT copies of a strided view of ``src`` into a strided view of ``dst``.
+
+        ``dims`` are ``(size, src_stride, dst_stride)`` in elements, outermost
+        first; ``offsets`` the elements from each value's start to element 0.
+        Adjacent dims that step alike merge; when more than ``NPU_MAX_RANK``
+        remain, the outer ones become a loop of copies. A ``dst`` view that
+        is not row-major needs ``Cap.STRIDED_OUT`` (its elements must not
+        overlap).
+        """
+        outer, inner = merge_dims(dims, _abi.NPU_MAX_RANK)
+        shape = tuple(d[0] for d in inner)
+        sst, dst_st = tuple(d[1] for d in inner), tuple(d[2] for d in inner)
+        R = b.ref
+        for idx in np.ndindex(*(d[0] for d in outer)):
+            so = offsets[0] + sum(i * d[1] for i, d in zip(idx, outer, strict=True))
+            do = offsets[1] + sum(i * d[2] for i, d in zip(idx, outer, strict=True))
+            s_val = Val(src.storage, shape, src.dtype, src.offset + so * src.dtype.itemsize)
+            d_val = Val(dst.storage, shape, dst.dtype, dst.offset + do * dst.dtype.itemsize)
+
+            def make(s_val: Val = s_val, d_val: Val = d_val) -> ops.TensorOp:
+                return ops.convert(
+                    R(s_val, shape, sst), R(d_val, shape, dst_st), _bufs(s_val, d_val)
+                )
+
+            b.emit([s_val], [d_val], make)
+
+    def _plan_where(self, b: _Builder, node: Node) -> None:
+        """Where: one SELECT, the three inputs broadcast to the output."""
+        R = b.ref
+        c, x, y = (b.get(i) for i in node.inputs[:3])
+        oshape = tuple(np.broadcast_shapes(c.shape, x.shape, y.shape))
+        o = b.new(node.outputs[0], oshape, x.dtype)
+        os_ = oshape or (1,)
+        r = len(os_)
+        pc, px, py = (_pad_to(v.shape, r) for v in (c, x, y))
+        b.emit(
+            [c, x, y],
+            [o],
+            lambda: ops.select(
+                R(c, pc, _bcast_strides(pc, os_)),
+                R(x, px, _bcast_strides(px, os_)),
+                R(y, py, _bcast_strides(py, os_)),
+                R(o, os_),
+                _bufs(c, x, y, o),
+            ),
+        )
+
+    def _plan_pad(self, b: _Builder, node: Node) -> None:
+        """Pad: the input copied into the interior, then the borders per axis.
+
+        constant: the fill value broadcast over the whole output first;
+        edge: each border is the edge row broadcast; reflect: one copy per
+        mirrored row; wrap: each border is a copy of the far end. The
+        borders of axis ``d`` span the padded extent of the axes before it,
+        so the corners come out right.
+        """
+        x = b.get(node.inputs[0])
+        spec = pad_spec(node, self.graph, x.shape)
+        assert isinstance(spec, PadSpec)
+        r = len(x.shape)
+        oshape = tuple(n + p + q for n, p, q in zip(x.shape, spec.begin, spec.end, strict=True))
+        o = b.new(node.outputs[0], oshape, x.dtype)
+        xs, os_ = _strides(x.shape), _strides(oshape)
+        padded = any(spec.begin) or any(spec.end)
+        if spec.mode == "constant" and padded:
+            k = self._scalar(spec.value, x.dtype)
+            self._copy(b, k, o, [(math.prod(oshape), 0, 1)])
+        interior = sum(p * s for p, s in zip(spec.begin, os_, strict=True))
+        self._copy(b, x, o, list(zip(x.shape, xs, os_, strict=True)), (0, interior))
+        if spec.mode == "constant":
+            return
+        for d in range(r):
+            # Axes before d: their whole padded extent; after d: the interior.
+            lo = [0 if e < d else spec.begin[e] for e in range(r)]
+            size = [oshape[e] if e < d else x.shape[e] for e in range(r)]
+
+            def rows(
+                dst: int,
+                src: int,
+                n: int,
+                step: int,
+                d: int = d,
+                lo: list[int] = lo,
+                size: list[int] = size,
+            ) -> None:
+                """Copy ``n`` rows of axis ``d`` from ``src`` (``step`` apart) to ``dst`` on."""
+                at = list(lo)
+                at[d] = src
+                so = sum(i * s for i, s in zip(at, os_, strict=True))
+                at[d] = dst
+                do = sum(i * s for i, s in zip(at, os_, strict=True))
+                dims = [
+                    (n if e == d else size[e], step if e == d else os_[e], os_[e]) for e in range(r)
+                ]
+                self._copy(b, o, o, dims, (so, do))
+
+            n, p, q = x.shape[d], spec.begin[d], spec.end[d]
+            if spec.mode == "edge":
+                if p:
+                    rows(0, p, p, 0)
+                if q:
+                    rows(p + n, p + n - 1, q, 0)
+            elif spec.mode == "wrap":
+                if p:
+                    rows(0, n, p, os_[d])
+                if q:
+                    rows(p + n, p, q, os_[d])
+            else:  # reflect: row i mirrors row 2p - i; one copy each
+                for i in range(p):
+                    rows(i, 2 * p - i, 1, os_[d])
+                for j in range(q):
+                    rows(p + n + j, p + n - 2 - j, 1, os_[d])
+
+    def _plan_resize(self, b: _Builder, node: Node) -> None:
+        """Resize: a strided copy when it can be one, else pieces per axis.
+
+        One copy (:func:`resize_dims`): nearest where, per axis, output ``o``
+        reads input ``c + (o // k) * s``: the view splits the axis into
+        ``(out / k, k)`` with strides ``(s, 0)``. Otherwise (linear, or
+        another nearest map) one axis after the other, each
+        :class:`LinearPiece` either a strided copy (``w1 == 0``) or
+        ``(1 - w1) * x0 + w1 * x1`` (two MULs by scalar constants and an
+        ADD into a temporary) copied into its strided place.
+        """
+        x = b.get(node.inputs[0])
+        maps = resize_maps(node, self.graph, x.shape)
+        assert not isinstance(maps, str)
+        plan = resize_dims(maps)
+        if plan is not None:
+            o = b.new(node.outputs[0], tuple(m.size_out for m in maps), x.dtype)
+            start, dims = plan
+            self._copy(b, x, o, dims, (start, 0))
+            return
+        axes = [d for d, m in enumerate(maps) if not m.identity]
+        cur = x
+        for i, d in enumerate(axes):
+            m = maps[d]
+            shape = list(cur.shape)
+            shape[d] = m.size_out
+            o = b.new(node.outputs[0] if i == len(axes) - 1 else "", shape, x.dtype)
+            a, inner = math.prod(cur.shape[:d]), math.prod(cur.shape[d + 1 :])
+            n_in, n_out = cur.shape[d], m.size_out
+            for p in linear_pieces(m):
+                place = (a, n_out * inner), (p.count, p.out_step * inner)
+                if p.w1 == 0.0:
+                    dims = [
+                        (a, n_in * inner, place[0][1]),
+                        (p.count, p.in_step * inner, place[1][1]),
+                    ]
+                    self._copy(b, cur, o, [*dims, (inner, 1, 1)], (p.in0 * inner, p.out0 * inner))
+                    continue
+                view = ((a, p.count, inner), (n_in * inner, p.in_step * inner, 1))
+                t0 = self._scaled_view(b, cur, p.in0 * inner, view, 1.0 - p.w1)
+                t1 = self._scaled_view(b, cur, p.in1 * inner, view, p.w1)
+                t = self._binary(b, _abi.EltwiseKind.ADD, t0, t1)
+                dims = [(a, p.count * inner, place[0][1]), (p.count, inner, place[1][1])]
+                self._copy(b, t, o, [*dims, (inner, 1, 1)], (0, p.out0 * inner))
+            cur = o
+
+    def _scaled_view(
+        self,
+        b: _Builder,
+        x: Val,
+        offset: int,
+        view: tuple[tuple[int, ...], tuple[int, ...]],
+        value: float,
+    ) -> Val:
+        """``value *`` a strided view of ``x`` (``offset`` elements in) into a new tensor."""
+        R = b.ref
+        shape, strides = view
+        k = self._scalar(value, x.dtype)
+        src = Val(x.storage, shape, x.dtype, x.offset + offset * x.dtype.itemsize)
+        o = b.new("", shape, x.dtype)
+        ones, zeros = (1,) * len(shape), (0,) * len(shape)
+        b.emit(
+            [src, k],
+            [o],
+            lambda: ops.eltwise(
+                _abi.EltwiseKind.MUL,
+                R(src, shape, strides),
+                R(k, ones, zeros),
+                R(o, shape),
+                _bufs(src, k, o),
+            ),
+        )
+        return o
 
     def _plan_conv(self, b: _Builder, node: Node) -> None:
         x = b.get(node.inputs[0])
@@ -1480,4 +1696,7 @@ _PLANNERS: Final[dict[str, Planner]] = {
     "QLinearMatMul": NpuProvider._plan_qlinear_matmul,
     "MatMulInteger": NpuProvider._plan_qlinear_matmul,
     "QGemm": NpuProvider._plan_qgemm,
+    "Where": NpuProvider._plan_where,
+    "Pad": NpuProvider._plan_pad,
+    "Resize": NpuProvider._plan_resize,
 }

@@ -23,6 +23,7 @@ from ..kernels.validate import tensor_op_supported
 from .cpu import conv_pads
 from .graph import NPU_MIN_OPSET, Graph, Node
 from .quant import MS_DOMAIN
+from .resample import MAX_COPIES, linear_pieces, pad_spec, resize_dims, resize_maps
 
 __all__ = [
     "COMPARE_OPS",
@@ -90,6 +91,8 @@ _REDUCE_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
 # Inputs that only carry static parameters (must be constants; not device tensors).
 #: The most row copies one Gather may take on the NPU.
 MAX_GATHER_COPIES: Final = 256
+#: The most mirrored rows one reflect Pad copies, and device ops one Resize takes, on the NPU.
+MAX_RESAMPLE_COPIES: Final = MAX_COPIES
 
 #: Elementwise ops the NPU runs as a few ELTWISE/UNARY ops with scalar constants.
 COMPOSED_OPS: Final = frozenset({"Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish"})
@@ -116,6 +119,8 @@ _PARAM_INPUTS: Final = {
     "QGemm": (1, 2, 4, 5, 7, 8),
     "MatMulInteger": (2, 3),
     "ConvInteger": (2, 3),
+    "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3),
 }
 #: The integer ops (Cap.QUANT): int8 operands, exact int32 sums, REQUANT.
 QUANT_OPS: Final = frozenset(
@@ -155,6 +160,9 @@ _OPCODE: Final = {
     "QGemm": _abi.Opcode.LINEAR,
     "MatMulInteger": _abi.Opcode.MATMUL,
     "ConvInteger": _abi.Opcode.CONV2D,
+    "Where": _abi.Opcode.SELECT,
+    "Pad": _abi.Opcode.CONVERT,
+    "Resize": _abi.Opcode.CONVERT,
 }
 
 #: Variadic ops the NPU runs as a chain of binary ELTWISE ops.
@@ -467,6 +475,37 @@ def _quant_reason(node: Node, graph: Graph, caps: int) -> str | None:
     return None
 
 
+def _resample_reason(node: Node, graph: Graph, caps: int) -> str | None:
+    """Pad and Resize: strided copies (Cap.STRIDED_OUT), at most MAX_RESAMPLE_COPIES ops."""
+    shape = graph.tensor_info(node.inputs[0]).static_shape
+    if shape is None:
+        return f"{node.op_type} of a dynamic shape"
+    if graph.tensor_info(node.inputs[0]).dtype == np.bool_:
+        return f"{node.op_type} of bool"
+    if node.op_type == "Pad":
+        spec = pad_spec(node, graph, shape)
+        if isinstance(spec, str):
+            return spec
+        if not caps & _abi.Cap.STRIDED_OUT:
+            return "the device lacks Cap.STRIDED_OUT (Pad writes strided views)"
+        if spec.mode == "reflect" and sum(spec.begin) + sum(spec.end) > MAX_RESAMPLE_COPIES:
+            return f"reflect Pad of more than {MAX_RESAMPLE_COPIES} mirrored rows"
+        return None
+    maps = resize_maps(node, graph, shape)
+    if isinstance(maps, str):
+        return maps
+    if resize_dims(maps) is not None:
+        return None
+    if any(any(m.w1) for m in maps) and graph.tensor_info(node.inputs[0]).dtype not in _FLOATS:
+        return "linear Resize of integers"
+    if not caps & _abi.Cap.STRIDED_OUT:
+        return "the device lacks Cap.STRIDED_OUT (this Resize writes strided views)"
+    count = sum(1 if p.w1 == 0.0 else 4 for m in maps if not m.identity for p in linear_pieces(m))
+    if count > MAX_RESAMPLE_COPIES:
+        return f"Resize of {count} device ops (at most {MAX_RESAMPLE_COPIES})"
+    return None
+
+
 def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
     """Op-specific rules (dtypes/ranks of device tensors already checked)."""
     op = node.op_type
@@ -579,6 +618,12 @@ def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
         return None
     if op == "Cast" or op in VIEW_OPS:
         return None
+    if op == "Where":
+        if graph.tensor_info(node.inputs[1]).dtype != graph.tensor_info(node.inputs[2]).dtype:
+            return "Where of mixed dtypes"
+        return None
+    if op in ("Pad", "Resize"):
+        return _resample_reason(node, graph, caps)
     if op in ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
         if graph.tensor_info(node.inputs[0]).rank != 4:
             return f"{op} on a rank-{graph.tensor_info(node.inputs[0]).rank} input (NPU: 2-D)"
@@ -639,7 +684,7 @@ def npu_reason(node: Node, graph: Graph, caps: int) -> str | None:
     # needs rank <= 4 once the axes that stay together are merged.
     views = op in VIEW_OPS or op == "Transpose"
     # BOOL tensors: the comparisons' operands and results, and CONVERT's.
-    bools = op in COMPARE_OPS or op in VIEW_OPS or op == "Cast"
+    bools = op in COMPARE_OPS or op in VIEW_OPS or op in ("Cast", "Where")
     if op == "Reshape" and graph.opset >= 5 and graph.const(node.input(1)) is None:
         return "Reshape to a shape computed at run time"
     for i, name in enumerate(node.inputs):

@@ -125,6 +125,21 @@ class TensorRef:
             want *= dim
         return True
 
+    @property
+    def disjoint(self) -> bool:
+        """No two elements share an address (``npu_tensor_is_disjoint``).
+
+        Sorted by stride, each dim of size > 1 must step past the extent of
+        the smaller ones: what a strided CONVERT output must be.
+        """
+        extent = 0
+        dims = sorted((s, d) for d, s in zip(self.shape, self.strides, strict=True) if d > 1)
+        for stride, dim in dims:
+            if stride <= extent:
+                return False
+            extent += (dim - 1) * stride
+        return True
+
     def to_bytes(self) -> bytes:
         """The ``struct npu_tensor_ref`` as bytes (dims at and above ``ndim`` zero)."""
         pad = (0,) * (_abi.NPU_MAX_RANK - len(self.shape))

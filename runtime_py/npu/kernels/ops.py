@@ -65,6 +65,7 @@ __all__ = [
     "pool_out",
     "reduce",
     "requant_op",
+    "select",
     "softmax",
     "tensor_op_features",
     "tensor_op_supported",
@@ -355,12 +356,35 @@ def convert(x: TensorRef, out: TensorRef, buffers: tuple[BufferLike, ...] = ()) 
     """Return a CONVERT op: ``out = x`` element by element, any strides and dtypes.
 
     Float to int truncates toward zero, saturates at the integer range and
-    turns NaN into 0 (device semantics).
+    turns NaN into 0 (device semantics). ``out`` may be a strided view whose
+    elements do not overlap (``Cap.STRIDED_OUT``): only its elements are
+    written, the bytes between them keep their values.
 
     Raises:
         ValueError: the op breaks a rule of :func:`check_tensor_op`.
     """
     op = TensorOp(_abi.Opcode.CONVERT, 0, (x, out), buffers)
+    check_tensor_op(op)
+    return op
+
+
+def select(
+    cond: TensorRef,
+    x: TensorRef,
+    y: TensorRef,
+    out: TensorRef,
+    buffers: tuple[BufferLike, ...] = (),
+) -> TensorOp:
+    """Return a SELECT op: ``out = cond ? x : y`` element by element (``Cap.SELECT``).
+
+    ``cond`` is BOOL (any nonzero byte is true); ``x``, ``y`` and ``out``
+    share one dtype; the three inputs broadcast to ``out``. The chosen
+    element's bits are copied unchanged (NaN payloads, signed zeros).
+
+    Raises:
+        ValueError: the op breaks a rule of :func:`check_tensor_op`.
+    """
+    op = TensorOp(_abi.Opcode.SELECT, 0, (cond, x, y, out), buffers)
     check_tensor_op(op)
     return op
 

@@ -42,6 +42,7 @@ _OPERANDS = {
     _abi.Opcode.CONV2D: 4,
     _abi.Opcode.POOL2D: 2,
     _abi.Opcode.REQUANT: 3,
+    _abi.Opcode.SELECT: 4,
 }
 # Params each opcode uses (npu_tensor_op_params; POOL2D's 7..10 only with
 # NPU_POOL_F_GEOMETRY); the others must be zero.
@@ -68,6 +69,7 @@ _CAPS = {
     _abi.Opcode.CONV2D: _abi.Cap.CONV,
     _abi.Opcode.POOL2D: _abi.Cap.CONV,
     _abi.Opcode.REQUANT: _abi.Cap.QUANT,
+    _abi.Opcode.SELECT: _abi.Cap.SELECT,
 }
 
 
@@ -88,12 +90,18 @@ def unary_float_only(kind: int) -> bool:
     return kind not in (_abi.UnaryKind.RELU, _abi.UnaryKind.ABS, _abi.UnaryKind.NEG)
 
 
-def tensor_op_features(opcode: int, params: Sequence[int]) -> int:
-    """``npu_tensor_op_features``: capability bits an op needs beyond its opcode's."""
+def tensor_op_features(opcode: int, params: Sequence[int], out_contiguous: bool = True) -> int:
+    """``npu_tensor_op_features``: capability bits an op needs beyond its opcode's.
+
+    ``out_contiguous`` says whether the op's output is row-major and dense
+    (a CONVERT into a strided view needs ``Cap.STRIDED_OUT``).
+    """
     if opcode == _abi.Opcode.POOL2D and params[_abi.NPU_POOL_P_FLAGS] & (
         _abi.NPU_POOL_F_GEOMETRY | _abi.NPU_POOL_F_CEIL
     ):
         return int(_abi.Cap.POOL_GEOMETRY)
+    if opcode == _abi.Opcode.CONVERT and not out_contiguous:
+        return int(_abi.Cap.STRIDED_OUT)
     return 0
 
 
@@ -200,7 +208,8 @@ def check_tensor_op(op: TensorOp) -> None:
 
     Raises:
         ValueError: the driver would reject the op with ``EINVAL``: wrong
-            operand count, nonzero unused params, non-contiguous output,
+            operand count, nonzero unused params, a non-contiguous output
+            (other than a non-overlapping CONVERT output),
             dtype or shape mismatch, a kind out of range, a float-only kind
             on an integer dtype, bad REDUCE/SOFTMAX/LAYERNORM params,
             MATMUL/LINEAR shapes that do not chain (see :func:`matmul_op`),
@@ -237,11 +246,14 @@ def _check_tensor_op(op: TensorOp) -> None:
         raise ValueError(f"{op}: {op.opcode.name} uses {used} params, the others must be zero")
     *inputs, out = op.operands
     if not out.contiguous:
-        raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
+        if op.opcode is not _abi.Opcode.CONVERT:
+            raise ValueError(f"{op}: the output must be contiguous (row-major, dense)")
+        if not out.disjoint:
+            raise ValueError(f"{op}: a strided CONVERT output must not overlap itself")
     compare = op.opcode is _abi.Opcode.ELTWISE and op.kind >= _abi.EltwiseKind.EQ
-    bool_ok = compare or op.opcode is _abi.Opcode.CONVERT
+    bool_ok = compare or op.opcode in (_abi.Opcode.CONVERT, _abi.Opcode.SELECT)
     if not bool_ok and any(t.dtype is _abi.DType.BOOL for t in op.operands):
-        raise ValueError(f"{op}: BOOL operands are for comparisons and CONVERT only")
+        raise ValueError(f"{op}: BOOL operands are for comparisons, CONVERT and SELECT only")
     if op.opcode is _abi.Opcode.ELTWISE:
         kind = _abi.EltwiseKind(op.kind)  # ValueError if out of range
         if compare and out.dtype is not _abi.DType.BOOL:
@@ -311,6 +323,8 @@ def _check_tensor_op(op: TensorOp) -> None:
         _check_pool(op, inputs[0], out, params)
     elif op.opcode is _abi.Opcode.REQUANT:
         _check_requant(op, inputs, out, params)
+    elif op.opcode is _abi.Opcode.SELECT:
+        _check_select(op, inputs, out)
     else:
         (t,) = inputs
         if op.kind != 0:
@@ -393,6 +407,22 @@ def _check_requant(
     ):
         raise ValueError(f"{op}: scale shape {scale.shape} does not broadcast to {out.shape}")
     _check_zp(op, params[_abi.NPU_REQUANT_P_OUT_ZP])
+
+
+def _check_select(op: TensorOp, inputs: list[TensorRef], out: TensorRef) -> None:
+    """The SELECT rules of ``npu_tensor_op_check``."""
+    cond, x, y = inputs
+    if op.kind != 0:
+        raise ValueError(f"{op}: SELECT kind must be 0")
+    if cond.dtype is not _abi.DType.BOOL:
+        raise ValueError(f"{op}: the SELECT condition must be BOOL, not {cond.dtype.name}")
+    if x.dtype is not out.dtype or y.dtype is not out.dtype:
+        raise ValueError(f"{op}: SELECT x, y and out must have one dtype")
+    for t in inputs:
+        if t.ndim != out.ndim or any(
+            d not in (o, 1) for d, o in zip(t.shape, out.shape, strict=True)
+        ):
+            raise ValueError(f"{op}: input shape {t.shape} does not broadcast to {out.shape}")
 
 
 def _check_pool(op: TensorOp, x: TensorRef, out: TensorRef, params: tuple[int, ...]) -> None:
