@@ -115,7 +115,8 @@ def test_identity_registers_match_the_header(npu: Npu) -> None:
     all_caps = (hw.CAP_COPY | hw.CAP_FILL | hw.CAP_GEMM_FP32 | hw.CAP_MSIX
                 | hw.CAP_TIMESTAMPS | hw.CAP_MMU | hw.CAP_TENSOR
                 | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT
-                | hw.CAP_LOCAL_MEM | hw.CAP_POOL_GEOMETRY)  # fmt: skip
+                | hw.CAP_LOCAL_MEM | hw.CAP_POOL_GEOMETRY | hw.CAP_SELECT
+                | hw.CAP_STRIDED_OUT)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION

@@ -688,10 +688,16 @@ BAD_OPS: dict[str, tuple[int, int, bytes, str]] = {
         tensor_params([t(A_VA), t(OUT_VA, strides=(1, 2))]),
         "BAD_ARGS",
     ),
-    "padded-output-rows": (
+    "padded-output-rows": (  # only CONVERT writes strided outputs
+        hw.OP_UNARY,
+        hw.UNARY_NEG,
+        tensor_params([t(A_VA), t(OUT_VA, strides=(4, 1))]),
+        "BAD_ARGS",
+    ),
+    "overlapping-convert-output": (
         hw.OP_CONVERT,
         0,
-        tensor_params([t(A_VA), t(OUT_VA, strides=(4, 1))]),
+        tensor_params([t(A_VA), t(OUT_VA, strides=(2, 1))]),
         "BAD_ARGS",
     ),
     "broadcast-output": (
