@@ -233,6 +233,21 @@ def test_nearest_resize_matches_onnxruntime_bit_for_bit(
     _check(model, {"x": RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)}, device, "Resize")
 
 
+def test_nearest_upsampling_without_cap_strided_out_is_one_repeating_copy() -> None:
+    backend = CpuBackend(caps=CPU_CAPS & ~_abi.NPU_INFO_CAP_STRIDED_OUT)
+    with npu.Device(backend) as dev:
+        model = _resize_model(
+            [1, 2, 3, 4],
+            [1, 1, 2, 2],
+            None,
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        )
+        _check(model, {"x": RNG.standard_normal((1, 2, 3, 4)).astype(np.float32)}, dev, "Resize")
+    backend.close()
+
+
 def test_nearest_downsampling_by_sizes_is_a_strided_copy(device: npu.Device) -> None:
     model = _resize_model(
         [2, 3, 8, 6],

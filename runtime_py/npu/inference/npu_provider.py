@@ -1096,7 +1096,9 @@ class NpuProvider:
 
         One copy (:func:`resize_dims`): nearest where, per axis, output ``o``
         reads input ``c + (o // k) * s``: the view splits the axis into
-        ``(out / k, k)`` with strides ``(s, 0)``. Otherwise (linear, or
+        ``(out / k, k)`` with strides ``(s, 0)``. A repeat on the last axis
+        (rows of ``k`` elements) becomes ``k`` copies into strided views of
+        whole rows instead, with ``Cap.STRIDED_OUT``. Otherwise (linear, or
         another nearest map) one axis after the other, each
         :class:`LinearPiece` either a strided copy (``w1 == 0``) or
         ``(1 - w1) * x0 + w1 * x1`` (two MULs by scalar constants and an
@@ -1109,6 +1111,13 @@ class NpuProvider:
         if plan is not None:
             o = b.new(node.outputs[0], tuple(m.size_out for m in maps), x.dtype)
             start, dims = plan
+            *head, last, (k, _, ost) = dims
+            if k > 1 and self.device.info.has(_abi.Cap.STRIDED_OUT):
+                # A repeat on the last axis would make rows of k elements;
+                # one strided copy per output phase keeps whole rows.
+                for j in range(k):
+                    self._copy(b, x, o, [*head, last], (start, j * ost))
+                return
             self._copy(b, x, o, dims, (start, 0))
             return
         axes = [d for d, m in enumerate(maps) if not m.identity]
