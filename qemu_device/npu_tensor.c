@@ -1082,6 +1082,7 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     uint64_t sizes[NPU_TENSOR_OPERANDS];
     uint64_t numel, len, units, piece;
     uint32_t st, i, nbuf;
+    bool place;
 
     if (cmd->tensor.rsvd) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op reserved field set\n");
@@ -1123,7 +1124,10 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     job.osize = npu_dtype_size(out->dtype);
     job.out_va = out->va;
     nbuf = job.nin + 1;         /* the inputs and a host output */
-    if (opcode <= NPU_OP_CONVERT && npu_tensor_is_contiguous(out)) {
+    /* SELECT and a strided CONVERT output: npu_place.c, gathered. */
+    place = opcode == NPU_OP_SELECT ||
+            (opcode == NPU_OP_CONVERT && !npu_tensor_is_contiguous(out));
+    if (opcode <= NPU_OP_CONVERT && !place) {
         for (i = 0; i < job.nin; i++) {
             job.in[i].va = p.t[i].va;
             job.in[i].end = p.t[i].va + sizes[i];
@@ -1176,8 +1180,7 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         st = npu_exec_requant(s, w, &p, kind, bufs, bufs[job.nin]);
         goto out;
     }
-    if (opcode == NPU_OP_SELECT ||
-        (opcode == NPU_OP_CONVERT && !npu_tensor_is_contiguous(out))) {
+    if (place) {
         st = npu_exec_place(s, w, &p, opcode, bufs, bufs[job.nin]);
         goto out;
     }

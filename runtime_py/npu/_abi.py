@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from ioctl_opt import IOR, IOW, IOWR
@@ -958,6 +958,20 @@ DRM_IOCTL_SYNCOBJ_QUERY: Final[int] = int(IOWR(NPU_DRM_IOCTL_BASE, 0xCB, DrmSync
 DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL: Final[int] = int(
     IOWR(NPU_DRM_IOCTL_BASE, 0xCD, DrmSyncobjTimelineArray)
 )
+
+
+def strides_disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """``npu_tensor_is_disjoint``: no two elements of a strided view share an address.
+
+    Sorted by stride, each dim of size > 1 must step past the extent of the
+    smaller ones (what a strided CONVERT output must be).
+    """
+    extent = 0
+    for stride, dim in sorted((s, d) for d, s in zip(shape, strides, strict=True) if d > 1):
+        if stride <= extent:
+            return False
+        extent += (dim - 1) * stride
+    return True
 
 
 def deadline_after(timeout_ns: int) -> int:

@@ -7,6 +7,7 @@ onnxruntime: these ops move elements, they compute nothing.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import numpy as np
@@ -362,3 +363,18 @@ def test_select_needs_a_bool_condition(device: npu.Device) -> None:
     with pytest.raises(ValueError, match="BOOL"):
         ops.select(x, x, x, x)
     buf.free()
+
+
+def test_a_strided_convert_without_cap_strided_out_fails_with_eopnotsupp() -> None:
+    backend = CpuBackend(caps=CPU_CAPS & ~_abi.NPU_INFO_CAP_STRIDED_OUT)
+    with npu.Device(backend) as dev:
+        src, dst = dev.alloc(64), dev.alloc(64)
+        op = ops.convert(
+            _ref(src, _abi.DType.FP32, (2, 3), (3, 1)), _ref(dst, _abi.DType.FP32, (2, 3), (8, 2))
+        )
+        with pytest.raises(npu.NpuError) as info:
+            dev.run([op])
+        assert info.value.errno == errno.EOPNOTSUPP
+        src.free()
+        dst.free()
+    backend.close()

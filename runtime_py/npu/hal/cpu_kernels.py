@@ -148,7 +148,7 @@ class Executor:
         if not contiguous and op.opcode == _abi.NPU_OP_CONVERT:
             if not self.caps & _abi.NPU_INFO_CAP_STRIDED_OUT:
                 raise _err(errno.EOPNOTSUPP)
-            if not _disjoint(out):
+            if not _abi.strides_disjoint(out.shape[: out.ndim], out.strides[: out.ndim]):
                 raise _err(errno.EINVAL)
         elif not contiguous:
             raise _err(errno.EINVAL)
@@ -425,16 +425,6 @@ class Executor:
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
         return _abi.NPU_ST_OK
-
-
-def _disjoint(t: _abi.NpuTensorRef) -> bool:
-    """``npu_tensor_is_disjoint``: no two elements of the view share an address."""
-    extent = 0
-    for stride, dim in sorted((t.strides[d], t.shape[d]) for d in range(t.ndim) if t.shape[d] > 1):
-        if stride <= extent:
-            return False
-        extent += (dim - 1) * stride
-    return True
 
 
 def _window_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:

@@ -129,16 +129,9 @@ class TensorRef:
     def disjoint(self) -> bool:
         """No two elements share an address (``npu_tensor_is_disjoint``).
 
-        Sorted by stride, each dim of size > 1 must step past the extent of
-        the smaller ones: what a strided CONVERT output must be.
+        What a strided CONVERT output must be (:func:`npu._abi.strides_disjoint`).
         """
-        extent = 0
-        dims = sorted((s, d) for d, s in zip(self.shape, self.strides, strict=True) if d > 1)
-        for stride, dim in dims:
-            if stride <= extent:
-                return False
-            extent += (dim - 1) * stride
-        return True
+        return _abi.strides_disjoint(self.shape, self.strides)
 
     def to_bytes(self) -> bytes:
         """The ``struct npu_tensor_ref`` as bytes (dims at and above ``ndim`` zero)."""
