@@ -1340,7 +1340,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_mutex_destroy(&s->log_lock);
     for (i = 0; i < NPU_LEVELS; i++) {
         npu_scratch_free(s, &s->level[i]);
-        g_free(s->level[i].core.chunk);
+        npu_core_release(&s->level[i].core);
     }
     msix_uninit_exclusive_bar(pdev);
 }
@@ -1452,6 +1452,7 @@ static const Property npu_properties[] = {
     DEFINE_PROP_BOOL("boot-rom", NpuState, boot_rom, false),
     DEFINE_PROP_UINT32("cmd-budget-ms", NpuState, cmd_budget_ms, 2000),
     DEFINE_PROP_SIZE("mem-budget", NpuState, mem_budget, 1 * GiB),
+    DEFINE_PROP_BOOL("dnnl", NpuState, use_dnnl, true),
 };
 
 static void npu_class_init(ObjectClass *klass, void *data)
@@ -1473,6 +1474,7 @@ static void npu_class_init(ObjectClass *klass, void *data)
     dc->vmsd = &npu_vmstate;
     device_class_set_props(dc, npu_properties);
     set_bit(DEVICE_CATEGORY_MISC, dc->categories);
+    npu_dnnl_init();
 }
 
 static const TypeInfo npu_types[] = {

@@ -19,6 +19,7 @@
 #include "qemu/units.h"
 #include "qemu/atomic.h"
 #include "qemu/timer.h"
+#include "qemu/memalign.h"
 #include "npu_dev.h"
 
 /* Engine control ------------------------------------------------------- */
@@ -104,6 +105,31 @@ uint32_t npu_engine_work(NpuCore *core, uint64_t work)
     }
     core->work = 0;
     return npu_engine_poll(core->s);
+}
+
+/*
+ * @core's workspace of at least @size bytes (64-byte aligned), kept for
+ * its next tiles; NULL if the host has no memory for it.
+ */
+void *npu_core_scratch(NpuCore *core, size_t size)
+{
+    size = MAX(size, 64);           /* never NULL for an empty request */
+    if (core->scratch_size < size) {
+        qemu_vfree(core->scratch);
+        core->scratch = qemu_try_memalign(64, size);
+        core->scratch_size = core->scratch ? size : 0;
+    }
+    return core->scratch;
+}
+
+/* Free what a core holds besides its thread. */
+void npu_core_release(NpuCore *core)
+{
+    g_free(core->chunk);
+    core->chunk = NULL;
+    qemu_vfree(core->scratch);
+    core->scratch = NULL;
+    core->scratch_size = 0;
 }
 
 /* Should the job running now give way to a higher-priority command? */
@@ -208,7 +234,7 @@ void npu_cores_fini(NpuState *s)
     qemu_mutex_unlock(&c->lock);
     for (i = 0; i < c->n; i++) {
         qemu_thread_join(&c->core[i].thread);
-        g_free(c->core[i].chunk);
+        npu_core_release(&c->core[i]);
     }
     g_free(c->core);
     qemu_cond_destroy(&c->done);

@@ -107,6 +107,8 @@ typedef struct NpuCore {
     NpuCores *cores;
     uint32_t index;
     uint8_t *chunk;         /* NPU_CHUNK bytes, private to this core */
+    uint8_t *scratch;       /* kernels' workspace (npu_core_scratch) */
+    size_t scratch_size;
     uint64_t work;          /* since the last control point */
     QemuThread thread;
 } NpuCore;
@@ -165,6 +167,7 @@ struct NpuState {
     uint64_t mem_budget;    /* host bytes of staging and scratch in flight */
     uint64_t mem_size;      /* device memory (BAR2) bytes, 0: none */
     bool boot_rom;          /* firmware running from reset (engine tests) */
+    bool use_dnnl;          /* CONV2D on oneDNN where it takes the shape */
 
     /* Device memory: RAM behind BAR2; the engine uses it directly. */
     MemoryRegion mem;
@@ -272,6 +275,9 @@ uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
 /* npu_cores.c: control points (any engine thread, no lock held). */
 uint32_t npu_engine_poll(NpuState *s);
 uint32_t npu_engine_work(NpuCore *core, uint64_t work);
+void *npu_core_scratch(NpuCore *core, size_t size);
+void npu_dnnl_init(void);
+void npu_core_release(NpuCore *core);
 /* npu_exec.c: host memory under the device's budget (any thread). */
 void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero);
 void npu_budget_free(NpuState *s, void *p, uint64_t bytes);

@@ -37,6 +37,12 @@
  * order. Each block's fp32 result is added into an int32 [rows, N]
  * accumulator (two's complement), then the int32 bias and the RELU, and
  * the store keeps the output dtype's low bits.
+ *
+ * On oneDNN (the dnnl property, where oneDNN takes the shape), int8 and
+ * bf16 units instead run one oneDNN matmul on the operands' own strided
+ * layouts: int8 with the input zero point into int32 (VNNI, exact and
+ * wrapping like the blocks above), bf16 into fp32 (exact products, fp32
+ * sums); the epilogue is the same.
  */
 
 /* Ops of fewer multiply-adds run as one tile on the command processor. */
@@ -46,6 +52,8 @@
 
 /* Multiply-adds of one BLAS call of MATMUL: a few milliseconds. */
 #define NPU_MM_CALL_WORK (1ull << 27)
+/* Most multiply-adds of one oneDNN unit: bounds a control interval. */
+#define NPU_DNNL_UNIT_WORK (1ull << 31)
 /* fp32 holds every integer up to this magnitude exactly. */
 #define NPU_F32_EXACT_INT (1u << 24)
 
@@ -83,6 +91,7 @@ typedef struct NpuMmJob {
     uint64_t out_va;
     uint32_t odtype, osize;
     bool direct_out;        /* BLAS writes fp32 results into @out */
+    NpuDnnlPrim *dmm[2];    /* oneDNN: units of mb rows, the last block */
 } NpuMmJob;
 
 /* First output element of unit @u. */
@@ -213,6 +222,58 @@ static void npu_mm_int_store(const NpuMmJob *job, int32_t *acc, uint64_t rows,
     npu_store_i32(dst, job->odtype, acc, rows * n);
 }
 
+/* sum[j] = the sum over K of the int8 b at @off, column j (int32 wraps). */
+static void npu_mm_colsum(const NpuMmOp *b, uint64_t off, uint64_t k,
+                          uint64_t n, int32_t *sum)
+{
+    const int8_t *v = (const int8_t *)b->data + off;
+    uint64_t i, j;
+
+    memset(sum, 0, n * sizeof(*sum));
+    for (i = 0; i < k; i++) {
+        for (j = 0; j < n; j++) {
+            sum[j] = (uint32_t)sum[j] + (uint32_t)v[i * b->rs + j * b->cs];
+        }
+    }
+}
+
+/*
+ * acc = a @ b, less zp times b's column sums: (a - zp) @ b, exactly, with
+ * the wrap-around of int32 (two's complement, modulo 2^32).
+ */
+static void npu_mm_sub_zp(int32_t *acc, const int32_t *sum, int32_t zp,
+                          uint64_t rows, uint64_t n)
+{
+    uint64_t r, j;
+
+    for (r = 0; r < rows; r++) {
+        for (j = 0; j < n; j++) {
+            acc[r * n + j] = (uint32_t)acc[r * n + j] -
+                             (uint32_t)zp * (uint32_t)sum[j];
+        }
+    }
+}
+
+/* Float epilogue: fp32 bias, activation, one rounding to the out dtype. */
+static void npu_mm_f32_store(const NpuMmJob *job, float *c, uint64_t rows,
+                             uint8_t *dst)
+{
+    uint64_t n = job->n, r, j;
+
+    if (job->bias) {
+        for (r = 0; r < rows; r++) {
+            for (j = 0; j < n; j++) {
+                c[r * n + j] += job->bias[j];
+            }
+        }
+    }
+    if (job->kind != NPU_ACT_NONE) {
+        npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                      NPU_UNARY_GELU, c, c, rows * n);
+    }
+    npu_store_f32(dst, job->odtype, c, rows * n);
+}
+
 /* Units [begin, end) of the output, then their write-back. */
 static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
                             uint64_t end)
@@ -220,7 +281,7 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     const NpuMmJob *job = opaque;
     NpuWalk w = job->walk;
     float *apack = NULL, *bpack = NULL, *ctile = NULL;
-    int32_t *itile = NULL;
+    int32_t *itile = NULL, *csum = NULL;
     const float *bp = NULL;
     uint64_t first = npu_mm_unit_start(job, begin);
     uint64_t last = npu_mm_unit_start(job, end);
@@ -231,7 +292,7 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
 
     for (u = begin; u < end; u++) {
         uint64_t bi = u / job->nblk, m0 = (u % job->nblk) * job->mb;
-        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi, r, j;
+        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi, j;
         uint64_t aoff = 0, boff = 0, o = (bi * job->m + m0) * n;
         const float *ap;
         float *c;
@@ -249,6 +310,46 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             rest /= job->bshape[d];
             aoff += i * job->a.bstride[d];
             boff += i * job->b.bstride[d];
+        }
+        if (job->dmm[0]) {
+            NpuDnnlPrim *prim = job->dmm[rows != job->mb];
+            const uint8_t *a = job->a.data + (aoff + m0 * job->a.rs) *
+                               job->a.size;
+            const uint8_t *b = job->b.data + boff * job->b.size;
+
+            void *res;
+
+            if (job->quant && !itile) {
+                itile = g_try_malloc(job->mb * n * sizeof(int32_t));
+            } else if (!job->quant && !ctile) {
+                ctile = g_try_malloc(job->mb * n * sizeof(float));
+            }
+            if (job->quant && job->zp && !csum) {
+                csum = g_try_malloc(n * sizeof(int32_t));
+            }
+            res = job->quant ? (void *)itile : (void *)ctile;
+            if (!res || (job->quant && job->zp && !csum) ||
+                !npu_dnnl_mm_run(prim, core, a, b, res)) {
+                st = NPU_ST_NO_MEMORY;
+                break;
+            }
+            if (job->quant && job->zp) {
+                if (boff != bcur) {     /* b changes only with the batch */
+                    npu_mm_colsum(&job->b, boff, k, n, csum);
+                    bcur = boff;
+                }
+                npu_mm_sub_zp(itile, csum, job->zp, rows, n);
+            }
+            st = npu_engine_work(core, job->quant ? 0 : rows * n * k);
+            if (st != NPU_ST_OK) {
+                break;
+            }
+            if (job->quant) {
+                npu_mm_int_store(job, itile, rows, job->out + o * job->osize);
+            } else {
+                npu_mm_f32_store(job, ctile, rows, job->out + o * job->osize);
+            }
+            continue;
         }
         if (job->bpacked) {
             bp = job->bpacked;
@@ -301,23 +402,13 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
         if (st != NPU_ST_OK) {
             break;
         }
-        if (job->bias) {
-            for (r = 0; r < rows; r++) {
-                for (j = 0; j < n; j++) {
-                    c[r * n + j] += job->bias[j];
-                }
-            }
-        }
-        if (job->kind != NPU_ACT_NONE) {
-            npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
-                          NPU_UNARY_GELU, c, c, rows * n);
-        }
-        npu_store_f32(job->out + o * job->osize, job->odtype, c, rows * n);
+        npu_mm_f32_store(job, c, rows, job->out + o * job->osize);
     }
     g_free(apack);
     g_free(bpack);
     g_free(ctile);
     g_free(itile);
+    g_free(csum);
     if (st != NPU_ST_OK) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: matmul %" PRIu64 "x%" PRIu64
                       "x%" PRIu64 ": out of device memory\n", job->m, k, n);
@@ -326,6 +417,48 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
                          job->out + first * job->osize,
                          (last - first) * job->osize);
+}
+
+/*
+ * Plan @job for oneDNN (int8 or bf16 operands): row blocks of at most
+ * NPU_DNNL_UNIT_WORK multiply-adds, and the (at most two) unit shapes,
+ * which oneDNN must take. False: the BLAS path.
+ */
+static bool npu_mm_dnnl_plan(NpuState *s, NpuMmJob *job,
+                             const struct npu_hw_tensor *ta,
+                             const struct npu_hw_tensor *tb)
+{
+    uint32_t ra = ta->ndim, rb = tb->ndim;
+    NpuDnnlMmShape sh = {
+        .dtype = job->a.dtype, .k = job->k, .n = job->n,
+        .as = { job->a.rs, job->a.cs }, .bs = { job->b.rs, job->b.cs },
+    };
+
+    if (!s->use_dnnl || HOST_BIG_ENDIAN || job->a.dtype != job->b.dtype ||
+        (job->a.dtype != NPU_DTYPE_INT8 && job->a.dtype != NPU_DTYPE_BF16) ||
+        job->n * job->k > NPU_DNNL_UNIT_WORK) {
+        return false;
+    }
+    /* A broadcast row or column (stride 0) is not a oneDNN layout. */
+    if ((ta->shape[ra - 2] > 1 && !ta->strides[ra - 2]) ||
+        (ta->shape[ra - 1] > 1 && !ta->strides[ra - 1]) ||
+        (tb->shape[rb - 2] > 1 && !tb->strides[rb - 2]) ||
+        (tb->shape[rb - 1] > 1 && !tb->strides[rb - 1])) {
+        return false;
+    }
+    job->mb = MIN(job->mb, NPU_DNNL_UNIT_WORK / (job->n * job->k));
+    sh.m = job->mb;
+    job->dmm[0] = npu_dnnl_mm_get(&sh);
+    job->dmm[1] = NULL;
+    if (job->dmm[0] && job->m % job->mb) {
+        sh.m = job->m % job->mb;
+        job->dmm[1] = npu_dnnl_mm_get(&sh);
+        if (!job->dmm[1]) {
+            npu_dnnl_put(job->dmm[0]);
+            job->dmm[0] = NULL;
+        }
+    }
+    return job->dmm[0] != NULL;
 }
 
 static void npu_mm_op_init(NpuMmOp *op, const struct npu_hw_tensor *t,
@@ -364,7 +497,7 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
     uint64_t batch = 1, flop, units, grain;
     float *bias = NULL, *bpack = NULL;
     int32_t *ibias = NULL;
-    bool bshared;
+    bool bshared, dnnl;
 
     npu_mm_op_init(&job.a, &p->t[0], bufs[0]);
     npu_mm_op_init(&job.b, &p->t[1], bufs[1]);
@@ -373,8 +506,17 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         batch *= o->shape[d];
     }
     job.kb = npu_int8_kblock(job.zp);
+    /* Row blocks bounded in size; large ops: at least two per core. */
+    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS /
+                            (job.k + (job.quant ? 2 : 1) * job.n), 1));
+    flop = batch * job.m * job.n * job.k;
+    if (flop >= NPU_MM_TILE_MIN_FLOP && cores > 1 &&
+        batch * DIV_ROUND_UP(job.m, job.mb) < cores * 2) {
+        job.mb = DIV_ROUND_UP(job.m, DIV_ROUND_UP(cores * 2, batch));
+    }
+    dnnl = npu_mm_dnnl_plan(s, &job, &p->t[0], &p->t[1]);
     /* An int8 b without batch dims is widened once, not once per tile. */
-    bshared = job.quant;
+    bshared = job.quant && !dnnl;
     for (d = 0; d < job.nb; d++) {
         bshared = bshared && !job.b.bstride[d];
     }
@@ -382,7 +524,8 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         job.bpacked = npu_mm_view(&job.b, 0, job.k, job.n, &bpack,
                                   job.k * job.n, 0, &job.bld, &job.btrans);
         if (!job.bpacked) {
-            return NPU_ST_NO_MEMORY;
+            st = NPU_ST_NO_MEMORY;
+            goto out;
         }
     }
     if (opcode == NPU_OP_LINEAR && job.quant) {
@@ -391,8 +534,8 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
 
         ibias = g_try_malloc(job.n * sizeof(int32_t));
         if (!ibias) {
-            g_free(bpack);
-            return NPU_ST_NO_MEMORY;
+            st = NPU_ST_NO_MEMORY;
+            goto out;
         }
         v = npu_load_i32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
                          bt->dtype, ibias, job.n);
@@ -406,7 +549,8 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
 
         bias = g_try_malloc(job.n * sizeof(float));
         if (!bias) {
-            return NPU_ST_NO_MEMORY;
+            st = NPU_ST_NO_MEMORY;
+            goto out;
         }
         v = npu_load_f32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
                          bt->dtype, bias, job.n);
@@ -416,19 +560,14 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         job.bias = bias;
     }
 
-    /* Row blocks bounded in size; large ops: at least two per core. */
-    job.mb = MIN(job.m, MAX(NPU_MM_BLOCK_ELEMS /
-                            (job.k + (job.quant ? 2 : 1) * job.n), 1));
-    flop = batch * job.m * job.n * job.k;
-    if (flop >= NPU_MM_TILE_MIN_FLOP && cores > 1 &&
-        batch * DIV_ROUND_UP(job.m, job.mb) < cores * 2) {
-        job.mb = DIV_ROUND_UP(job.m, DIV_ROUND_UP(cores * 2, batch));
-    }
     job.nblk = DIV_ROUND_UP(job.m, job.mb);
     units = batch * job.nblk;
     grain = flop < NPU_MM_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
     st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
+out:
+    npu_dnnl_put(job.dmm[0]);
+    npu_dnnl_put(job.dmm[1]);
     g_free(bias);
     g_free(ibias);
     g_free(bpack);
@@ -475,6 +614,10 @@ typedef struct NpuConvJob {
     uint64_t out_va;
     uint32_t osize;
     bool direct_out;        /* BLAS writes fp32 results into @out */
+    /* oneDNN path: the blocks of an image, their shapes (full, last) */
+    const void *dwt;        /* weights in the input's dtype, [O, kk] */
+    uint64_t ob, nob;       /* output channels per block, blocks */
+    NpuDnnlPrim *dconv[2];
 } NpuConvJob;
 
 /* Ops of fewer multiply-adds (or pooled taps) run as one tile. */
@@ -640,6 +783,137 @@ out:
     return st;
 }
 
+/*
+ * The oneDNN path: unit u is image u / nob, output channels [b * ob,
+ * b * ob + ob) of it for b = u % nob (whole groups when g > 1; the last
+ * block may be smaller). One convolution per unit, then the activation,
+ * the rounding to the output dtype and one write of the block's channels,
+ * which are contiguous in the NCHW output.
+ */
+static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
+                                   uint64_t end)
+{
+    const NpuConvJob *job = opaque;
+    NpuWalk w = job->walk;
+    float *tmp = NULL;
+    uint32_t st = NPU_ST_OK;
+    uint64_t u;
+
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
+        uint64_t img = u / job->nob, b = u % job->nob, oc0 = b * job->ob;
+        uint64_t os = MIN(job->ob, job->o - oc0), n = os * job->ohw;
+        uint64_t first = (img * job->o + oc0) * job->ohw;
+        uint64_t ci0 = job->g > 1 ? oc0 / job->og * job->cg : 0;
+        const uint8_t *in = job->in +
+            (img * job->is[0] + ci0 * job->is[1]) * job->size;
+        float *dst = (float *)job->out + first;
+
+        st = npu_engine_work(core, n * job->kk);
+        if (st != NPU_ST_OK) {
+            break;
+        }
+        if (!job->direct_out) {
+            if (!tmp) {
+                tmp = g_try_malloc(job->ob * job->ohw * sizeof(float));
+            }
+            dst = tmp;
+        }
+        if (!dst || !npu_dnnl_conv_run(job->dconv[os != job->ob], core, in,
+                                       (const uint8_t *)job->dwt +
+                                       oc0 * job->kk * job->size,
+                                       job->bias + oc0, dst)) {
+            qemu_log_mask(LOG_GUEST_ERROR,
+                          "npu: conv2d: out of device memory\n");
+            st = NPU_ST_NO_MEMORY;
+            break;
+        }
+        if (job->kind != NPU_ACT_NONE) {
+            npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
+                          NPU_UNARY_GELU, dst, dst, n);
+        }
+        if (!job->direct_out) {
+            npu_store_f32(job->out + first * job->osize, job->odtype, dst, n);
+        }
+        st = npu_mem_write(core->s, &w, job->out_va + first * job->osize,
+                           job->out + first * job->osize, n * job->osize);
+    }
+    g_free(tmp);
+    return st;
+}
+
+/*
+ * Plan @job for oneDNN: blocks of output channels per image (multiples of
+ * 16, or whole groups), at least two units per core for a large op, each
+ * of at most NPU_DNNL_UNIT_WORK multiply-adds; and the (at most two)
+ * shapes, which oneDNN must take. False: run im2col + BLAS.
+ */
+static bool npu_conv_dnnl_plan(NpuState *s, NpuConvJob *job,
+                               const struct npu_hw_tensor *in,
+                               const struct npu_hw_tensor *wt,
+                               const uint8_t *wbuf, uint64_t batch)
+{
+    uint32_t cores = MAX(s->cores.n, 1);
+    uint64_t unit = job->ohw * job->kk;     /* multiply-adds per channel */
+    uint64_t step = job->g > 1 ? job->og : 16;
+    uint64_t blocks = DIV_ROUND_UP(job->o, step), want, nb, d, dense = 1;
+    /* Input rows (columns) the windows reach: oneDNN needs no others. */
+    uint64_t span_h = (job->oh - 1) * job->sh + (job->kh - 1) * job->dh + 1;
+    uint64_t span_w = (job->ow - 1) * job->sw + (job->kw - 1) * job->dw + 1;
+    NpuDnnlConvShape sh = {
+        .dtype = in->dtype,
+        .h = span_h > job->ph ? MIN(job->h, span_h - job->ph) : 0,
+        .w = span_w > job->pw ? MIN(job->w, span_w - job->pw) : 0,
+        .oh = job->oh, .ow = job->ow, .kh = job->kh, .kw = job->kw,
+        .sh = job->sh, .sw = job->sw, .ph = job->ph, .pw = job->pw,
+        .dh = job->dh, .dw = job->dw,
+    };
+
+    if (!s->use_dnnl || job->quant || HOST_BIG_ENDIAN || !sh.h || !sh.w) {
+        return false;
+    }
+    if (in->dtype == NPU_DTYPE_FP32) {
+        job->dwt = job->wt;             /* fp32 [O, kk], packed if need be */
+    } else if (in->dtype == NPU_DTYPE_BF16 && wt->dtype == NPU_DTYPE_BF16 &&
+               npu_tensor_is_contiguous(wt)) {
+        job->dwt = wbuf;
+    } else {
+        return false;
+    }
+    /* Strides for oneDNN: those of size-1 dims made dense; no broadcast. */
+    for (d = 4; d-- > 0;) {
+        if (in->shape[d] > 1 && !in->strides[d]) {
+            return false;
+        }
+        sh.is[d] = job->is[d] ? job->is[d] : dense;
+        dense = MAX(dense, sh.is[d] * in->shape[d]);
+    }
+    want = batch * job->o * unit >= NPU_CONV_TILE_MIN_FLOP ?
+           DIV_ROUND_UP(cores * 2, batch) : 1;
+    nb = MIN(MAX(want, DIV_ROUND_UP(job->o * unit, NPU_DNNL_UNIT_WORK)),
+             blocks);
+    job->ob = MIN(DIV_ROUND_UP(blocks, nb) * step, job->o);
+    if (job->ob * unit > NPU_DNNL_UNIT_WORK) {
+        return false;   /* BLAS splits the positions of a channel */
+    }
+    job->nob = DIV_ROUND_UP(job->o, job->ob);
+    sh.o = job->ob;
+    sh.g = job->g > 1 ? job->ob / job->og : 1;
+    sh.c = sh.g * job->cg;
+    job->dconv[0] = npu_dnnl_conv_get(&sh);
+    job->dconv[1] = NULL;
+    if (job->dconv[0] && job->o % job->ob) {
+        sh.o = job->o % job->ob;
+        sh.g = job->g > 1 ? sh.o / job->og : 1;
+        sh.c = sh.g * job->cg;
+        job->dconv[1] = npu_dnnl_conv_get(&sh);
+        if (!job->dconv[1]) {
+            npu_dnnl_put(job->dconv[0]);
+            job->dconv[0] = NULL;
+        }
+    }
+    return job->dconv[0] != NULL;
+}
+
 /* @n fp32 values of a strided run, into @dst. */
 static void npu_load_f32_to(float *dst, const uint8_t *src, uint64_t stride,
                             uint32_t dtype, uint64_t n)
@@ -731,6 +1005,17 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     }
     job.bias = bias;
 
+    if (npu_conv_dnnl_plan(s, &job, in, wt, bufs[1], batch)) {
+        units = batch * job.nob;
+        flop = units * job.ob * job.ohw * job.kk;
+        grain = flop < NPU_CONV_TILE_MIN_FLOP ? units :
+                DIV_ROUND_UP(units, cores * 2);
+        st = npu_run_tiles(s, npu_conv_dnnl_tile, &job, units, grain);
+        npu_dnnl_put(job.dconv[0]);
+        npu_dnnl_put(job.dconv[1]);
+        goto out;
+    }
+
     /* Position blocks bounded in size; large ops: two units per core. */
     job.pb = MIN(job.ohw, MAX(NPU_MM_BLOCK_ELEMS /
                               (job.kk + (job.quant ? 2 : 1) * job.og), 1));
@@ -797,6 +1082,120 @@ static NpuPoolTaps npu_pool_taps(const NpuPoolAxis *a, uint64_t o)
     t.padded = start < edge ? MIN(a->k, DIV_ROUND_UP(edge - start, a->dil)) : 0;
     t.first = start + t.lo * a->dil - a->pb;   /* input index of tap lo */
     return t;
+}
+
+/*
+ * An ordinary window (k <= n, pads below k) of axis @a: its taps and the
+ * per-tap loops of the row kernel stay within the input.
+ */
+static bool npu_pool_axis_plain(const NpuPoolAxis *a)
+{
+    return a->k <= a->n && a->pb < a->k && a->pe < a->k && a->dil <= a->n;
+}
+
+/*
+ * Output columns [lo, hi) whose tap @j of the W axis is in bounds; the
+ * window of column ow reads input column ow * stride + j * dil - pb.
+ */
+static void npu_pool_cols(const NpuPoolAxis *a, uint64_t ow, uint64_t j,
+                          uint64_t *lo, uint64_t *hi)
+{
+    uint64_t off = j * a->dil;
+
+    *lo = off >= a->pb ? 0 : DIV_ROUND_UP(a->pb - off, a->stride);
+    *hi = off > a->pb + a->n - 1 ? 0 : (a->pb + a->n - 1 - off) / a->stride + 1;
+    *hi = MIN(*hi, ow);
+    *lo = MIN(*lo, *hi);
+}
+
+/*
+ * The row kernel of ordinary windows: per output row, each in-bounds input
+ * row of its windows is widened to fp32 once (no copy for fp32), then each
+ * tap column updates a whole run of outputs. Every output sees its taps in
+ * the same order as npu_pool_tile's loops, so the results are identical.
+ */
+static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
+                                   uint64_t begin, uint64_t end)
+{
+    const NpuPoolJob *job = opaque;
+    const NpuPoolAxis *ah = &job->ax[0], *aw = &job->ax[1];
+    NpuWalk w = job->walk;
+    uint64_t ohw = job->oh * job->ow, u, oh, ow, i, j, lo, hi;
+    float *tmp = g_try_malloc(aw->n * sizeof(float));
+    float *m = g_try_malloc(job->ow * sizeof(float));
+    double *acc = g_try_malloc(job->ow * sizeof(double));
+    uint32_t st = NPU_ST_OK;
+
+    if (!tmp || !m || !acc) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: pool2d: out of device memory\n");
+        st = NPU_ST_NO_MEMORY;
+        goto out;
+    }
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
+        uint64_t base = (u / job->c) * job->is[0] + (u % job->c) * job->is[1];
+
+        for (oh = 0; oh < job->oh; oh++) {
+            NpuPoolTaps th = npu_pool_taps(ah, oh);
+            uint64_t o = u * ohw + oh * job->ow;
+
+            st = npu_engine_work(core, job->ow * (th.hi - th.lo) * aw->k + 1);
+            if (st != NPU_ST_OK) {
+                break;
+            }
+            for (ow = 0; ow < job->ow; ow++) {
+                m[ow] = -INFINITY;
+                acc[ow] = 0.0;
+            }
+            for (i = th.lo; i < th.hi; i++) {
+                uint64_t ih = oh * ah->stride + i * ah->dil - ah->pb;
+                uint64_t at = (base + ih * job->is[2]) *
+                              npu_dtype_size(job->dtype);
+                const float *r = npu_load_f32(job->in + at, job->is[3],
+                                              job->dtype, tmp, aw->n);
+
+                for (j = 0; j < aw->k; j++) {
+                    uint64_t off = j * aw->dil, sw = aw->stride, pb = aw->pb;
+
+                    /* Column ow reads r[ow * sw + off - pb]: in [lo, hi) */
+                    npu_pool_cols(aw, job->ow, j, &lo, &hi);
+                    if (job->kind == NPU_POOL_MAX) {
+                        for (ow = lo; ow < hi; ow++) {
+                            m[ow] = npu_maxf(m[ow], r[ow * sw + off - pb]);
+                        }
+                    } else {
+                        for (ow = lo; ow < hi; ow++) {
+                            acc[ow] += r[ow * sw + off - pb];
+                        }
+                    }
+                }
+            }
+            for (ow = 0; ow < job->ow; ow++, o++) {
+                NpuPoolTaps tw;
+                double div;
+
+                if (job->kind == NPU_POOL_MAX) {
+                    npu_store_d(job->out, job->dtype, o, m[ow]);
+                    continue;
+                }
+                tw = npu_pool_taps(aw, ow);
+                div = job->count_pad ? (double)th.padded * tw.padded :
+                      (double)(th.hi - th.lo) * (tw.hi - tw.lo);
+                npu_store_d(job->out, job->dtype, o,
+                            div ? acc[ow] / div : 0.0);
+            }
+        }
+    }
+    if (st == NPU_ST_OK) {
+        st = npu_mem_write(core->s, &w,
+                           job->out_va + begin * ohw * job->osize,
+                           job->out + begin * ohw * job->osize,
+                           (end - begin) * ohw * job->osize);
+    }
+out:
+    g_free(tmp);
+    g_free(m);
+    g_free(acc);
+    return st;
 }
 
 static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
@@ -894,7 +1293,10 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
            MIN(job.ax[1].k, job.ax[1].n);
     grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
-    return npu_run_tiles(s, npu_pool_tile, &job, units, grain);
+    return npu_run_tiles(s, npu_pool_axis_plain(&job.ax[0]) &&
+                         npu_pool_axis_plain(&job.ax[1]) ?
+                         npu_pool_rows_tile : npu_pool_tile,
+                         &job, units, grain);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -191,6 +191,45 @@ uint32_t npu_exec_red(NpuState *s, NpuWalk *w,
                       const struct npu_tensor_params *p, uint32_t opcode,
                       uint32_t kind, uint8_t *const *bufs, uint8_t *out);
 
+/* npu_dnnl.c: CONV2D on oneDNN */
+
+/* One tile's convolution; all fields are 64 bits (the cache hashes bytes). */
+typedef struct NpuDnnlConvShape {
+    uint64_t dtype;             /* of the input and weights: FP32 or BF16 */
+    uint64_t c, h, w;           /* input channels, height, width */
+    uint64_t o, oh, ow;         /* output channels, height, width */
+    uint64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    uint64_t g;                 /* groups (weights [o, c / g, kh, kw]) */
+    uint64_t is[4];             /* input strides, elements */
+} NpuDnnlConvShape;
+
+/* One tile's matmul: a [m, k] @ b [k, n] into a dense [m, n]. */
+typedef struct NpuDnnlMmShape {
+    uint64_t dtype;             /* of a and b: BF16 (fp32 out), INT8 (int32) */
+    uint64_t m, k, n;
+    uint64_t as[2], bs[2];      /* row and column strides, elements; 0: dense */
+} NpuDnnlMmShape;
+
+typedef struct NpuDnnlPrim NpuDnnlPrim;
+
+/* The cached oneDNN form of @shape (a reference), or NULL: declined. */
+NpuDnnlPrim *npu_dnnl_conv_get(const NpuDnnlConvShape *shape);
+NpuDnnlPrim *npu_dnnl_mm_get(const NpuDnnlMmShape *shape);
+void npu_dnnl_put(NpuDnnlPrim *c);
+/*
+ * out [o, oh, ow] (fp32, contiguous) = conv(@in, @wt) + @bias on the calling
+ * thread, with @core's scratch; false if oneDNN failed or no scratch.
+ */
+bool npu_dnnl_conv_run(NpuDnnlPrim *c, NpuCore *core, const void *in,
+                       const void *wt, const float *bias, float *out);
+/*
+ * out [m, n] = @a @ @b: int8 operands into exact int32 (wrapping; no zero
+ * point: oneDNN's zero points round through fp32 above 2^24), or bf16
+ * operands into fp32; on the calling thread, as above.
+ */
+bool npu_dnnl_mm_run(NpuDnnlPrim *c, NpuCore *core, const void *a,
+                     const void *b, void *out);
+
 /* npu_nn.c */
 uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
                          const struct npu_tensor_params *p, uint32_t opcode,
