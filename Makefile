@@ -28,7 +28,7 @@ endif
 DEMO ?= examples/infer_digits.py
 
 .PHONY: all deps qemu qemu-asan guest kernel-debug module module-debug firmware demo test \
-	test-host test-guest lint bench shell guest-run models resnet50 clean help stress buildroot
+	test-host test-guest lint bench shell guest-run models resnet50 zoo clean help stress buildroot
 
 all: qemu guest module
 
@@ -70,10 +70,10 @@ demo: $(GUEST_DEPS) resnet50
 
 # Host tests (qtests on the ASan QEMU), the guest suite on the distribution
 # kernel, then on the debug kernel behind an IOMMU, then fault injection.
-test: qemu qemu-asan guest module module-debug resnet50
+test: qemu qemu-asan guest module module-debug resnet50 zoo
 	@NPU_KERNEL=distro $(PY) -m pytest -n 2 --dist loadfile tests
 
-test-host: deps qemu-asan
+test-host: deps qemu-asan zoo
 	@$(PY) -m pytest tests/host
 
 test-guest: $(GUEST_DEPS) resnet50
@@ -94,8 +94,8 @@ buildroot: deps
 	@mkdir -p $(NPU_CACHE) && BUILDROOT_DIR="$(BUILDROOT_DIR)" flock $(NPU_CACHE)/buildroot.lock bash scripts/buildroot.sh
 
 # Regenerate the example models in examples/models/ (host numpy; deterministic),
-# and make ResNet-50 (build/models/, not committed: ~100 MB).
-models: deps resnet50
+# and make ResNet-50 and the benchmark zoo (build/models/, not committed).
+models: deps resnet50 zoo
 	@$(PY) examples/models/train_digits.py -q
 	@$(PY) examples/models/make_resnet.py
 	@$(PY) examples/models/quantize_models.py -q
@@ -104,7 +104,13 @@ models: deps resnet50
 resnet50: deps
 	@$(PY) examples/models/make_resnet50.py
 
-bench: $(GUEST_DEPS) resnet50
+# The benchmark zoo: DenseNet-121, Inception v2, SqueezeNet 1.1, ShuffleNet v2,
+# MobileNet v2 and VGG-19 with seeded weights, and onnxruntime's logits of the
+# ResNet-50 sample (about a minute, ~700 MB; each model skipped when up to date).
+zoo: deps resnet50
+	@$(PY) examples/models/make_zoo.py
+
+bench: $(GUEST_DEPS) resnet50 zoo
 	@$(PY) scripts/bench.py
 
 shell: $(GUEST_DEPS)
