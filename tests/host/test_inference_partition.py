@@ -120,3 +120,29 @@ def test_cpu_only_session_has_one_cpu_partition_and_every_node_in_fallbacks() ->
     assert len(sess.fallbacks) == len(sess.graph.nodes)
     x = rnd(np.random.default_rng(0), 1, 1, 28, 28)
     assert sess.run(None, {"x": x})[0].shape == (1, 10)
+
+
+def test_split_and_transpose_of_a_symbolic_batch_are_placed_on_the_npu() -> None:
+    """A channel shuffle with a dynamic batch: the constants and the rank decide."""
+    model = make(
+        [
+            helper.make_node("Split", ["x"], ["a", "b"], axis=1, name="split"),
+            helper.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1, 3], name="shuffle"),
+        ],
+        [vi("x", ["N", 4, 3, 5])],
+        [vi("b", ["N", 2, 3, 5]), vi("t", ["N", 3, 2, 5])],
+    )
+    assert labels(model) == {"split": None, "shuffle": None}
+
+
+def test_a_transpose_of_unknown_rank_stays_on_the_cpu() -> None:
+    """A reshape to a shape tensor of dynamic length leaves the rank unknown."""
+    model = make(
+        [
+            helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
+            helper.make_node("Transpose", ["r"], ["t"], name="shuffle"),
+        ],
+        [vi("x", [2, 3]), vi("s", ["K"], 7)],
+        [vi("t", [2, 3])],
+    )
+    assert "unknown rank" in str(labels(model)["shuffle"])

@@ -10,10 +10,9 @@ VGG-19 (143.7 M parameters).
 The requirements are docs/models.md's for ResNet-50: the whole network is
 one NPU partition, and its logits are within 2e-3 x max |logit| of the
 reference (here onnxruntime's, stored by make_zoo.py) with the same top-1
-class. ShuffleNet v2 is the exception the runner's planner makes today: its
-channel Split and shuffle Transpose need static input shapes, which a
-symbolic batch does not give, so each of them falls back to the CPU; with
-the batch fixed the whole network is one NPU partition.
+class. The models keep their symbolic batch: ShuffleNet v2's channel Split
+and shuffle Transpose are placed on the NPU by their constants and rank,
+and planned with the run's real shapes.
 """
 
 from __future__ import annotations
@@ -40,10 +39,6 @@ from make_zoo import MODELS, SAMPLE  # noqa: E402
 
 # docs/models.md, ResNet-50: |NPU - reference| <= LOGIT_RTOL * max |reference|.
 LOGIT_RTOL = 2e-3
-# Models whose symbolic batch keeps shape-dependent nodes off the NPU.
-DYNAMIC_SHAPE_FALLBACKS = {"shufflenet_v2": {"Split", "Transpose"}}
-ONE_PARTITION = [m for m in MODELS if m not in DYNAMIC_SHAPE_FALLBACKS]
-
 Array = npt.NDArray[Any]
 
 
@@ -93,7 +88,7 @@ def test_logits_match_onnxruntime_within_the_resnet50_tolerance(
     assert got.argmax() == want.argmax()
 
 
-@pytest.mark.parametrize("zoo_run", ONE_PARTITION, indirect=True)
+@pytest.mark.parametrize("zoo_run", list(MODELS), indirect=True)
 def test_the_whole_network_is_one_npu_partition(
     zoo_run: tuple[str, npu.InferenceSession, Array],
 ) -> None:
@@ -101,26 +96,13 @@ def test_the_whole_network_is_one_npu_partition(
     assert [p.provider for p in sess.partitions] == ["NPU"], sess.fallbacks
 
 
-@pytest.mark.parametrize("zoo_run", sorted(DYNAMIC_SHAPE_FALLBACKS), indirect=True)
-def test_only_shape_dependent_nodes_fall_back_at_a_symbolic_batch(
-    zoo_run: tuple[str, npu.InferenceSession, Array],
+def test_a_batch_of_eight_runs_on_the_plan_of_its_own_shapes(
+    zoo_device: npu.Device, sample: dict[str, Array]
 ) -> None:
-    name, sess, _ = zoo_run
-    expected = DYNAMIC_SHAPE_FALLBACKS[name]
-    assert sess.fallbacks
-    for node, op, reason in sess.fallbacks:
-        assert op in expected and reason == f"{op} of a dynamic shape", node
-
-
-@pytest.mark.parametrize("name", sorted(DYNAMIC_SHAPE_FALLBACKS))
-def test_a_fixed_batch_puts_the_whole_network_on_the_npu(
-    name: str, zoo_device: npu.Device, sample: dict[str, Array]
-) -> None:
-    model = onnx.load(str(model_path(name)))
-    for value in (model.graph.input[0], model.graph.output[0]):
-        value.type.tensor_type.shape.dim[0].dim_value = 1
-    with npu.InferenceSession(model.SerializeToString(), device=zoo_device) as sess:
-        (got,) = sess.run(["logits"], {"input": sample["x"][:1]})
-        assert [p.provider for p in sess.partitions] == ["NPU"], sess.fallbacks
-    want = sample[f"logits_{name}"][:1]
+    """ShuffleNet's channel Split and shuffle Transpose were placed at a symbolic batch;
+    the plan of a batch of 8 (its real shapes) keeps them on the NPU."""
+    with npu.InferenceSession(str(model_path("shufflenet_v2")), device=zoo_device) as sess:
+        (got,) = sess.run(["logits"], {"input": sample["x"]})
+        assert [p.provider for p in sess.partitions] == ["NPU"] and not sess.fallbacks
+    want = sample["logits_shufflenet_v2"]
     assert np.abs(np.asarray(got) - want).max() <= LOGIT_RTOL * np.abs(want).max()

@@ -597,14 +597,22 @@ class NpuProvider:
         item = x.dtype.itemsize
         if node.op_type == "Slice":
             spec = slice_spec(node, self.graph, x.shape)
-            assert spec is not None
+            if spec is None:
+                raise ModelError(
+                    f"{self.graph.source}: {node.describe()}: not a Slice of shape "
+                    f"{list(x.shape)} with constant, positive steps"
+                )
             outs = [(node.outputs[0], spec)]
         else:
             r = len(x.shape)
             axis = int(node.attrs.get("axis", 0))
             axis = axis + r if axis < 0 else axis
             sizes = split_sizes(node, self.graph, x.shape)
-            assert sizes is not None
+            if sizes is None:
+                raise ModelError(
+                    f"{self.graph.source}: {node.describe()}: its sizes do not cut "
+                    f"axis {axis} of shape {list(x.shape)}"
+                )
             outs = []
             start = 0
             for name, size in zip(node.outputs, sizes, strict=True):

@@ -261,6 +261,20 @@ def transpose_runs(shape: Sequence[int], perm: Sequence[int]) -> tuple[list[int]
     return merged, new_perm
 
 
+def _probe_shape(graph: Graph, name: str) -> tuple[int, ...] | None:
+    """The shape with each dynamic dim (a batch) taken as 1; None if the rank is unknown.
+
+    Slice, Split and Transpose are decided on it: their constants and the
+    merged rank of a transpose do not depend on a dynamic dim, and the plan,
+    made with the run's real shapes, refuses (``ModelError``: the partition
+    runs on the CPU for those shapes) what a real shape turns out to break.
+    """
+    shape = graph.tensor_info(name).shape
+    if shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else 1 for d in shape)
+
+
 def _tensor_reason(
     graph: Graph, name: str, what: str, views: bool = False, bools: bool = False
 ) -> str | None:
@@ -536,18 +550,18 @@ def _op_reason(node: Node, graph: Graph, caps: int) -> str | None:
             return "tanh-approximate Gelu (the NPU's GELU is the erf form)"
         return None
     if op == "Transpose":
-        shape = graph.tensor_info(node.inputs[0]).static_shape
+        shape = _probe_shape(graph, node.inputs[0])
         if shape is None:
-            return "Transpose of a dynamic shape"
+            return "Transpose of an unknown rank"
         perm = a.get("perm", list(range(len(shape) - 1, -1, -1)))
         merged, _ = transpose_runs(shape, [int(p) for p in perm])
         if len(merged) > _abi.NPU_MAX_RANK:
             return f"Transpose of rank {len(merged)} after merging adjacent axes"
         return None
     if op in ("Slice", "Split"):
-        shape = graph.tensor_info(node.inputs[0]).static_shape
+        shape = _probe_shape(graph, node.inputs[0])
         if shape is None:
-            return f"{op} of a dynamic shape"
+            return f"{op} of an unknown rank"
         if op == "Slice":
             spec = slice_spec(node, graph, shape)
             if spec is None:
