@@ -620,8 +620,14 @@ typedef struct NpuConvJob {
     NpuDnnlPrim *dconv[2];
 } NpuConvJob;
 
-/* Ops of fewer multiply-adds (or pooled taps) run as one tile. */
+/* Ops of fewer multiply-adds run as one tile. */
 #define NPU_CONV_TILE_MIN_FLOP (1ull << 22)
+/*
+ * Pools of fewer taps run as one tile: a tap (a compare or a double add)
+ * costs a few nanoseconds, a multiply-add a fraction of one, so pools go
+ * to the AI cores at a much smaller size (ResNet's stem max pool: 1.8 M).
+ */
+#define NPU_POOL_TILE_MIN_TAPS (1ull << 18)
 
 /* Row @k of the columns matrix for positions [p0, p0 + n) of image @img. */
 static void npu_conv_im2col_row(const NpuConvJob *job, uint64_t img,
@@ -841,6 +847,9 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
     return st;
 }
 
+/* Output positions (N x OH x OW) below which a 1x1 CONV2D stays on BLAS. */
+#define NPU_DNNL_MIN_1X1_POSITIONS 256
+
 /*
  * Plan @job for oneDNN: blocks of output channels per image (multiples of
  * 16, or whole groups), at least two units per core for a large op, each
@@ -869,6 +878,15 @@ static bool npu_conv_dnnl_plan(NpuState *s, NpuConvJob *job,
     };
 
     if (!s->use_dnnl || job->quant || HOST_BIG_ENDIAN || !sh.h || !sh.w) {
+        return false;
+    }
+    /*
+     * A 1x1 convolution over few positions is a GEMM that BLAS runs on the
+     * weights in place; oneDNN would first reorder them (about 100
+     * multiply-adds' time per weight), which costs more than it saves.
+     */
+    if (job->kh == 1 && job->kw == 1 && job->g == 1 &&
+        batch * job->ohw < NPU_DNNL_MIN_1X1_POSITIONS) {
         return false;
     }
     if (in->dtype == NPU_DTYPE_FP32) {
@@ -1291,7 +1309,7 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
     }
     taps = units * job.oh * job.ow * MIN(job.ax[0].k, job.ax[0].n) *
            MIN(job.ax[1].k, job.ax[1].n);
-    grain = taps < NPU_CONV_TILE_MIN_FLOP ? units :
+    grain = taps < NPU_POOL_TILE_MIN_TAPS ? units :
             DIV_ROUND_UP(units, cores * 2);
     return npu_run_tiles(s, npu_pool_axis_plain(&job.ax[0]) &&
                          npu_pool_axis_plain(&job.ax[1]) ?
