@@ -1,5 +1,7 @@
 /*
- * NPU convolution on oneDNN (libdnnl): the fast kernel of CONV2D.
+ * NPU kernels on oneDNN (libdnnl): float CONV2D, and int8 and bf16
+ * MATMUL/LINEAR units (npu_dnnl_mm_*: one matmul on the operands' own
+ * strided layouts, no reorders; int8 only on hosts with VNNI).
  *
  * A CONV2D tile is one image's convolution over a block of output channels
  * (or, grouped, a block of whole groups). Its oneDNN form is built once

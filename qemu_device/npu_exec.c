@@ -15,7 +15,6 @@
 #include "qemu/atomic.h"
 #include "hw/misc/trace.h"
 #include <math.h>
-#include <cblas.h>
 #include "npu_dev.h"
 
 /*
@@ -277,10 +276,8 @@ static uint32_t npu_gemm_tile(NpuCore *core, void *opaque, uint64_t begin,
         const float *a = job->a->data + (job->ta ? r0 : r0 * job->a->cols);
         const float *b = job->b->data + (job->tb ? c0 * job->b->cols : c0);
 
-        cblas_sgemm(CblasRowMajor, job->ta ? CblasTrans : CblasNoTrans,
-                    job->tb ? CblasTrans : CblasNoTrans, rows, cols, job->k,
-                    1.0f, a, job->a->cols, b, job->b->cols, 0.0f,
-                    job->c->data + r0 * job->n + c0, job->n);
+        npu_sgemm(job->ta, job->tb, rows, cols, job->k, a, job->a->cols, b,
+                  job->b->cols, job->c->data + r0 * job->n + c0, job->n);
     }
     return NPU_ST_OK;
 }

@@ -16,6 +16,35 @@
 #include "npu_tensor_int.h"
 
 /* ---------------------------------------------------------------------- */
+/* BLAS */
+
+/*
+ * Debian's single-threaded OpenBLAS is built without USE_LOCKING: its
+ * buffer allocator has no lock, so two threads in cblas_sgemm at once may
+ * be handed the same work buffer and corrupt each other's results (seen
+ * as rare wrong blocks of conv outputs under load). Every call from the
+ * device's threads goes through this lock; the AI cores' parallelism on
+ * BLAS work is lost, the oneDNN kernels keep theirs.
+ */
+static QemuMutex npu_blas_lock;
+
+void npu_blas_init(void)
+{
+    qemu_mutex_init(&npu_blas_lock);
+}
+
+void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
+               const float *a, uint64_t lda, const float *b, uint64_t ldb,
+               float *c, uint64_t ldc)
+{
+    qemu_mutex_lock(&npu_blas_lock);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
+                0.0f, c, ldc);
+    qemu_mutex_unlock(&npu_blas_lock);
+}
+
+/* ---------------------------------------------------------------------- */
 /* MATMUL and LINEAR */
 
 /*
@@ -40,9 +69,10 @@
  *
  * On oneDNN (the dnnl property, where oneDNN takes the shape), int8 and
  * bf16 units instead run one oneDNN matmul on the operands' own strided
- * layouts: int8 with the input zero point into int32 (VNNI, exact and
- * wrapping like the blocks above), bf16 into fp32 (exact products, fp32
- * sums); the epilogue is the same.
+ * layouts: int8 as a @ b into int32 (VNNI: exact, wrapping like the blocks
+ * above), less in_zp times b's column sums, subtracted here with the same
+ * wrap-around; bf16 into fp32 (exact products, fp32 sums). The epilogue
+ * is the same.
  */
 
 /* Ops of fewer multiply-adds run as one tile on the command processor. */
@@ -192,10 +222,8 @@ static void npu_mm_int_product(const NpuMmJob *job, const float *ap, int lda,
 
     for (k0 = 0; k0 < job->k; k0 += kc) {
         kc = MIN(job->kb, job->k - k0);
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                    tb ? CblasTrans : CblasNoTrans, rows, n, kc, 1.0f,
-                    ta ? ap + k0 * lda : ap + k0, lda,
-                    tb ? bp + k0 : bp + k0 * ldb, ldb, 0.0f, c, n);
+        npu_sgemm(ta, tb, rows, n, kc, ta ? ap + k0 * lda : ap + k0, lda,
+                  tb ? bp + k0 : bp + k0 * ldb, ldb, c, n);
         npu_acc_block(acc, c, rows * n, !k0);
     }
 }
@@ -316,7 +344,6 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             const uint8_t *a = job->a.data + (aoff + m0 * job->a.rs) *
                                job->a.size;
             const uint8_t *b = job->b.data + boff * job->b.size;
-
             void *res;
 
             if (job->quant && !itile) {
@@ -393,10 +420,8 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             cb = ROUND_DOWN(cb, 64);    /* aligned panels, as GEMM's */
         }
         for (j = 0; j < n && st == NPU_ST_OK; j += cb) {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, rows, MIN(cb, n - j),
-                        k, 1.0f, ap, lda, bp + (tb ? j * ldb : j), ldb, 0.0f,
-                        c + j, n);
+            npu_sgemm(ta, tb, rows, MIN(cb, n - j), k, ap, lda,
+                      bp + (tb ? j * ldb : j), ldb, c + j, n);
             st = npu_engine_work(core, rows * MIN(cb, n - j) * k);
         }
         if (st != NPU_ST_OK) {
@@ -692,8 +717,8 @@ static void npu_conv_int_unit(const NpuConvJob *job, uint64_t grp,
 
     for (k0 = 0; k0 < job->kk; k0 += kc) {
         kc = MIN(job->kb, job->kk - k0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, job->og, n,
-                    kc, 1.0f, wt + k0, job->kk, col + k0 * n, n, 0.0f, c, n);
+        npu_sgemm(false, false, job->og, n, kc, wt + k0, job->kk,
+                  col + k0 * n, n, c, n);
         npu_acc_block(acc, c, job->og * n, !k0);
     }
     for (oc = 0; oc < job->og; oc++) {
@@ -763,9 +788,8 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
             c = cbuf;
             ldc = n;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, job->og, n,
-                    job->kk, 1.0f, job->wt + grp * job->og * job->kk,
-                    job->kk, col, n, 0.0f, c, ldc);
+        npu_sgemm(false, false, job->og, n, job->kk,
+                  job->wt + grp * job->og * job->kk, job->kk, col, n, c, ldc);
         for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
             float *row = c + oc * ldc, b = job->bias[grp * job->og + oc];
             uint64_t off = first + oc * job->ohw, i;
