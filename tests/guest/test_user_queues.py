@@ -289,6 +289,24 @@ def test_a_bad_descriptor_fails_alone_and_the_queue_goes_on(
     assert (buf.numpy(np.uint32) == 9).all()
 
 
+def test_wait_raises_an_earlier_failure_only_once_its_own_fence_has_completed(
+    dev: npu.Device, queue: npu.UserQueue
+) -> None:
+    gate = dev.alloc(PAGE)
+    gate.numpy(np.uint64)[0] = 0
+    bad = queue.push(cmd(99))
+    held = queue.push(cmd(_abi.NPU_OP_WAIT, gate.va, 1))
+    queue.kick()
+    assert wait_until(lambda: queue.completed() >= bad)
+    with pytest.raises(npu.NpuTimeoutError):
+        queue.wait(held, timeout_s=0.2)  # the WAIT still blocks: not passed yet
+    gate.numpy(np.uint64)[0] = 1
+    with pytest.raises(npu.NpuDeviceError) as info:
+        queue.wait(held)
+    assert (info.value.fence, info.value.status) == (bad, npu.Status.BAD_OPCODE)
+    assert queue.completed() >= held
+
+
 def test_wait_reports_each_failure_once_oldest_first(queue: npu.UserQueue) -> None:
     fences = [queue.push(cmd(99)), queue.nop(), queue.push(cmd(98)), queue.nop()]
     seen = []

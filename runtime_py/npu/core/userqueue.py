@@ -463,8 +463,12 @@ class UserQueue(Closing):
             self.kick()
         done = int(self._fence_view[0])
         if done < fence:
-            # An earlier failure first: e.g. the fault that stopped the queue.
-            self._check(done, fence)
+            self._scan(done)
+            if self._stop is not None:
+                # A fault stopped the queue: `fence` never completes, so the
+                # failure is raised now. Any other failure is raised once
+                # `fence` has completed, as the call promises.
+                self._check(done, fence)
             self._sleep(fence, timeout_s, self.spin_s if spin_s is None else spin_s)
         self._check(fence, fence)
 
