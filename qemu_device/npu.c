@@ -1475,7 +1475,6 @@ static void npu_class_init(ObjectClass *klass, void *data)
     device_class_set_props(dc, npu_properties);
     set_bit(DEVICE_CATEGORY_MISC, dc->categories);
     npu_dnnl_init();
-    npu_blas_init();
 }
 
 static const TypeInfo npu_types[] = {

@@ -277,8 +277,7 @@ uint32_t npu_engine_poll(NpuState *s);
 uint32_t npu_engine_work(NpuCore *core, uint64_t work);
 void *npu_core_scratch(NpuCore *core, size_t size);
 void npu_dnnl_init(void);
-void npu_blas_init(void);
-/* c [m, n] = op(a) @ op(b), row major, through OpenBLAS under one lock. */
+/* npu_dnnl.c: c [m, n] = op(a) @ op(b), row major, fp32 (any thread). */
 void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
                const float *a, uint64_t lda, const float *b, uint64_t ldb,
                float *c, uint64_t ldc);

@@ -11,10 +11,10 @@
  * strides, OIHW weights, a contiguous NCHW fp32 result). A tile then runs
  * the reorders and the convolution on the calling core's thread alone
  * (oneDNN's OpenMP team is one thread there): the device's cores are its
- * parallelism, as with the single-threaded BLAS of the fallback path.
+ * parallelism. The fallback path's sgemm (npu_sgemm) is oneDNN's too.
  *
  * The arithmetic is fp32 products accumulated in fp32 (the accumulation
- * order is oneDNN's, as the fallback's is OpenBLAS's), plus the bias; the
+ * order is that of oneDNN's convolution kernel), plus the bias; the
  * caller applies the activation and the rounding to the output dtype, so
  * both paths share those. A shape oneDNN declines (or whose scratch would
  * exceed NPU_DNNL_SCRATCH_MAX) is remembered as declined, and the caller
@@ -130,6 +130,43 @@ void npu_dnnl_init(void)
     npu_dnnl.cache = g_hash_table_new_full(npu_dnnl_shape_hash,
                                            npu_dnnl_shape_equal, NULL,
                                            npu_dnnl_cache_value_free);
+}
+
+/*
+ * The device's sgemm: oneDNN's, which is thread-safe (each call has its own
+ * scratch), run on the calling thread alone like every oneDNN call here.
+ * It replaced Debian's serial OpenBLAS, whose buffer allocator has no lock
+ * (docs/decisions.md). Should oneDNN fail (it allocates its packing buffers
+ * per call), a plain loop computes the same products, so the op never
+ * fails for it; the trace names the failure.
+ */
+void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
+               const float *a, uint64_t lda, const float *b, uint64_t ldb,
+               float *c, uint64_t ldc)
+{
+    dnnl_status_t st;
+
+    if (!m || !n) {
+        return;
+    }
+    omp_set_num_threads(1);
+    st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda,
+                    b, ldb, 0.0f, c, ldc);
+    if (st == dnnl_success) {
+        return;
+    }
+    trace_npu_dnnl_error("sgemm", st);
+    for (uint64_t i = 0; i < m; i++) {
+        for (uint64_t j = 0; j < n; j++) {
+            float acc = 0.0f;
+
+            for (uint64_t p = 0; p < k; p++) {
+                acc += (ta ? a[p * lda + i] : a[i * lda + p]) *
+                       (tb ? b[j * ldb + p] : b[p * ldb + j]);
+            }
+            c[i * ldc + j] = acc;
+        }
+    }
 }
 
 /*

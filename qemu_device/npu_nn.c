@@ -1,8 +1,8 @@
 /*
- * NPU tensor ops: MATMUL and LINEAR (cblas_sgemm per (batch, block of
- * rows) tile), CONV2D (im2col + cblas_sgemm) and POOL2D (direct loops),
- * with the bias and activation epilogue of MATMUL/LINEAR/CONV2D, their
- * int8 forms (exact int32 accumulation over K blocks of cblas_sgemm), and
+ * NPU tensor ops: MATMUL and LINEAR (an sgemm per (batch, block of rows)
+ * tile), CONV2D (im2col + sgemm) and POOL2D (direct loops), with the bias
+ * and activation epilogue of MATMUL/LINEAR/CONV2D, their int8 forms (exact
+ * int32 accumulation over K blocks of sgemm), and
  * REQUANT (int32 -> int8, exact rounding). Each tile writes its output
  * back as it finishes.
  *
@@ -12,37 +12,7 @@
 #include "qemu/osdep.h"
 #include "qemu/units.h"
 #include "qemu/log.h"
-#include <cblas.h>
 #include "npu_tensor_int.h"
-
-/* ---------------------------------------------------------------------- */
-/* BLAS */
-
-/*
- * Debian's single-threaded OpenBLAS is built without USE_LOCKING: its
- * buffer allocator has no lock, so two threads in cblas_sgemm at once may
- * be handed the same work buffer and corrupt each other's results (seen
- * as rare wrong blocks of conv outputs under load). Every call from the
- * device's threads goes through this lock; the AI cores' parallelism on
- * BLAS work is lost, the oneDNN kernels keep theirs.
- */
-static QemuMutex npu_blas_lock;
-
-void npu_blas_init(void)
-{
-    qemu_mutex_init(&npu_blas_lock);
-}
-
-void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
-               const float *a, uint64_t lda, const float *b, uint64_t ldb,
-               float *c, uint64_t ldc)
-{
-    qemu_mutex_lock(&npu_blas_lock);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
-                0.0f, c, ldc);
-    qemu_mutex_unlock(&npu_blas_lock);
-}
 
 /* ---------------------------------------------------------------------- */
 /* MATMUL and LINEAR */
@@ -51,7 +21,7 @@ void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
  * out[b] = act(a[b] @ b[b] (+ bias)) for every batch index b of out's
  * leading r - 2 dims. The units of the tiles are (batch, block of rows of
  * M) in output order, so a tile's output is one contiguous run. Per unit,
- * op(a) and b are handed to cblas_sgemm as they are when they already are
+ * op(a) and b are handed to sgemm as they are when they already are
  * fp32 matrices BLAS can address (unit stride on one side, a leading
  * dimension on the other: row-major, or a plain transpose), otherwise
  * packed into contiguous fp32 (widened from fp16/bf16). BLAS accumulates
@@ -60,7 +30,7 @@ void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
  * in fp32, and the block is rounded once to the output dtype.
  *
  * Integer (int8) ops pack a - in_zp and b as fp32 (exact: |a - in_zp| <=
- * 255, |b| <= 128) and run cblas_sgemm over blocks of at most kb terms
+ * 255, |b| <= 128) and run sgemm over blocks of at most kb terms
  * of K, kb * 128 * (128 + |in_zp|) <= 2^24: every partial sum is an
  * integer of at most 2^24 in magnitude, exact in fp32 in any summation
  * order. Each block's fp32 result is added into an int32 [rows, N]
@@ -603,7 +573,7 @@ out:
 /* CONV2D and POOL2D */
 
 /*
- * CONV2D is im2col + cblas_sgemm. The units of the tiles are (image,
+ * CONV2D is im2col + sgemm. The units of the tiles are (image,
  * group, block of output positions) in that order; the positions are the
  * flattened OH x OW plane, so a block is a run of whole or partial output
  * rows. Per unit, the columns matrix [C/g * KH * KW, positions] is filled

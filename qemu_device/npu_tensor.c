@@ -13,12 +13,12 @@
  * round once to the output dtype; INT8 and INT32 compute in 32-bit two's
  * complement and wrap to the output dtype, as numpy does. Integer
  * MATMUL/LINEAR/CONV2D sum int8 products exactly in int32 (K blocks of
- * cblas_sgemm, each exact in fp32); REQUANT rounds int32 * fp32 exactly.
+ * sgemm, each exact in fp32); REQUANT rounds int32 * fp32 exactly.
  *
  * This file holds the common part (parameter block, validation, gather of
  * the inputs, dispatch) and ELTWISE, UNARY and CONVERT. The other ops are
  * computed in npu_reduce.c (REDUCE, SOFTMAX, LAYERNORM: per slice in
- * double) and npu_nn.c (MATMUL, LINEAR, CONV2D, POOL2D: cblas_sgemm with
+ * double) and npu_nn.c (MATMUL, LINEAR, CONV2D, POOL2D: oneDNN sgemm with
  * fp32 accumulation, and direct loops) and npu_place.c (SELECT, and
  * CONVERT into a strided output); the conversions of runs of elements
  * are in npu_dtype.c.

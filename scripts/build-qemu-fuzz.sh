@@ -511,14 +511,10 @@ config NPU_PCI
 EOF
 	cat >>"$src/hw/misc/meson.build" <<'EOF'
 
-npu_blas_dir = '/usr/lib/x86_64-linux-gnu/openblas-serial'
-npu_blas = declare_dependency(
-  compile_args: ['-I/usr/include/x86_64-linux-gnu/openblas-serial'],
-  link_args: ['-L' + npu_blas_dir, '-lopenblas', '-Wl,-rpath,' + npu_blas_dir])
 npu_dnnl = declare_dependency(link_args: ['-ldnnl', '-lgomp'])
 EOF
 	{
-		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, npu_dnnl, files(\n"
+		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_dnnl, files(\n"
 		for f in $dev_files; do printf "  'npu/%s',\n" "$f"; done
 		printf ")])\n"
 	} >>"$src/hw/misc/meson.build"

@@ -79,23 +79,16 @@ config NPU_PCI
     default y if PCI_DEVICES
     depends on PCI && MSI_NONBROKEN
 EOF
-	# The single-threaded OpenBLAS, linked by path: the device's cores are
-	# its parallelism, so each BLAS call runs on the calling core, and the
-	# device never changes process-wide BLAS state (the host's alternative
-	# may be the threaded build, which would also be found first at run
-	# time without the rpath). oneDNN (Debian's libdnnl, OpenMP runtime)
-	# runs the float convolutions: each core sets its OpenMP team to one
-	# thread, for the same reason.
+	# oneDNN (Debian's libdnnl, OpenMP runtime) is the device's only math
+	# library: its sgemm, convolutions and matmuls. The device's cores are
+	# its parallelism, so each core sets its own OpenMP team to one thread
+	# and every call runs on the calling core alone.
 	cat >>"$src/hw/misc/meson.build" <<'EOF'
 
-npu_blas_dir = '/usr/lib/x86_64-linux-gnu/openblas-serial'
-npu_blas = declare_dependency(
-  compile_args: ['-I/usr/include/x86_64-linux-gnu/openblas-serial'],
-  link_args: ['-L' + npu_blas_dir, '-lopenblas', '-Wl,-rpath,' + npu_blas_dir])
 npu_dnnl = declare_dependency(link_args: ['-ldnnl', '-lgomp'])
 EOF
 	{
-		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_blas, npu_dnnl, files(\n"
+		printf "system_ss.add(when: 'CONFIG_NPU_PCI', if_true: [npu_dnnl, files(\n"
 		for f in $dev_files; do printf "  'npu/%s',\n" "$f"; done
 		printf ")])\n"
 	} >>"$src/hw/misc/meson.build"

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 APT_PKGS=(
 	build-essential ccache ninja-build meson pkg-config flex bison
-	libglib2.0-dev libpixman-1-dev libopenblas-dev libopenblas-serial-dev libdnnl-dev zlib1g-dev
+	libglib2.0-dev libpixman-1-dev libdnnl-dev zlib1g-dev
 	debootstrap e2fsprogs dpkg-dev fakeroot cpio xz-utils zstd
 	python3-venv pciutils sparse git curl
 	libcap-ng-dev libattr1-dev libfdt-dev qemu-system-data seabios

@@ -520,9 +520,10 @@ def test_a_refused_dma_is_traced_with_its_target(tmp_path: Path) -> None:
     assert any(f"0x{HPET:x}" in line and "write 1" in line for line in lines), lines
 
 
-def test_the_device_model_links_the_single_threaded_openblas() -> None:
-    # The device's cores are its parallelism; it must not change the BLAS
-    # threading of the whole QEMU process (docs/decisions.md, issue 14).
+def test_the_device_model_does_its_math_with_onednn_and_links_no_openblas() -> None:
+    # Debian's serial OpenBLAS is not thread-safe (no USE_LOCKING), and the
+    # threaded one changes the whole QEMU process: the device's sgemm is
+    # oneDNN's (docs/decisions.md, issue 18).
     out = subprocess.run(["ldd", str(QEMU)], capture_output=True, text=True, check=True).stdout
-    blas = [line for line in out.splitlines() if "libopenblas" in line]
-    assert blas and all("openblas-serial" in line for line in blas), out
+    assert "libdnnl" in out, out
+    assert "blas" not in out, out
