@@ -266,6 +266,65 @@ def measure_on_stream(sess: Any, x1: Array, xb: Array) -> Speed:
 
 
 @dataclass
+class Pipelined:
+    """Back-to-back ``run`` against pipelined ``run_async`` (:func:`measure_pipelined`)."""
+
+    sequential_images_per_s: float
+    pipelined_images_per_s: float
+    # Of the time spent copying inputs in and outputs out, the fraction the
+    # device's compute hid (0: none, 1: all).
+    overlap: float
+
+    @property
+    def speedup(self) -> float:
+        """Pipelined over sequential throughput."""
+        return self.pipelined_images_per_s / self.sequential_images_per_s
+
+
+def measure_pipelined(sess: Any, xb: Array, requests: int = 8, rounds: int = 3) -> Pipelined:
+    """``requests`` runs of the batch ``xb`` one after another (``run``), then the
+    same requests pipelined (``run_async``, two in flight); medians of ``rounds``
+    rounds, after one warm-up round of each.
+
+    The overlap comes from device timestamps: each pipelined run's device
+    span (its first op's start to its last op's end) is compute; its upload
+    and download are copies. Whatever the pipelined wall time falls short of
+    compute plus copies is copy time hidden behind compute:
+    ``overlap = clamp((copies + compute - wall) / copies, 0, 1)``. Every
+    host overhead (Python, SUBMIT) counts against it."""
+    f = feed(sess, xb)
+
+    def sequential() -> None:
+        for _ in range(requests):
+            sess.run(None, f)
+
+    def pipelined() -> tuple[float, float]:
+        futures = [sess.run_async(None, f) for _ in range(requests)]
+        for fut in futures:
+            fut.result()
+        copies = sum(fut.profile.upload_s + fut.profile.download_s for fut in futures)
+        spans = [fut.device_ns for fut in futures]
+        compute = sum((e - s) / 1e9 for s, e in spans) if all(spans) else float("nan")
+        return copies, compute
+
+    sequential()
+    pipelined()
+    seq, pip, overlaps = [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sequential()
+        seq.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        copies, compute = pipelined()
+        wall = time.perf_counter() - t0
+        pip.append(wall)
+        overlaps.append(min(1.0, max(0.0, (copies + compute - wall) / copies)))
+    images = requests * len(xb)
+    seq_rate, pip_rate = images / statistics.median(seq), images / statistics.median(pip)
+    return Pipelined(seq_rate, pip_rate, statistics.median(overlaps))
+
+
+@dataclass
 class OrtRun:
     """One model on the guest's onnxruntime (:func:`ort_baseline`)."""
 

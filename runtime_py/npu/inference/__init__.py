@@ -19,6 +19,14 @@ from __future__ import annotations
 
 from .graph import ModelError
 from .partition import Partition
-from .session import InferenceSession, NodeArg, NodeTime, RunProfile
+from .session import InferenceSession, NodeArg, NodeTime, RunFuture, RunProfile
 
-__all__ = ["InferenceSession", "ModelError", "NodeArg", "NodeTime", "Partition", "RunProfile"]
+__all__ = [
+    "InferenceSession",
+    "ModelError",
+    "NodeArg",
+    "NodeTime",
+    "Partition",
+    "RunFuture",
+    "RunProfile",
+]

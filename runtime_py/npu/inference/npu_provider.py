@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -1529,8 +1530,25 @@ class NpuProvider:
             NpuDeviceError: an op failed on the device (the context names the node).
             NpuError: the driver refused a SUBMIT (the context names the nodes).
         """
-        import time
+        up = self.upload(plan, env)
+        t1 = time.perf_counter()
+        stream = current_user_stream(self.device) if plan.chunks else None
+        if stream is not None:
+            plan.fences = []  # op_times reads SUBMIT runs' records only
+            self._run_on_stream(plan, stream)
+        elif plan.chunks:
+            self.wait_plan(plan, self.submit_plan(plan))
+        t2 = time.perf_counter()
+        for name, view in plan.outputs:
+            env[name] = view
+        return up, t2 - t1
 
+    def upload(self, plan: PartitionPlan, env: dict[str, Array]) -> float:
+        """Write ``plan``'s host inputs from ``env`` into its buffers; the seconds it took.
+
+        Raises:
+            ValueError: an input's shape is not the one the plan was built for.
+        """
         t0 = time.perf_counter()
         for name, view in plan.host_inputs:
             arr = env[name]
@@ -1540,29 +1558,52 @@ class NpuProvider:
                     f"was built for {view.shape} (data-dependent shape?)"
                 )
             np.copyto(view, arr, casting="same_kind")
-        t1 = time.perf_counter()
-        stream = current_user_stream(self.device) if plan.chunks else None
-        if stream is not None:
-            plan.fences = []  # op_times reads SUBMIT runs' records only
-            self._run_on_stream(plan, stream)
-        elif plan.chunks:
-            dev = self.device
-            fence = 0
-            plan.fences = []
-            for chunk, packed in zip(plan.chunks, plan.packed, strict=True):
-                try:
-                    fence = dev.submit_packed(packed)
-                except NpuError as exc:
-                    raise self._partition_error(plan, chunk, exc, "") from exc
-                plan.fences.append(fence)
+        return time.perf_counter() - t0
+
+    def submit_plan(self, plan: PartitionPlan) -> int:
+        """SUBMIT ``plan``'s prebuilt ops to queue 0 without waiting; the last fence (0: no ops).
+
+        Raises:
+            NpuError: the driver refused a SUBMIT (the context names the nodes).
+        """
+        fence = 0
+        plan.fences = []
+        for chunk, packed in zip(plan.chunks, plan.packed, strict=True):
             try:
-                dev.wait(fence, timeout_s=WAIT_TIMEOUT_S)
-            except NpuDeviceError as exc:
-                raise self._node_error(plan, exc) from exc
-        t2 = time.perf_counter()
-        for name, view in plan.outputs:
-            env[name] = view
-        return t1 - t0, t2 - t1
+                fence = self.device.submit_packed(packed)
+            except NpuError as exc:
+                raise self._partition_error(plan, chunk, exc, "") from exc
+            plan.fences.append(fence)
+        return fence
+
+    def wait_plan(self, plan: PartitionPlan, fence: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Wait for ``fence`` of :meth:`submit_plan` (nothing to do for 0).
+
+        Raises:
+            NpuDeviceError: an op failed on the device (the context names the node).
+            NpuTimeoutError: not done within ``timeout_s``.
+        """
+        if not fence:
+            return
+        try:
+            self.device.wait(fence, timeout_s=timeout_s)
+        except NpuDeviceError as exc:
+            raise self._node_error(plan, exc) from exc
+
+    def device_span(self, plan: PartitionPlan) -> tuple[int, int] | None:
+        """``(t_start, t_end)`` in device ns of ``plan``'s latest SUBMIT run (its
+        first op's start, its last op's end), or None when the records were reused."""
+        if not plan.fences or len(plan.fences) != len(plan.chunks):
+            return None
+        first = plan.fences[0] - (len(plan.chunks[0]) - 1)
+        try:
+            start = self.device.fence_info(first).t_start_ns
+            end = self.device.fence_info(plan.fences[-1]).t_end_ns
+        except NpuError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+        return start, end
 
     def op_times(self, plan: PartitionPlan) -> list[tuple[Node, int]]:
         """Each op of ``plan``'s latest SUBMIT run: (its node, device time in ns).

@@ -14,9 +14,10 @@ import errno
 import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,8 @@ from onnx import helper
 
 from .._closing import Closing
 from ..core.device import DeviceArg, resolve_device
-from ..errors import NpuError
+from ..core.stream import current_user_stream
+from ..errors import NpuError, NpuTimeoutError
 from .cpu import Array, Kernel, cpu_kernel
 from .graph import Dim, ModelError, Node, elem_type
 from .loader import ModelSource, load_model
@@ -32,11 +34,13 @@ from .npu_provider import NpuProvider, PartitionPlan, Val, free_buffers
 from .partition import Partition, npu_reason, partition
 from .rewrite import rewrite
 
-__all__ = ["InferenceSession", "NodeArg", "NodeTime", "RunProfile"]
+__all__ = ["InferenceSession", "NodeArg", "NodeTime", "RunFuture", "RunProfile"]
 
 log = logging.getLogger(__name__)
 
 _PROVIDERS = ("NPU", "CPU")
+#: Runs of :meth:`InferenceSession.run_async` in flight at once (each has a plan).
+_PIPELINE_SLOTS: Final = 2
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,107 @@ class NodeTime:
 
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+class RunFuture:
+    """The outputs of one :meth:`InferenceSession.run_async`, once its run completes.
+
+    Like ``concurrent.futures.Future``: :meth:`done` polls, :meth:`result`
+    waits. A run completes when the caller waits for it, or when the session
+    needs its buffers (a later ``run_async``, :meth:`InferenceSession.run`
+    or ``close``): its outputs are then copied out, and a device error is
+    kept to be raised by :meth:`result`.
+
+    Attributes:
+        profile: the :class:`RunProfile` of the run: ``upload_s`` writing its
+            inputs, ``compute_s`` its SUBMIT and the wait for it,
+            ``download_s`` copying its outputs, ``total_s`` from
+            ``run_async`` to completion.
+        device_ns: ``(t_start, t_end)`` of its ops on the device clock (the
+            first op's start, the last op's end, from their completion
+            records), or None (not pipelined, or the records were reused).
+    """
+
+    def __init__(
+        self,
+        names: list[str],
+        profile: RunProfile,
+        outs: list[Array] | None = None,
+        run: tuple[NpuProvider, PartitionPlan, int, Callable[[RunFuture], None]] | None = None,
+        started: float | None = None,
+    ) -> None:
+        self._names = names
+        self.profile = profile
+        self.device_ns: tuple[int, int] | None = None
+        self._started = time.perf_counter() if started is None else started
+        self._outs = outs
+        self._error: Exception | None = None
+        # In flight: the provider, the plan whose buffers the run uses, the
+        # fence of its last op, and the session's hook to call on completion.
+        self._run = run
+
+    def __repr__(self) -> str:
+        return f"<npu.RunFuture {'done' if self._run is None else 'in flight'}>"
+
+    @property
+    def plan(self) -> PartitionPlan | None:
+        """The plan whose buffers the run uses while in flight (None once done)."""
+        return None if self._run is None else self._run[1]
+
+    def done(self) -> bool:
+        """True once the run has completed (its outputs or its error are ready)."""
+        try:
+            self._complete(0.0)
+        except NpuTimeoutError:
+            return False
+        return True
+
+    def result(self, timeout_s: float | None = None) -> list[Array]:
+        """Wait for the run (up to ``timeout_s`` seconds; None: the runner's
+        usual wait) and return its outputs, as :meth:`InferenceSession.run` does.
+
+        Raises:
+            NpuTimeoutError: not done within ``timeout_s`` (the run goes on).
+            NpuDeviceError: an op failed on the device (the context names the node).
+        """
+        self._complete(timeout_s)
+        if self._error is not None:
+            raise self._error
+        assert self._outs is not None
+        return self._outs
+
+    def wait(self) -> None:
+        """Complete the run (its outputs copied out, or its error kept)."""
+        self._complete(None)
+
+    def _complete(self, timeout_s: float | None) -> None:
+        """Wait up to ``timeout_s`` (None: WAIT_TIMEOUT_S, a timeout then kept as
+        the run's error); NpuTimeoutError when a given ``timeout_s`` expires."""
+        if self._run is None:
+            return
+        provider, plan, fence, finished = self._run
+        t0 = time.perf_counter()
+        try:
+            if timeout_s is None:
+                provider.wait_plan(plan, fence)
+            else:
+                provider.wait_plan(plan, fence, timeout_s)
+        except NpuTimeoutError as exc:
+            if timeout_s is not None:
+                raise
+            self._error = exc
+        except (NpuError, RuntimeError) as exc:
+            self._error = exc
+        t1 = time.perf_counter()
+        self.profile.compute_s += t1 - t0
+        if self._error is None:
+            outputs = dict(plan.outputs)
+            self._outs = [_copy_value(outputs[n]) for n in self._names]
+            self.profile.download_s = time.perf_counter() - t1
+            self.device_ns = provider.device_span(plan)
+        self.profile.total_s = time.perf_counter() - self._started
+        self._run = None
+        finished(self)
 
 
 class InferenceSession(Closing):
@@ -171,6 +276,10 @@ class InferenceSession(Closing):
         # Per input signature, the NPU partitions the NPU could not plan.
         self._cpu_parts: dict[Signature, set[int]] = {}
         self._on_cpu: set[str] = set()
+        # run_async: the plans each signature's pipelined runs take turns
+        # on, and the runs in flight, oldest first.
+        self._slots: dict[Signature, list[PartitionPlan]] = {}
+        self._inflight: deque[RunFuture] = deque()
         self.last_profile = RunProfile()
         log.info(
             "%s: %d nodes in %d partitions (%d on the NPU); rewrites %s",
@@ -203,7 +312,10 @@ class InferenceSession(Closing):
     # -- lifetime ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the session's device buffers (weights and plans). Idempotent."""
+        """Complete the runs in flight, then free the session's device buffers
+        (weights and plans). Idempotent."""
+        self._drain()
+        self._slots.clear()
         self._plans.clear()
         self._device_vals.clear()
         self._finalizer()
@@ -288,21 +400,13 @@ class InferenceSession(Closing):
             RuntimeError: a CPU kernel failed (the message names the node).
         """
         t_start = time.perf_counter()
-        names = list(self.graph.outputs) if output_names is None else list(output_names)
-        bad = [n for n in names if n not in self.graph.outputs]
-        if bad:
-            raise ValueError(f"{self.source}: unknown outputs {bad}; outputs: {self.graph.outputs}")
-        if self._finalizer is not None and not self._finalizer.alive and self._npu is not None:
-            raise NpuError(errno.EBADF, "session is closed", f"InferenceSession({self.source})")
+        names = self._output_names(output_names)
+        self._check_open()
         env = self._feeds(input_feed)
+        self._drain()  # the buffers of the plans are the runs' in flight
         prof = RunProfile()
-        sig: Signature = tuple(_signature(n, env[n]) for n in self.graph.inputs)
-        plans = self._plans.get(sig)
-        if plans is None:
-            plans = [None] * len(self.partitions)
-            self._plans[sig] = plans
-            self._device_vals[sig] = dict(self._npu.weights) if self._npu is not None else {}
-        known = self._device_vals[sig]
+        sig = self._signature_of(env)
+        plans = self._plans_for(sig)
         ran: list[PartitionPlan] = []
         initializers = self.graph.initializers
         opset = self.graph.opset
@@ -324,26 +428,13 @@ class InferenceSession(Closing):
                 continue
             plan = plans[k]
             if plan is None:
-                host = {}
-                for node in nodes:
-                    for i in node.inputs:
-                        if i and i not in known and i in env:
-                            host[i] = (tuple(env[i].shape), env[i].dtype)
-                try:
-                    plan = self._npu.build(nodes, known, host, self._escapes[k])
-                except ModelError as exc:
-                    # The NPU cannot plan these shapes: the partition runs on
-                    # the CPU for this input signature (a note, not an error).
-                    self._plan_on_cpu(k, nodes, sig, str(exc))
+                plan = self._build_plan(k, sig, env)
+                if plan is None:
                     t0 = time.perf_counter()
                     for node in nodes:
                         self._run_cpu(node, env, initializers, opset)
                     prof.cpu_s += time.perf_counter() - t0
                     continue
-                plans[k] = plan
-                for name in self._escapes[k]:
-                    if name in plan.vals:
-                        known[name] = plan.vals[name]
                 prof.planned = True
             up, comp = self._npu.run_plan(plan, env)
             ran.append(plan)
@@ -358,6 +449,130 @@ class InferenceSession(Closing):
         self.last_profile = prof
         self._last_plans = ran
         return outs
+
+    def run_async(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, npt.ArrayLike]
+    ) -> RunFuture:
+        """Start a run and return at once: a :class:`RunFuture` of its outputs.
+
+        Pipelining: while the device computes one run, the caller can feed
+        the next. Up to two runs are in flight, each with its own input,
+        activation and output buffers (a second copy of the plan, made at
+        the first run that overlaps another), so the inputs of run k+1 are
+        written, and the outputs of run k-1 read, while run k computes. A
+        third ``run_async`` first completes the oldest run in flight (its
+        outputs are copied into its future); :meth:`run` and :meth:`close`
+        complete them all. Results equal :meth:`run`'s.
+
+        Runs are pipelined when the model is one NPU partition that the NPU
+        plans for these shapes, on the default stream; any other run
+        happens inside this call (the future is done when it returns).
+
+        Raises:
+            ValueError, NpuError: as :meth:`run`, for errors found before the
+                device runs; device errors raise from :meth:`RunFuture.result`.
+        """
+        t_start = time.perf_counter()
+        names = self._output_names(output_names)
+        self._check_open()
+        env = self._feeds(input_feed)
+        plan = self._async_slot(env)
+        if plan is None:
+            outs = self.run(names, env)
+            return RunFuture(names, self.last_profile, outs)
+        assert self._npu is not None
+        prof = RunProfile()
+        prof.upload_s = self._npu.upload(plan, env)
+        t0 = time.perf_counter()
+        fence = self._npu.submit_plan(plan)
+        prof.compute_s = time.perf_counter() - t0
+        future = RunFuture(names, prof, run=(self._npu, plan, fence, self._finish), started=t_start)
+        self._inflight.append(future)
+        return future
+
+    def _async_slot(self, env: dict[str, Array]) -> PartitionPlan | None:
+        """The plan the next pipelined run of ``env`` uses (its runs completed), or
+        None when such a run cannot be pipelined."""
+        if (
+            self._npu is None
+            or len(self.partitions) != 1
+            or self.partitions[0].provider != "NPU"
+            or current_user_stream(self._npu.device) is not None
+        ):
+            return None
+        sig = self._signature_of(env)
+        plans = self._plans_for(sig)
+        if sig in self._cpu_parts:
+            return None
+        first = plans[0] if plans[0] is not None else self._build_plan(0, sig, env)
+        if first is None:
+            return None
+        slots = self._slots.setdefault(sig, [first])
+        while True:
+            busy = {id(f.plan) for f in self._inflight}
+            free = [p for p in slots if id(p) not in busy]
+            if free:
+                return free[0]
+            if len(slots) < _PIPELINE_SLOTS:
+                nodes = self._part_nodes[0]
+                known = dict(self._npu.weights)
+                extra = self._npu.build(
+                    nodes, known, _host_shapes(nodes, known, env), self._escapes[0]
+                )
+                slots.append(extra)
+                return extra
+            self._inflight[0].wait()
+
+    def _drain(self) -> None:
+        """Complete every run in flight, oldest first (their errors stay in their futures)."""
+        while self._inflight:
+            self._inflight[0].wait()
+
+    def _finish(self, future: RunFuture) -> None:
+        """``future`` completed (called by it): it no longer holds its plan."""
+        if future in self._inflight:
+            self._inflight.remove(future)
+
+    def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
+        names = list(self.graph.outputs) if output_names is None else list(output_names)
+        bad = [n for n in names if n not in self.graph.outputs]
+        if bad:
+            raise ValueError(f"{self.source}: unknown outputs {bad}; outputs: {self.graph.outputs}")
+        return names
+
+    def _check_open(self) -> None:
+        if self._finalizer is not None and not self._finalizer.alive and self._npu is not None:
+            raise NpuError(errno.EBADF, "session is closed", f"InferenceSession({self.source})")
+
+    def _signature_of(self, env: dict[str, Array]) -> Signature:
+        return tuple(_signature(n, env[n]) for n in self.graph.inputs)
+
+    def _plans_for(self, sig: Signature) -> list[PartitionPlan | None]:
+        plans = self._plans.get(sig)
+        if plans is None:
+            plans = [None] * len(self.partitions)
+            self._plans[sig] = plans
+            self._device_vals[sig] = dict(self._npu.weights) if self._npu is not None else {}
+        return plans
+
+    def _build_plan(self, k: int, sig: Signature, env: dict[str, Array]) -> PartitionPlan | None:
+        """Compile NPU partition ``k`` for ``sig`` (None: it runs on the CPU for ``sig``)."""
+        assert self._npu is not None
+        known = self._device_vals[sig]
+        nodes = self._part_nodes[k]
+        host = _host_shapes(nodes, known, env)
+        try:
+            plan = self._npu.build(nodes, known, host, self._escapes[k])
+        except ModelError as exc:
+            # The NPU cannot plan these shapes: the partition runs on the CPU
+            # for this input signature (a note, not an error).
+            self._plan_on_cpu(k, nodes, sig, str(exc))
+            return None
+        self._plans[sig][k] = plan
+        for name in self._escapes[k]:
+            if name in plan.vals:
+                known[name] = plan.vals[name]
+        return plan
 
     def node_times(self) -> list[NodeTime]:
         """Per NPU node, the device time of its ops in the last :meth:`run`, in run order.
@@ -430,6 +645,18 @@ class InferenceSession(Closing):
         for name, val in zip(node.outputs, outs, strict=False):
             if name:
                 env[name] = val
+
+
+def _host_shapes(
+    nodes: list[Node], known: Mapping[str, Val], env: Mapping[str, Any]
+) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """Shape and dtype of each host array that ``nodes`` read (not on the device)."""
+    host = {}
+    for node in nodes:
+        for i in node.inputs:
+            if i and i not in known and i in env:
+                host[i] = (tuple(env[i].shape), env[i].dtype)
+    return host
 
 
 def _signature(name: str, value: Any) -> tuple[str, tuple[int, ...], str]:
