@@ -207,6 +207,7 @@ struct npu_fw_log {
 #define NPU_CAP_POOL_GEOMETRY	(1u << 12)	/* POOL2D end pads, dilation, ceil */
 #define NPU_CAP_SELECT		(1u << 13)	/* SELECT */
 #define NPU_CAP_STRIDED_OUT	(1u << 14)	/* CONVERT into a strided output */
+#define NPU_CAP_CONV_ACCUMULATE	(1u << 15)	/* CONV2D adding into its output */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -372,7 +373,10 @@ enum npu_opcode {
  * pad_h, pad_w, dilation_h, dilation_w, groups (strides, dilations and
  * groups >= 1, pads <= NPU_MAX_PAD; groups divide C and O), with
  * OH = (H + 2 * pad_h - dilation_h * (KH - 1) - 1) / stride_h + 1 >= 1,
- * and OW likewise. Padding reads zeros.
+ * and OW likewise. Padding reads zeros. params[8] = flags: with
+ * NPU_CONV_F_ACCUMULATE (float only, needs NPU_CAP_CONV_ACCUMULATE) the
+ * values out holds before the op are added too, before the activation:
+ * out = act(conv2d(in, weight) + bias + out), a fused residual add.
  */
 #define NPU_CONV_P_STRIDE_H	0
 #define NPU_CONV_P_STRIDE_W	1
@@ -382,6 +386,9 @@ enum npu_opcode {
 #define NPU_CONV_P_DIL_W	5
 #define NPU_CONV_P_GROUPS	6
 #define NPU_CONV_P_IN_ZP	7	/* int8 only: input zero point */
+#define NPU_CONV_P_FLAGS	8
+#define NPU_CONV_F_ACCUMULATE	(1u << 0)	/* out += the result, before act */
+#define NPU_CONV_F_MASK		0x1u
 #define NPU_MAX_PAD		65535
 
 /*

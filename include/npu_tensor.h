@@ -189,6 +189,9 @@ static inline __u32 npu_tensor_op_features(__u32 opcode, const __u32 *params,
 	if (opcode == NPU_OP_CONVERT && out->ndim <= NPU_MAX_RANK &&
 	    !npu_tensor_is_contiguous(out))
 		return NPU_CAP_STRIDED_OUT;
+	if (opcode == NPU_OP_CONV2D &&
+	    params[NPU_CONV_P_FLAGS] & NPU_CONV_F_ACCUMULATE)
+		return NPU_CAP_CONV_ACCUMULATE;
 	return 0;
 }
 
@@ -238,7 +241,7 @@ static inline __u32 npu_tensor_op_params(__u32 opcode, const __u32 *params)
 	case NPU_OP_LAYERNORM:
 		return 2;
 	case NPU_OP_CONV2D:
-		return 8;
+		return 9;
 	case NPU_OP_POOL2D:
 		return params[NPU_POOL_P_FLAGS] & NPU_POOL_F_GEOMETRY ? 11 : 7;
 	default:
@@ -527,7 +530,10 @@ static inline __u32 npu_tensor_op_check(__u32 opcode, __u32 kind,
 		st = npu_tensor_mm_dtypes(opcode, kind, n, p, p->params[NPU_CONV_P_IN_ZP]);
 		if (st != NPU_ST_OK)
 			return st;
-		if (!npu_tensor_conv_ok(p))
+		if (!npu_tensor_conv_ok(p) ||
+		    p->params[NPU_CONV_P_FLAGS] & ~NPU_CONV_F_MASK ||
+		    (p->params[NPU_CONV_P_FLAGS] & NPU_CONV_F_ACCUMULATE &&
+		     !npu_dtype_is_float(out->dtype)))
 			return NPU_ST_BAD_ARGS;
 		return npu_zp_ok(p->params[NPU_CONV_P_IN_ZP]) ? NPU_ST_OK : NPU_ST_BAD_QUANT;
 	case NPU_OP_REQUANT:

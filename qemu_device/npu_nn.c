@@ -91,6 +91,7 @@ typedef struct NpuMmJob {
     uint64_t out_va;
     uint32_t odtype, osize;
     bool direct_out;        /* BLAS writes fp32 results into @out */
+    bool acc;               /* NPU_CONV_F_ACCUMULATE: @out holds the addends */
     NpuDnnlPrim *dmm[2];    /* oneDNN: units of mb rows, the last block */
 } NpuMmJob;
 
@@ -609,6 +610,7 @@ typedef struct NpuConvJob {
     uint64_t out_va;
     uint32_t osize;
     bool direct_out;        /* BLAS writes fp32 results into @out */
+    bool acc;               /* NPU_CONV_F_ACCUMULATE: @out holds the addends */
     /* oneDNN path: the blocks of an image, their shapes (full, last) */
     const void *dwt;        /* weights in the input's dtype, [O, kk] */
     uint64_t ob, nob;       /* output channels per block, blocks */
@@ -674,6 +676,22 @@ static void npu_conv_im2col_row(const NpuConvJob *job, uint64_t img,
 }
 
 /*
+ * NPU_CONV_F_ACCUMULATE: add to the @n results at @dst the values the
+ * output held before the op (@old, @n of the output dtype), before the
+ * activation. @tmp has room for @n fp32 values.
+ */
+static void npu_conv_add_old(const NpuConvJob *job, float *dst,
+                             const uint8_t *old, float *tmp, uint64_t n)
+{
+    const float *v = npu_load_f32(old, 1, job->odtype, tmp, n);
+    uint64_t i;
+
+    for (i = 0; i < n; i++) {
+        dst[i] += v[i];
+    }
+}
+
+/*
  * Integer unit of group @grp over @n positions: acc [O/g, n] = the K
  * blocks of weights @ columns (fp32 scratch @c) summed in int32, plus the
  * bias, then RELU.
@@ -714,10 +732,12 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
                   g_try_malloc(job->og * job->pb * sizeof(float));
     int32_t *ibuf = job->quant ?
                     g_try_malloc(job->og * job->pb * sizeof(int32_t)) : NULL;
+    float *obuf = job->acc ? g_try_malloc(job->pb * sizeof(float)) : NULL;
     uint32_t st = NPU_ST_OK;
     uint64_t u, k, oc;
 
-    if (!col || !(job->direct_out || cbuf) || (job->quant && !ibuf)) {
+    if (!col || !(job->direct_out || cbuf) || (job->quant && !ibuf) ||
+        (job->acc && !obuf)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
@@ -767,6 +787,10 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
             for (i = 0; i < n; i++) {
                 row[i] += b;
             }
+            if (job->acc) {
+                npu_conv_add_old(job, row, job->out + off * job->osize, obuf,
+                                 n);
+            }
             if (job->kind != NPU_ACT_NONE) {
                 npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
                               NPU_UNARY_GELU, row, row, n);
@@ -780,6 +804,7 @@ out:
     g_free(col);
     g_free(cbuf);
     g_free(ibuf);
+    g_free(obuf);
     return st;
 }
 
@@ -795,10 +820,18 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
 {
     const NpuConvJob *job = opaque;
     NpuWalk w = job->walk;
-    float *tmp = NULL;
+    float *tmp = NULL, *obuf = NULL;
     uint32_t st = NPU_ST_OK;
     uint64_t u;
 
+    if (job->acc) {
+        obuf = g_try_malloc(job->ob * job->ohw * sizeof(float));
+        if (!obuf) {
+            qemu_log_mask(LOG_GUEST_ERROR,
+                          "npu: conv2d: out of device memory\n");
+            return NPU_ST_NO_MEMORY;
+        }
+    }
     for (u = begin; u < end && st == NPU_ST_OK; u++) {
         uint64_t img = u / job->nob, b = u % job->nob, oc0 = b * job->ob;
         uint64_t os = MIN(job->ob, job->o - oc0), n = os * job->ohw;
@@ -827,6 +860,10 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
             st = NPU_ST_NO_MEMORY;
             break;
         }
+        if (job->acc) {
+            npu_conv_add_old(job, dst, job->out + first * job->osize, obuf,
+                             n);
+        }
         if (job->kind != NPU_ACT_NONE) {
             npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
                           NPU_UNARY_GELU, dst, dst, n);
@@ -838,6 +875,7 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
                            job->out + first * job->osize, n * job->osize);
     }
     g_free(tmp);
+    g_free(obuf);
     return st;
 }
 
@@ -937,7 +975,10 @@ static void npu_load_f32_to(float *dst, const uint8_t *src, uint64_t stride,
     }
 }
 
-/* A checked CONV2D whose inputs are in @bufs. */
+/*
+ * A checked CONV2D whose inputs are in @bufs; with NPU_CONV_F_ACCUMULATE,
+ * @out holds the output's values from before the op.
+ */
 uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
                        const struct npu_tensor_params *p,
                        uint32_t kind, uint8_t *const *bufs,
@@ -958,7 +999,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         .dh = q[NPU_CONV_P_DIL_H], .dw = q[NPU_CONV_P_DIL_W],
         .g = q[NPU_CONV_P_GROUPS],
         .out = out, .out_va = o->va, .osize = npu_dtype_size(o->dtype),
-        .direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32,
+        .acc = q[NPU_CONV_P_FLAGS] & NPU_CONV_F_ACCUMULATE,
         .quant = in->dtype == NPU_DTYPE_INT8,
         .zp = (int32_t)q[NPU_CONV_P_IN_ZP],
     };
@@ -966,6 +1007,9 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     float *wpack = NULL, *bias;
     int32_t *ibias;
 
+    /* Accumulating: the results go through fp32 scratch, then @out. */
+    job.direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32 &&
+                     !job.acc;
     for (d = 0; d < 4; d++) {
         job.is[d] = in->shape[d] > 1 ? in->strides[d] : 0;
     }

@@ -1169,6 +1169,13 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         goto out;
     }
     if (opcode == NPU_OP_CONV2D) {
+        if (p.params[NPU_CONV_P_FLAGS] & NPU_CONV_F_ACCUMULATE) {
+            /* The addends: out is contiguous, read like an input. */
+            st = npu_mem_read(s, w, out->va, bufs[job.nin], sizes[job.nin]);
+            if (st != NPU_ST_OK) {
+                goto out;
+            }
+        }
         st = npu_exec_conv(s, w, &p, kind, bufs, bufs[job.nin]);
         goto out;
     }

@@ -56,6 +56,7 @@ NPU_CAP_LOCAL_MEM: Final = 1 << 11
 NPU_CAP_POOL_GEOMETRY: Final = 1 << 12
 NPU_CAP_SELECT: Final = 1 << 13
 NPU_CAP_STRIDED_OUT: Final = 1 << 14
+NPU_CAP_CONV_ACCUMULATE: Final = 1 << 15
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -91,6 +92,9 @@ NPU_CONV_P_DIL_H: Final = 4
 NPU_CONV_P_DIL_W: Final = 5
 NPU_CONV_P_GROUPS: Final = 6
 NPU_CONV_P_IN_ZP: Final = 7
+NPU_CONV_P_FLAGS: Final = 8
+NPU_CONV_F_ACCUMULATE: Final = 1 << 0
+NPU_CONV_F_MASK: Final = 0x1
 NPU_MAX_PAD: Final = 65535
 
 NPU_MM_P_IN_ZP: Final = 0
@@ -231,6 +235,7 @@ NPU_INFO_CAP_LOCAL_MEM: Final = 1 << 11
 NPU_INFO_CAP_POOL_GEOMETRY: Final = 1 << 12
 NPU_INFO_CAP_SELECT: Final = 1 << 13
 NPU_INFO_CAP_STRIDED_OUT: Final = 1 << 14
+NPU_INFO_CAP_CONV_ACCUMULATE: Final = 1 << 15
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -386,6 +391,7 @@ class Cap(enum.IntFlag):
     POOL_GEOMETRY = NPU_INFO_CAP_POOL_GEOMETRY
     SELECT = NPU_INFO_CAP_SELECT
     STRIDED_OUT = NPU_INFO_CAP_STRIDED_OUT
+    CONV_ACCUMULATE = NPU_INFO_CAP_CONV_ACCUMULATE
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""

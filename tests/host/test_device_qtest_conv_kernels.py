@@ -21,15 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from qtest import QEMU, Npu, hw
-from qtest_tensor_ref import BF16, FP16, FP32, INT32, assert_matches, round_to
+from qtest import QEMU, Npu, hw, tensor_params
+from qtest_tensor_ref import BF16, FP16, FP32, INT8, INT32, assert_matches, encode, round_to
 from test_device_qtest_quant import i8_operand, run_int_mm
 from test_device_qtest_tensor import (
     Operand,
     Rig,
+    check_accumulated,
+    conv_geometry,
     conv_operands,
     logical,
     operand_from,
+    ref_conv,
     ref_pool,
     run_conv,
     run_mm,
@@ -120,6 +123,77 @@ def test_conv2d_results_of_the_two_kernels_agree(onednn: Rig, blas: Rig) -> None
     fast = run_conv(onednn, hw.ACT_NONE, x, w, b, st, pd, dl, g)
     slow = run_conv(blas, hw.ACT_NONE, x, w, b, st, pd, dl, g)
     np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-4)
+
+
+# -- NPU_CONV_F_ACCUMULATE: out = act(conv + bias + out), a fused residual add --
+
+
+def conv_accumulate(rig: Rig, kind: int, x: Operand, w: Operand, b: Operand, res: Operand,
+                    stride: Sequence[int] = (1, 1), pad: Sequence[int] = (0, 0),
+                    groups: int = 1, what: str = "") -> np.ndarray:  # fmt: skip
+    """Run CONV2D with the output preloaded with ``res``; check it against the reference."""
+    oh, ow = conv_geometry(x.shape, w.shape, stride, pad, (1, 1))
+    out = Operand(x.dtype, (x.shape[0], w.shape[0], oh, ow))
+    assert res.shape == out.shape
+    rig.place([x, w, b, out])
+    rig.write(out.va, encode(logical(res), res.dtype))
+    params = [stride[0], stride[1], pad[0], pad[1], 1, 1, groups, 0, hw.CONV_F_ACCUMULATE]
+    got = rig.run(hw.OP_CONV2D, kind, [x, w, b, out], place=False, params=params, timeout=60.0)
+    acc, mag = ref_conv(logical(x), logical(w), logical(b), stride, pad, (1, 1), groups)
+    r = logical(res).astype(np.float64)
+    check_accumulated(got, acc + r, mag + np.abs(r), kind, x.dtype, what)
+    return got
+
+
+def accumulate_case(rig: Rig, name: str, dtype: int, kind: int) -> np.ndarray:
+    n, c, h, wd, o, kh, kw, st, pd, _, g = NETWORK_CONVS[name]
+    rng = np.random.default_rng([143, dtype, kind, len(name)])
+    x, w, b = conv_operands(rng, dtype, n, c, h, wd, o, kh, kw, g)
+    oh, ow = conv_geometry(x.shape, w.shape, st, pd, (1, 1))
+    res = operand_from(rng, dtype, (n, o, oh, ow), specials=False, scale=4.0)
+    return conv_accumulate(rig, kind, x, w, b, res, st, pd, g, what=name)
+
+
+@pytest.mark.parametrize("name", ["bottleneck-1x1", "late-3x3-7x7", "partial-block-o40",
+                                  "grouped-g4-batch3"])  # fmt: skip
+def test_accumulating_conv2d_adds_the_old_output_before_relu_on_onednn(
+    onednn: Rig, name: str
+) -> None:
+    got = accumulate_case(onednn, name, FP32, hw.ACT_RELU)
+    assert (got == 0).any() and (got > 0).any()  # the ReLU saw sums of both signs
+
+
+@pytest.mark.parametrize("name", ["bottleneck-1x1", "late-3x3-7x7", "partial-block-o40"])
+def test_accumulating_conv2d_adds_the_old_output_before_relu_on_blas(blas: Rig, name: str) -> None:
+    accumulate_case(blas, name, FP32, hw.ACT_RELU)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_accumulating_conv2d_in_16_bit_dtypes(onednn: Rig, blas: Rig, dtype: int) -> None:
+    accumulate_case(onednn, "bottleneck-3x3", dtype, hw.ACT_GELU)
+    accumulate_case(blas, "bottleneck-3x3", dtype, hw.ACT_NONE)
+
+
+def conv_status(rig: Rig, dtype: int, flags: int) -> int:
+    """Status of a small CONV2D of ``dtype`` operands (int32 bias for int8) with ``flags``."""
+    rng = np.random.default_rng(144)
+    x = operand_from(rng, dtype, (1, 2, 4, 4), specials=False)
+    w = operand_from(rng, dtype, (3, 2, 3, 3), specials=False)
+    b = operand_from(rng, INT32 if dtype == INT8 else dtype, (1, 3, 1, 1), specials=False)
+    out = Operand(INT32 if dtype == INT8 else dtype, (1, 3, 2, 2))
+    rig.place([x, w, b, out])
+    block = tensor_params([t.desc() for t in (x, w, b, out)], [1, 1, 0, 0, 1, 1, 1, 0, flags])
+    return rig.submit(hw.OP_CONV2D, hw.ACT_NONE, block)
+
+
+def test_accumulate_with_an_integer_output_is_refused_with_bad_args(onednn: Rig) -> None:
+    assert conv_status(onednn, INT8, hw.CONV_F_ACCUMULATE) == hw.ST_BAD_ARGS
+    assert conv_status(onednn, INT8, 0) == hw.ST_OK
+
+
+def test_an_unknown_conv2d_flag_is_refused_with_bad_args(onednn: Rig) -> None:
+    assert conv_status(onednn, FP32, hw.CONV_F_MASK + 1) == hw.ST_BAD_ARGS
+    assert conv_status(onednn, FP32, hw.CONV_F_ACCUMULATE) == hw.ST_OK
 
 
 def host_cpu_flags() -> set[str]:

@@ -7,10 +7,13 @@ import gc
 
 import numpy as np
 import pytest
+from onnx import helper
 
 import npu
+from npu import _abi
 from npu.hal import CpuBackend
-from onnx_models import digits_cnn, op_cases, reference, resnet_like, rnd
+from npu.hal.cpu import CPU_CAPS
+from onnx_models import digits_cnn, make, op_cases, reference, resnet_like, rnd, vi
 from test_inference_cpu import expected
 
 CASES = op_cases()
@@ -148,3 +151,54 @@ def test_node_times_give_each_npu_node_its_ops_device_time(device: npu.Device) -
     assert all(t.ops >= 1 and t.device_us >= 0 for t in times)
     assert times[0].device_us > 0  # the backend stamps each op's start and end
     sess.close()
+
+
+# -- residual adds fused into CONV2D (NPU_CONV_F_ACCUMULATE) ------------------
+
+
+def node_ops(sess: npu.InferenceSession) -> dict[str, tuple[int, tuple[str, ...]]]:
+    return {t.name: (t.ops, t.fused) for t in sess.node_times()}
+
+
+def test_a_residual_add_runs_inside_its_conv_in_place(device: npu.Device) -> None:
+    model = resnet_like()
+    x = rnd(np.random.default_rng(40), 2, 3, 32, 32)
+    with npu.InferenceSession(model, device=device) as sess:
+        (got,) = sess.run(None, {"x": x})
+        ops = node_ops(sess)
+        assert sess.rewrites["fuse_residual"] == 2
+    assert ops["b1c2"] == (1, ("b1c2_bn", "b1_add", "b1_relu"))  # one CONV2D, no copy
+    assert ops["b2proj"][0] == 1 and "b2_add" in ops["b2proj"][1]
+    assert not any(name.endswith("_add") for name in ops)
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_residual_read_again_later_is_copied_into_the_output_first(
+    device: npu.Device,
+) -> None:
+    rng = np.random.default_rng(41)
+    inits = {"w": rnd(rng, 4, 4, 3, 3, scale=0.3)}
+    nodes = [
+        helper.make_node("Relu", ["x"], ["s"], name="relu"),
+        helper.make_node("Conv", ["s", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Add", ["c", "s"], ["y"], name="add"),
+        helper.make_node("Mul", ["y", "s"], ["z"], name="mul"),  # s is read after the add
+    ]
+    model = make(nodes, [vi("x", [2, 4, 6, 6])], [vi("z", [2, 4, 6, 6])], inits)
+    x = rnd(rng, 2, 4, 6, 6)
+    with npu.InferenceSession(model, device=device) as sess:
+        (got,) = sess.run(None, {"x": x})
+        ops = node_ops(sess)
+    assert ops["conv"] == (2, ("add",))  # a CONVERT of the residual, then CONV2D
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_device_without_conv_accumulate_keeps_the_add() -> None:
+    backend = CpuBackend(caps=CPU_CAPS & ~_abi.NPU_INFO_CAP_CONV_ACCUMULATE)
+    model = resnet_like()
+    x = rnd(np.random.default_rng(42), 2, 3, 32, 32)
+    with npu.Device(backend) as dev, npu.InferenceSession(model, device=dev) as sess:
+        assert "fuse_residual" not in sess.rewrites
+        assert "b1_add" in {n.name for n in sess.graph.nodes}
+        (got,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -7,9 +7,10 @@ import onnx
 from onnx import helper
 
 import npu
+from npu.inference.graph import Node
 from npu.inference.loader import load_model
 from npu.inference.rewrite import rewrite
-from onnx_models import bn, bn_params, digits_cnn, make, reference, rnd, vi
+from onnx_models import bn, bn_params, digits_cnn, make, reference, resnet_like, rnd, vi
 
 
 def run_cpu(
@@ -175,3 +176,60 @@ def test_constant_nodes_become_initializers_and_unused_ones_are_pruned() -> None
     done = rewrite(graph)
     assert done["constants_to_initializers"] == 1
     assert set(graph.initializers) == {"k"}
+
+
+# -- fuse_residual: Add(Conv(x), r) into the Conv (CONV2D accumulating) -------
+
+
+def rewritten(model: onnx.ModelProto, residual: bool) -> tuple[dict[str, int], dict[str, Node]]:
+    graph = load_model(model)
+    counts = rewrite(graph, residual=residual)
+    return counts, {n.name: n for n in graph.nodes}
+
+
+def test_a_residual_add_and_its_relu_fuse_into_the_later_conv() -> None:
+    counts, nodes = rewritten(resnet_like(), residual=True)
+    assert counts["fuse_residual"] == 2
+    c2 = nodes["b1c2"]  # identity shortcut: the stem's output is the residual
+    assert c2.residual and c2.inputs[3] == "s" and c2.act == "Relu"
+    assert c2.outputs == ["b1"] and c2.fused == ["b1c2_bn", "b1_add", "b1_relu"]
+    # projection shortcut: the projection conv comes later, the other is its residual
+    proj = nodes["b2proj"]
+    assert proj.residual and proj.inputs[3] == "b2b" and proj.act == "Relu"
+    assert not nodes["b2c2"].residual
+    assert "b1_add" not in nodes and "b2_add" not in nodes
+
+
+def test_residuals_are_not_fused_unless_asked() -> None:
+    counts, nodes = rewritten(resnet_like(), residual=False)
+    assert "fuse_residual" not in counts
+    assert "b1_add" in nodes and not any(n.residual for n in nodes.values())
+
+
+def test_an_add_of_a_conv_output_read_elsewhere_or_broadcast_is_not_fused() -> None:
+    rng = np.random.default_rng(30)
+    inits = {"w": rnd(rng, 4, 4, 3, 3), "bias": rnd(rng, 1, 4, 1, 1)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Add", ["c", "x"], ["y"], name="add"),
+        helper.make_node("Add", ["c", "bias"], ["z"], name="add_bias"),  # a constant
+    ]
+    model = make(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", [1, 4, 6, 6]), vi("z", [1, 4, 6, 6])],
+                 inits)  # fmt: skip
+    counts, got = rewritten(model, residual=True)
+    assert "fuse_residual" not in counts  # c has two readers
+    assert not got["conv"].residual
+
+
+def test_fused_residual_results_match_the_reference_on_the_cpu_kernels() -> None:
+    model = resnet_like()
+    x = rnd(np.random.default_rng(31), 2, 3, 32, 32)
+    graph = load_model(model)
+    rewrite(graph, residual=True)
+    from npu.inference.cpu import cpu_kernel
+
+    env: dict[str, np.ndarray] = {"x": x, **graph.initializers}
+    for node in graph.nodes:
+        outs = cpu_kernel(node, graph)(node, [env[i] if i else None for i in node.inputs], 17)
+        env.update(zip(node.outputs, outs, strict=False))
+    np.testing.assert_allclose(env["logits"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@ sqrt(C/groups * KH * KW)).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import shutil
@@ -26,6 +27,7 @@ import pytest
 import npu
 from npu import _abi, ops
 from npu.hal import CpuBackend
+from npu.hal.cpu import CPU_CAPS
 from test_tensor import PUBLIC, REPO, FakeBuf, _as_params, _c_check, flush, host, rand, waits
 
 D = npu.DType
@@ -247,6 +249,9 @@ int main(void) {
             __u32 params[NPU_TENSOR_PARAMS] = { [NPU_POOL_P_FLAGS] = flags };
             struct npu_hw_tensor out = { .ndim = 1, .shape = { 4 }, .strides = { 1 } };
             printf("%u\n", npu_tensor_op_features(op, params, &out));
+            params[NPU_POOL_P_FLAGS] = 0;
+            params[NPU_CONV_P_FLAGS] = flags;
+            printf("%u\n", npu_tensor_op_features(op, params, &out));
         }
     return 0;
 }
@@ -265,11 +270,46 @@ int main(void) {
     got = [ops.tensor_op_supported(op, caps) for op in range(20) for caps in range(0, 1024, 64)]
     assert got == want and any(got)
     features = [
-        ops.tensor_op_features(op, (0,) * _abi.NPU_POOL_P_FLAGS + (flags,))
+        ops.tensor_op_features(op, params)
         for op in range(20)
         for flags in range(8)
+        for params in (
+            (0,) * _abi.NPU_POOL_P_FLAGS + (flags,) + (0,) * 9,
+            (0,) * _abi.NPU_CONV_P_FLAGS + (flags,) + (0,) * 7,
+        )
     ]
     assert features == want_features and _abi.NPU_CAP_POOL_GEOMETRY in features
+    assert _abi.NPU_CAP_CONV_ACCUMULATE in features
+
+
+def test_an_accumulating_conv2d_needs_a_float_output_and_the_cap() -> None:
+    i8 = _abi.DType.INT8
+    x = ops.tensor_ref(FakeBuf(1, 1 << 20), i8, (1, 2, 4, 4))
+    w = ops.tensor_ref(FakeBuf(1, 1 << 20), i8, (3, 2, 3, 3))
+    b = ops.tensor_ref(FakeBuf(1, 1 << 20), _abi.DType.INT32, (1, 3, 1, 1))
+    out = ops.tensor_ref(FakeBuf(1, 1 << 20), _abi.DType.INT32, (1, 3, 2, 2))
+    with pytest.raises(ValueError, match="accumulate=True needs a float output"):
+        ops.conv2d_op(x, w, b, out, accumulate=True)
+    f32 = _abi.DType.FP32
+    xf, wf, bf, of = (ops.tensor_ref(FakeBuf(1, 1 << 20), f32, t.shape) for t in (x, w, b, out))
+    op = ops.conv2d_op(xf, wf, bf, of, accumulate=True)
+    assert op.params[_abi.NPU_CONV_P_FLAGS] == _abi.NPU_CONV_F_ACCUMULATE
+    assert ops.tensor_op_features(op.opcode, op.params) == _abi.Cap.CONV_ACCUMULATE
+
+
+def test_an_accumulating_conv2d_on_a_device_without_the_cap_fails_with_eopnotsupp() -> None:
+    caps = CPU_CAPS & ~_abi.NPU_INFO_CAP_CONV_ACCUMULATE
+    with npu.Device(CpuBackend(caps=caps)) as dev:
+        x = npu.tensor(np.ones((1, 2, 4, 4), np.float32), device=dev)
+        w = npu.tensor(np.ones((3, 2, 3, 3), np.float32), device=dev)
+        b = npu.tensor(np.ones((1, 3, 1, 1), np.float32), device=dev)
+        y = npu.empty((1, 3, 2, 2), device=dev)
+        bufs = tuple(t.buffer for t in (x, w, b, y))
+        refs = [t.tensor_ref() for t in (x, w, b, y)]
+        op = ops.conv2d_op(*refs, buffers=bufs, accumulate=True)  # type: ignore[arg-type]
+        with pytest.raises(npu.NpuError) as info:
+            dev.submit([op])
+        assert info.value.errno == errno.EOPNOTSUPP
 
 
 # -- npu.conv2d ---------------------------------------------------------------------------

@@ -110,6 +110,12 @@ class Executor:
             and not self.caps & _abi.NPU_INFO_CAP_POOL_GEOMETRY
         ):
             raise _err(errno.EOPNOTSUPP)
+        if (
+            op.opcode == _abi.NPU_OP_CONV2D
+            and op.params[_abi.NPU_CONV_P_FLAGS] & _abi.NPU_CONV_F_ACCUMULATE
+            and not self.caps & _abi.NPU_INFO_CAP_CONV_ACCUMULATE
+        ):
+            raise _err(errno.EOPNOTSUPP)
         for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
             t = op.t[i]
             if i >= n:
@@ -230,8 +236,12 @@ class Executor:
                 and (op.opcode == _abi.NPU_OP_MATMUL or shape(ins[2]) == (1,) * (r - 1) + (o[-1],))
             )
         elif op.opcode == _abi.NPU_OP_CONV2D:
-            ok = _mm_dtypes_ok(op, ins, out, op.params[7]) and _conv_ok(
-                [shape(t) for t in (*ins, out)], list(op.params[:7])
+            flags = op.params[_abi.NPU_CONV_P_FLAGS]
+            ok = (
+                _mm_dtypes_ok(op, ins, out, op.params[7])
+                and _conv_ok([shape(t) for t in (*ins, out)], list(op.params[:7]))
+                and not flags & ~_abi.NPU_CONV_F_MASK
+                and (is_float or not flags & _abi.NPU_CONV_F_ACCUMULATE)
             )
         elif op.opcode == _abi.NPU_OP_POOL2D:
             ok = (
@@ -411,6 +421,8 @@ class Executor:
             x = self._load(op.t[0]).astype(np.float64)
             w = self._load(op.t[1]).astype(np.float64)
             y = conv2d_ref(x, w, list(op.params[:7])) + self._load(op.t[2]).astype(np.float64)
+            if op.params[_abi.NPU_CONV_P_FLAGS] & _abi.NPU_CONV_F_ACCUMULATE:
+                y = y + self._load(op.t[3]).astype(np.float64)
             if op.kind == _abi.NPU_ACT_RELU:
                 y = np.maximum(y, 0)
             elif op.kind == _abi.NPU_ACT_GELU:
@@ -601,7 +613,7 @@ _N_PARAMS = {
     _abi.NPU_OP_LAYERNORM: 2,
     _abi.NPU_OP_MATMUL: 1,
     _abi.NPU_OP_LINEAR: 1,
-    _abi.NPU_OP_CONV2D: 8,
+    _abi.NPU_OP_CONV2D: 9,
     _abi.NPU_OP_POOL2D: 11,
     _abi.NPU_OP_REQUANT: 1,
 }

@@ -218,6 +218,8 @@ def _conv(node: Node, xs: list[Array | None], opset: int) -> list[Array]:
     y = y.reshape(n, o, oh, ow)
     if b is not None:
         y += b.reshape(1, o, 1, 1)
+    if node.residual:
+        y += _req(xs[3])
     return [_act(y.astype(x.dtype, copy=False), node.act)]
 
 

@@ -119,9 +119,11 @@ class Node:
     ``inputs`` and ``outputs`` are tensor names (``""`` for an omitted
     optional input). ``attrs`` are the ONNX attributes as Python values.
     ``act`` is a fused activation (``""``, ``"Relu"`` or ``"Gelu"``) added by
-    the rewrites to Conv, Gemm and MatMul; ``fused`` names the nodes folded
-    into this one. ``proto`` is the original node for the ``onnx.reference``
-    fallback; rewrites that change a node's meaning set it to ``None``.
+    the rewrites to Conv, Gemm and MatMul; ``residual`` (Conv only) says
+    that ``inputs[3]`` is added to the result before the activation (a
+    fused residual Add); ``fused`` names the nodes folded into this one.
+    ``proto`` is the original node for the ``onnx.reference`` fallback;
+    rewrites that change a node's meaning set it to ``None``.
     """
 
     name: str
@@ -131,6 +133,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
     act: str = ""
+    residual: bool = False
     fused: list[str] = field(default_factory=list)
     proto: Any = None
 

@@ -321,6 +321,13 @@ class NpuProvider:
         self.buffers: list[Buffer] = []
         self.weights: dict[str, Val] = {}
         self.weight_uploads = 0
+        # Graph position of each node, and of each tensor's last reader: a
+        # fused residual may be overwritten in place after its last read.
+        self._position = {id(n): i for i, n in enumerate(graph.nodes)}
+        self._last_read: dict[str, int] = {}
+        for i, n in enumerate(graph.nodes):
+            for name in n.inputs:
+                self._last_read[name] = i
         self._upload_weights(npu_nodes)
 
     # -- memory -------------------------------------------------------------------
@@ -1187,7 +1194,39 @@ class NpuProvider:
         x = b.get(node.inputs[0])
         w = b.get(node.inputs[1])
         bias = b.get(node.input(2)) if node.input(2) else self._zeros(w.shape[0], x.dtype)
-        self._conv(b, node, x, w, bias, node.outputs[0], x.dtype, _ACT[node.act], 0)
+        out = node.outputs[0]
+        if not node.residual:
+            self._conv(b, node, x, w, bias, out, x.dtype, _ACT[node.act], 0)
+            return
+        # A fused residual: CONV2D accumulates into an output that holds it.
+        r = b.get(node.inputs[3])
+        if r.dtype != x.dtype:
+            raise ModelError(f"{self.graph.source}: {node.describe()}: residual of {r.dtype}")
+        if self._can_overwrite(b, node, r, x):
+            into = b.alias(out, r, r.shape)  # after its last read: in place
+        else:
+            into = b.new(out, r.shape, r.dtype)
+            R = b.ref
+            b.emit([r], [into], lambda: ops.convert(R(r), R(into), _bufs(r, into)))
+        self._conv(b, node, x, w, bias, out, x.dtype, _ACT[node.act], 0, into=into)
+
+    def _can_overwrite(self, b: _Builder, node: Node, r: Val, x: Val) -> bool:
+        """Whether ``node`` may write its output over ``r``'s storage: no later
+        reader of any tensor on it, not an output, not a host input or a
+        constant, and not the convolution's input."""
+        st = r.storage
+        whole = not r.offset and r.numel * r.dtype.itemsize == st.nbytes
+        if st.fixed or st.first < 0 or x.storage is st or not whole:
+            return False
+        here = self._position[id(node)]
+        for name, v in b.vals.items():
+            if v.storage is st and (
+                name in b.escapes
+                or name in self.graph.outputs
+                or self._last_read.get(name, -1) > here
+            ):
+                return False
+        return True
 
     def _conv(
         self,
@@ -1200,8 +1239,10 @@ class NpuProvider:
         dtype: np.dtype[Any],
         act: _abi.ActKind,
         zero_point: int,
+        into: Val | None = None,
     ) -> Val:
-        """One CONV2D of ``node``'s geometry into a new tensor ``out``."""
+        """One CONV2D of ``node``'s geometry into a new tensor ``out``, or, with
+        ``into`` (holding the residual), accumulating into it (``out`` names it)."""
         o_ch, _, kh, kw = w.shape
         a = node.attrs
         sh, sw = (int(s) for s in a.get("strides", [1, 1]))
@@ -1211,10 +1252,19 @@ class NpuProvider:
         ph, pw = pads[0], pads[1]
         oh = window_out(x.shape[2], kh, sh, ph, dh)
         ow = window_out(x.shape[3], kw, sw, pw, dw)
-        o = b.new(out, (x.shape[0], o_ch, oh, ow), dtype)
+        shape = (x.shape[0], o_ch, oh, ow)
+        if into is None:
+            o = b.new(out, shape, dtype)
+        elif into.shape != shape or into.dtype != dtype:
+            raise ModelError(
+                f"{self.graph.source}: {node.describe()}: residual {into.shape} of "
+                f"{into.dtype}, the convolution makes {shape} of {dtype}"
+            )
+        else:
+            o = into
         R = b.ref
         b.emit(
-            [x, w, bias],
+            [x, w, bias] if into is None else [x, w, bias, into],
             [o],
             lambda: ops.conv2d_op(
                 R(x),
@@ -1228,6 +1278,7 @@ class NpuProvider:
                 act,
                 _bufs(x, w, bias, o),
                 input_zero_point=zero_point,
+                accumulate=into is not None,
             ),
         )
         return o

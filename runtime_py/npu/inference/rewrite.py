@@ -22,9 +22,14 @@ does not remove, and returns how many times it applied:
 - :func:`fuse_bias`: ``MatMul`` + ``Add`` of a constant ``[N]`` bias (and
   ``Conv`` + ``Add`` of a ``[O, 1, 1]`` bias) into one node;
 - :func:`fuse_erf_gelu`: ``x * 0.5 * (1 + erf(x / sqrt(2)))`` into ``Gelu``;
+- :func:`fuse_residual` (only when asked: the NPU has
+  ``Cap.CONV_ACCUMULATE``): ``Add(Conv(x), r)`` of one shape into the
+  ``Conv`` with ``r`` as its residual input (CONV2D accumulating into its
+  output), ResNet's skip connection;
 - :func:`fuse_activation`: ``Relu``/``Gelu`` after ``Conv``, ``Gemm`` or
   ``MatMul`` into the node's fused activation (the NPU's CONV2D/LINEAR
-  activation), when the intermediate tensor has no other reader.
+  activation, applied after a residual), when the intermediate tensor has
+  no other reader.
 
 :func:`rewrite` runs them all in that order.
 """
@@ -50,6 +55,7 @@ __all__ = [
     "fuse_activation",
     "fuse_bias",
     "fuse_erf_gelu",
+    "fuse_residual",
     "prune_initializers",
     "rewrite",
 ]
@@ -409,6 +415,67 @@ def fuse_erf_gelu(graph: Graph) -> int:
     return count
 
 
+def fuse_residual(graph: Graph) -> int:
+    """``Add(Conv(x), r)`` becomes the Conv with residual input ``r``.
+
+    The Conv (2-D, float, no activation yet) must be the Add's only reader's
+    producer, ``r`` a computed tensor (not a constant) of the Add's own
+    shape and dtype, made before the Conv. When both Add inputs are Conv
+    outputs (a projection shortcut), the later Conv takes the other as its
+    residual. The Conv moves to the Add's output; a Relu after it then
+    fuses as usual, after the residual.
+    """
+    count = 0
+    removed: set[int] = set()
+    made_at: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for o in node.outputs:
+            made_at[o] = i
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for add in graph.nodes:
+        if add.domain or add.op_type != "Add" or len(add.inputs) != 2:
+            continue
+        out = graph.tensor_info(add.outputs[0])
+        if out.shape is None or out.dtype is None or out.dtype.kind != "f":
+            continue
+        best: tuple[int, Node, str] | None = None
+        for k in (0, 1):
+            a, r = add.inputs[k], add.inputs[1 - k]
+            conv = graph.nodes[made_at[a]] if a in made_at else None
+            if (
+                conv is None
+                or conv.domain
+                or conv.op_type != "Conv"
+                or conv.act
+                or conv.residual
+                or id(conv) in removed
+                or _single_use(graph, a) is not add
+                or graph.tensor_info(conv.input(0)).rank != 4
+                or r == a
+                or r in graph.initializers
+                or (r not in made_at and r not in graph.inputs)
+                or made_at.get(r, -1) >= position[id(conv)]
+            ):
+                continue
+            info = [graph.tensor_info(t) for t in (a, r)]
+            if any(t.shape != out.shape or t.dtype != out.dtype for t in info):
+                continue
+            if best is None or position[id(conv)] > best[0]:
+                best = (position[id(conv)], conv, r)
+        if best is None:
+            continue
+        _, conv, r = best
+        conv.inputs = [conv.input(0), conv.input(1), conv.input(2), r]
+        conv.residual = True
+        conv.outputs = [add.outputs[0]]
+        conv.fused.append(add.name)
+        conv.proto = None
+        removed.add(id(add))
+        count += 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in removed]
+    return count
+
+
 def fuse_activation(graph: Graph) -> int:
     """Relu/Gelu after Conv, Gemm or MatMul becomes the node's fused activation."""
     count = 0
@@ -442,11 +509,13 @@ def prune_initializers(graph: Graph) -> int:
     return len(dead)
 
 
-def rewrite(graph: Graph) -> dict[str, int]:
+def rewrite(graph: Graph, *, residual: bool = False) -> dict[str, int]:
     """Run every rewrite in order; return how often each applied.
 
-    A model below opset :data:`NPU_MIN_OPSET` is not rewritten: its nodes
-    run with onnx.reference, which knows their old definitions.
+    :func:`fuse_residual` runs only with ``residual`` (the NPU can
+    accumulate into a CONV2D output). A model below opset
+    :data:`NPU_MIN_OPSET` is not rewritten: its nodes run with
+    onnx.reference, which knows their old definitions.
     """
     done: dict[str, int] = {}
     if graph.opset < NPU_MIN_OPSET:
@@ -461,6 +530,7 @@ def rewrite(graph: Graph) -> dict[str, int]:
         ("fold_gemm_scalars", fold_gemm_scalars),
         ("fuse_bias", fuse_bias),
         ("fuse_erf_gelu", fuse_erf_gelu),
+        ("fuse_residual", fuse_residual if residual else lambda _: 0),
         ("fuse_activation", fuse_activation),
         ("prune_initializers", prune_initializers),
     ]

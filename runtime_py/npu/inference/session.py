@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from onnx import helper
 
+from .._abi import Cap
 from .._closing import Closing
 from ..core.device import DeviceArg, resolve_device
 from ..core.stream import current_user_stream
@@ -235,8 +236,6 @@ class InferenceSession(Closing):
         graph = load_model(model)
         self.source = graph.source
         self._declared = {n: graph.tensor_info(n) for n in [*graph.inputs, *graph.outputs]}
-        self.rewrites = rewrite(graph)
-        self.graph = graph
         self.providers = provs
         use_npu = "NPU" in provs
         self.device: DeviceArg = None
@@ -244,6 +243,9 @@ class InferenceSession(Closing):
         if use_npu:
             self.device = resolve_device(device)
             caps = int(self.device.info.caps)
+        # Residual adds fuse into convolutions only for an NPU that accumulates.
+        self.rewrites = rewrite(graph, residual=bool(caps & Cap.CONV_ACCUMULATE))
+        self.graph = graph
         self.fallbacks: list[tuple[str, str, str]] = []
         on_npu: dict[str, bool] = {}
         for node in graph.nodes:

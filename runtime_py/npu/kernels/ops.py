@@ -543,6 +543,8 @@ def conv2d_op(
     act: _abi.ActKind = _abi.ActKind.NONE,
     buffers: tuple[BufferLike, ...] = (),
     input_zero_point: int = 0,
+    *,
+    accumulate: bool = False,
 ) -> TensorOp:
     """Return a CONV2D op: ``out = act(conv2d(x, weight) + bias)``, NCHW, fp32 accumulation.
 
@@ -559,6 +561,11 @@ def conv2d_op(
     padding reads ``input_zero_point`` (contributes 0), as in ONNX
     ``ConvInteger``/``QLinearConv``.
 
+    ``accumulate`` (float only, ``Cap.CONV_ACCUMULATE``) adds the values
+    ``out`` holds before the op too, before the activation: ``out =
+    act(conv2d(x, weight) + bias + out)``, a residual add fused into the
+    convolution (``NPU_CONV_F_ACCUMULATE``).
+
     Raises:
         ValueError: a stride, dilation or ``groups`` below 1, or the op breaks
             a rule of :func:`check_tensor_op`.
@@ -567,7 +574,8 @@ def conv2d_op(
     ph, pw = _pair("CONV2D padding", padding, 0)
     dh, dw = _pair("CONV2D dilation", dilation, 1)
     g = _check_range("CONV2D groups", groups, 1, _abi.U32_MAX)
-    params = (sh, sw, ph, pw, dh, dw, g, zero_point_word(input_zero_point))
+    flags = _abi.NPU_CONV_F_ACCUMULATE if accumulate else 0
+    params = (sh, sw, ph, pw, dh, dw, g, zero_point_word(input_zero_point), flags)
     op = TensorOp(_abi.Opcode.CONV2D, int(act), (x, weight, bias, out), buffers, params)
     check_tensor_op(op)
     return op

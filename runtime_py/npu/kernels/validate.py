@@ -52,7 +52,7 @@ _PARAMS = {
     _abi.Opcode.LAYERNORM: 2,
     _abi.Opcode.MATMUL: 1,
     _abi.Opcode.LINEAR: 1,
-    _abi.Opcode.CONV2D: 8,
+    _abi.Opcode.CONV2D: 9,
     _abi.Opcode.POOL2D: 11,
     _abi.Opcode.REQUANT: 1,
 }
@@ -102,6 +102,8 @@ def tensor_op_features(opcode: int, params: Sequence[int], out_contiguous: bool 
         return int(_abi.Cap.POOL_GEOMETRY)
     if opcode == _abi.Opcode.CONVERT and not out_contiguous:
         return int(_abi.Cap.STRIDED_OUT)
+    if opcode == _abi.Opcode.CONV2D and params[_abi.NPU_CONV_P_FLAGS] & _abi.NPU_CONV_F_ACCUMULATE:
+        return int(_abi.Cap.CONV_ACCUMULATE)
     return 0
 
 
@@ -388,6 +390,11 @@ def _check_conv(
         raise ValueError(
             f"{op}: the output shape must be {want} (0 = no window fits), not {out.shape}"
         )
+    flags = params[_abi.NPU_CONV_P_FLAGS]
+    if flags & ~_abi.NPU_CONV_F_MASK:
+        raise ValueError(f"{op}: unknown CONV2D flags {flags:#x}")
+    if flags & _abi.NPU_CONV_F_ACCUMULATE and not out.dtype.is_float:
+        raise ValueError(f"{op}: accumulate=True needs a float output, not {out.dtype.name}")
     _check_zp(op, params[_abi.NPU_CONV_P_IN_ZP])
 
 
