@@ -68,6 +68,19 @@ def test_resnet_at_batch_8_matches_the_reference(dev):
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=NET_RTOL, atol=NET_ATOL)
 
 
+def test_resnet_residual_adds_run_inside_their_convolutions(dev):
+    assert dev.info.has(npu.Cap.CONV_ACCUMULATE)
+    model = resnet_like()
+    x = np.random.default_rng(9).uniform(0, 1, (2, 3, 32, 32)).astype(np.float32)
+    with npu.InferenceSession(model, device=dev) as sess:
+        (got,) = sess.run(None, {"x": x})
+        times = {t.name: t for t in sess.node_times()}
+        assert sess.rewrites["fuse_residual"] == 2
+    assert times["b1c2"].ops == 1 and "b1_add" in times["b1c2"].fused
+    assert not any(name.endswith("_add") for name in times)
+    np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=NET_RTOL, atol=NET_ATOL)
+
+
 @pytest.fixture
 def stream(dev):
     s = npu.Stream(dev)
