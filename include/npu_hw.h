@@ -208,6 +208,7 @@ struct npu_fw_log {
 #define NPU_CAP_SELECT		(1u << 13)	/* SELECT */
 #define NPU_CAP_STRIDED_OUT	(1u << 14)	/* CONVERT into a strided output */
 #define NPU_CAP_CONV_ACCUMULATE	(1u << 15)	/* CONV2D adding into its output */
+#define NPU_CAP_ACT_RELU6	(1u << 16)	/* NPU_ACT_RELU6 */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -473,6 +474,7 @@ enum npu_act_kind {
 	NPU_ACT_NONE		= 0,
 	NPU_ACT_RELU		= 1,
 	NPU_ACT_GELU		= 2,	/* exact, erf form */
+	NPU_ACT_RELU6		= 3,	/* min(max(x, 0), 6); NPU_CAP_ACT_RELU6 */
 	NPU_ACT_COUNT,
 };
 

@@ -177,12 +177,15 @@ static inline __u32 npu_tensor_op_operands(__u32 opcode)
 }
 
 /*
- * Capability bits a tensor op needs beyond its opcode's, from its params
- * and output @out (npu_tensor_op_supported() covers the opcode itself).
+ * Capability bits a tensor op needs beyond its opcode's, from its @kind,
+ * params and output @out (npu_tensor_op_supported() covers the opcode).
  */
-static inline __u32 npu_tensor_op_features(__u32 opcode, const __u32 *params,
+static inline __u32 npu_tensor_op_features(__u32 opcode, __u32 kind, const __u32 *params,
 					   const struct npu_hw_tensor *out)
 {
+	if ((opcode == NPU_OP_MATMUL || opcode == NPU_OP_LINEAR || opcode == NPU_OP_CONV2D) &&
+	    kind == NPU_ACT_RELU6)
+		return NPU_CAP_ACT_RELU6;
 	if (opcode == NPU_OP_POOL2D &&
 	    params[NPU_POOL_P_FLAGS] & (NPU_POOL_F_GEOMETRY | NPU_POOL_F_CEIL))
 		return NPU_CAP_POOL_GEOMETRY;

@@ -43,6 +43,7 @@
 #define NPU_INFO_CAP_SELECT	(1u << 13)	/* SELECT */
 #define NPU_INFO_CAP_STRIDED_OUT (1u << 14)	/* CONVERT into a strided output */
 #define NPU_INFO_CAP_CONV_ACCUMULATE (1u << 15)	/* CONV2D adding into its output */
+#define NPU_INFO_CAP_ACT_RELU6	(1u << 16)	/* the RELU6 activation */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */

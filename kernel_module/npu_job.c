@@ -281,7 +281,7 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 		memcpy(hw->t[i].shape, ref->shape, sizeof(ref->shape));
 		memcpy(hw->t[i].strides, ref->strides, sizeof(ref->strides));
 	}
-	if (npu_tensor_op_features(op->opcode, hw->params, &hw->t[n - 1]) &
+	if (npu_tensor_op_features(op->opcode, op->kind, hw->params, &hw->t[n - 1]) &
 	    ~ctx->ndev->caps)
 		return -EOPNOTSUPP;
 	if (npu_tensor_op_check(op->opcode, op->kind, hw) != NPU_ST_OK)

@@ -653,7 +653,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
               NPU_CAP_REDUCE | NPU_CAP_MATMUL | NPU_CAP_CONV |
               NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY | NPU_CAP_SELECT |
               NPU_CAP_STRIDED_OUT | NPU_CAP_CONV_ACCUMULATE |
-              (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
+              NPU_CAP_ACT_RELU6 | (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:
         val = NPU_NUM_QUEUES;

@@ -15,6 +15,27 @@
 #include "npu_tensor_int.h"
 
 /* ---------------------------------------------------------------------- */
+/* The fused activations of MATMUL, LINEAR and CONV2D */
+
+/*
+ * Activation @kind (not NONE) of @n fp32 values, in place. RELU6 is
+ * x < 0 ? 0 : (x > 6 ? 6 : x): NaN stays NaN, as with RELU.
+ */
+static void npu_act_f32(uint32_t kind, float *x, uint64_t n)
+{
+    uint64_t i;
+
+    if (kind == NPU_ACT_RELU6) {
+        for (i = 0; i < n; i++) {
+            x[i] = x[i] < 0.0f ? 0.0f : (x[i] > 6.0f ? 6.0f : x[i]);
+        }
+        return;
+    }
+    npu_unary_f32(kind == NPU_ACT_RELU ? NPU_UNARY_RELU : NPU_UNARY_GELU, x,
+                  x, n);
+}
+
+/* ---------------------------------------------------------------------- */
 /* MATMUL and LINEAR */
 
 /*
@@ -267,8 +288,7 @@ static void npu_mm_f32_store(const NpuMmJob *job, float *c, uint64_t rows,
         }
     }
     if (job->kind != NPU_ACT_NONE) {
-        npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
-                      NPU_UNARY_GELU, c, c, rows * n);
+        npu_act_f32(job->kind, c, rows * n);
     }
     npu_store_f32(dst, job->odtype, c, rows * n);
 }
@@ -792,8 +812,7 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
                                  n);
             }
             if (job->kind != NPU_ACT_NONE) {
-                npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
-                              NPU_UNARY_GELU, row, row, n);
+                npu_act_f32(job->kind, row, n);
             }
             npu_store_f32(job->out + off * job->osize, job->odtype, row, n);
             st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
@@ -865,8 +884,7 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
                              n);
         }
         if (job->kind != NPU_ACT_NONE) {
-            npu_unary_f32(job->kind == NPU_ACT_RELU ? NPU_UNARY_RELU :
-                          NPU_UNARY_GELU, dst, dst, n);
+            npu_act_f32(job->kind, dst, n);
         }
         if (!job->direct_out) {
             npu_store_f32(job->out + first * job->osize, job->odtype, dst, n);

@@ -57,6 +57,7 @@ NPU_CAP_POOL_GEOMETRY: Final = 1 << 12
 NPU_CAP_SELECT: Final = 1 << 13
 NPU_CAP_STRIDED_OUT: Final = 1 << 14
 NPU_CAP_CONV_ACCUMULATE: Final = 1 << 15
+NPU_CAP_ACT_RELU6: Final = 1 << 16
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -125,7 +126,8 @@ NPU_POOL_F_MASK: Final = 0x7
 NPU_ACT_NONE: Final = 0
 NPU_ACT_RELU: Final = 1
 NPU_ACT_GELU: Final = 2
-NPU_ACT_COUNT: Final = 3
+NPU_ACT_RELU6: Final = 3
+NPU_ACT_COUNT: Final = 4
 
 NPU_REDUCE_SUM: Final = 0
 NPU_REDUCE_MEAN: Final = 1
@@ -236,6 +238,7 @@ NPU_INFO_CAP_POOL_GEOMETRY: Final = 1 << 12
 NPU_INFO_CAP_SELECT: Final = 1 << 13
 NPU_INFO_CAP_STRIDED_OUT: Final = 1 << 14
 NPU_INFO_CAP_CONV_ACCUMULATE: Final = 1 << 15
+NPU_INFO_CAP_ACT_RELU6: Final = 1 << 16
 
 NPU_BO_MAX_SIZE: Final = 1 << 30
 NPU_OP_MAX_BUFS: Final = 3
@@ -336,12 +339,14 @@ class PoolKind(enum.IntEnum):
 class ActKind(enum.IntEnum):
     """Activations of MATMUL, LINEAR and CONV2D, applied last (``enum npu_act_kind``).
 
-    GELU is the exact (erf) form.
+    GELU is the exact (erf) form; RELU6 is ``min(max(x, 0), 6)`` (needs
+    ``Cap.ACT_RELU6``).
     """
 
     NONE = NPU_ACT_NONE
     RELU = NPU_ACT_RELU
     GELU = NPU_ACT_GELU
+    RELU6 = NPU_ACT_RELU6
 
 
 class Status(enum.IntEnum):
@@ -392,6 +397,7 @@ class Cap(enum.IntFlag):
     SELECT = NPU_INFO_CAP_SELECT
     STRIDED_OUT = NPU_INFO_CAP_STRIDED_OUT
     CONV_ACCUMULATE = NPU_INFO_CAP_CONV_ACCUMULATE
+    ACT_RELU6 = NPU_INFO_CAP_ACT_RELU6
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""

@@ -313,7 +313,7 @@ MUTATIONS = {
     "conv bias O-1": ("conv", lambda op: _set(op.t[2].shape, 1, 5)),
     "conv bias not 1 in N": ("conv", lambda op: _set(op.t[2].shape, 0, 2)),
     "conv bias dtype": ("conv", lambda op: setattr(op.t[2], "dtype", _abi.NPU_DTYPE_FP16)),
-    "conv kind 3": ("conv", lambda op: setattr(op, "kind", 3)),
+    "conv kind past the last": ("conv", lambda op: setattr(op, "kind", _abi.NPU_ACT_COUNT)),
     "conv of int32": ("conv", lambda op: _ints(op, 4)),
     "conv of int8": ("conv", lambda op: _ints(op, 4, _abi.NPU_DTYPE_INT8)),
     "conv params[7]": ("conv", lambda op: _set(op.params, 7, 1)),

@@ -153,4 +153,6 @@ def ref_act(kind: int, x: np.ndarray) -> np.ndarray:
         return np.where(x < 0, 0.0, x)
     if kind == hw.ACT_GELU:
         return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    if kind == hw.ACT_RELU6:
+        return np.where(x < 0, 0.0, np.where(x > 6, 6.0, x))
     return x

@@ -174,7 +174,7 @@ def test_accumulating_conv2d_in_16_bit_dtypes(onednn: Rig, blas: Rig, dtype: int
     accumulate_case(blas, "bottleneck-3x3", dtype, hw.ACT_NONE)
 
 
-def conv_status(rig: Rig, dtype: int, flags: int) -> int:
+def conv_status(rig: Rig, dtype: int, flags: int, kind: int = hw.ACT_NONE) -> int:
     """Status of a small CONV2D of ``dtype`` operands (int32 bias for int8) with ``flags``."""
     rng = np.random.default_rng(144)
     x = operand_from(rng, dtype, (1, 2, 4, 4), specials=False)
@@ -183,7 +183,7 @@ def conv_status(rig: Rig, dtype: int, flags: int) -> int:
     out = Operand(INT32 if dtype == INT8 else dtype, (1, 3, 2, 2))
     rig.place([x, w, b, out])
     block = tensor_params([t.desc() for t in (x, w, b, out)], [1, 1, 0, 0, 1, 1, 1, 0, flags])
-    return rig.submit(hw.OP_CONV2D, hw.ACT_NONE, block)
+    return rig.submit(hw.OP_CONV2D, kind, block)
 
 
 def test_accumulate_with_an_integer_output_is_refused_with_bad_args(onednn: Rig) -> None:
@@ -265,3 +265,19 @@ def test_max_pool2d_row_kernel_propagates_nan_and_keeps_infinities(onednn: Rig) 
     want = round_to(ref_pool(hw.POOL_MAX, logical(x), (2, 2), (2, 2), (1, 1), False), FP32)
     assert_matches(got, want, FP32)
     assert np.isnan(got[0, 0, 0, 2]) and got[0, 0, 1, 0] == np.inf
+
+
+def test_relu6_on_an_integer_conv2d_is_refused_with_bad_args(onednn: Rig) -> None:
+    assert conv_status(onednn, INT8, 0, hw.ACT_RELU6) == hw.ST_BAD_ARGS
+    assert conv_status(onednn, INT8, 0, hw.ACT_RELU) == hw.ST_OK
+
+
+@pytest.mark.parametrize("name", ["bottleneck-1x1", "depthwise-3x3-s2"])
+def test_relu6_conv2d_clamps_to_0_and_6_on_either_kernel(onednn: Rig, blas: Rig,
+                                                          name: str) -> None:  # fmt: skip
+    for rig in (onednn, blas):
+        n, c, h, wd, o, kh, kw, st, pd, dl, g = NETWORK_CONVS[name]
+        rng = np.random.default_rng([145, len(name)])
+        x, w, b = conv_operands(rng, FP32, n, c, h, wd, o, kh, kw, g)
+        got = run_conv(rig, hw.ACT_RELU6, x, w, b, st, pd, dl, g, what=name)
+        assert (got == 0).any() and (got == 6).any() and ((got > 0) & (got < 6)).any()

@@ -1527,7 +1527,7 @@ def test_caps_report_reduce(rig: Rig) -> None:
 #     that an fp32 result a hair from a rounding boundary may round either
 #     way; plus the dtype's smallest subnormal for results near zero.
 
-ACT = {"none": hw.ACT_NONE, "relu": hw.ACT_RELU, "gelu": hw.ACT_GELU}
+ACT = {"none": hw.ACT_NONE, "relu": hw.ACT_RELU, "gelu": hw.ACT_GELU, "relu6": hw.ACT_RELU6}
 MM_OPS = {"matmul": hw.OP_MATMUL, "linear": hw.OP_LINEAR}
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -1737,8 +1737,8 @@ BAD_MM: dict[str, tuple[int, int, bytes, str]] = {
     "linear-without-bias": (_LIN, 0, mm_block(), "BAD_ARGS"),
     "matmul-with-4th-operand": (_M, 0, mm_block()[: 3 * TENSOR_SIZE]
                                 + t(OUT_VA) + mm_block()[4 * TENSOR_SIZE :], "BAD_RESERVED"),
-    "kind-3": (_M, 3, mm_block(), "BAD_ARGS"),
-    "linear-kind-3": (_LIN, 3, mm_block(bias=(1, 4)), "BAD_ARGS"),
+    "kind-past-the-last": (_M, hw.ACT_COUNT, mm_block(), "BAD_ARGS"),
+    "linear-kind-past-the-last": (_LIN, hw.ACT_COUNT, mm_block(bias=(1, 4)), "BAD_ARGS"),
     "params-0": (_M, 0, mm_block(params=(1,)), "BAD_RESERVED"),
     "out-strided": (_M, 0, tensor_params([t(A_VA), t(B_VA, shape=(3, 4)),
                                           t(OUT_VA, shape=(2, 4), strides=(8, 1))]),
@@ -2138,7 +2138,7 @@ BAD_CONV: dict[str, tuple[int, int, bytes, str]] = {
     "conv-bias-spatial": (_CV, 0, conv_block(sb=(1, 4, 1, 2)), "BAD_ARGS"),
     "conv-bias-short": (_CV, 0, conv_block(sb=(1, 3, 1, 1)), "BAD_ARGS"),
     "conv-rank-3": (_CV, 0, conv_block(si=(2, 5, 5)), "BAD_ARGS"),
-    "conv-kind-3": (_CV, 3, conv_block(), "BAD_ARGS"),
+    "conv-kind-past-the-last": (_CV, hw.ACT_COUNT, conv_block(), "BAD_ARGS"),
     "conv-params-7": (_CV, 0, conv_block(params=(1, 1, 1, 1, 1, 1, 1, 1)), "BAD_RESERVED"),
     "pool-out-shape": (_PL, 0, pool_block(so=(1, 2, 3, 2)), "BAD_ARGS"),
     "pool-out-channels": (_PL, 0, pool_block(so=(1, 3, 3, 3)), "BAD_ARGS"),

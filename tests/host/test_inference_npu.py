@@ -202,3 +202,41 @@ def test_a_device_without_conv_accumulate_keeps_the_add() -> None:
         assert "b1_add" in {n.name for n in sess.graph.nodes}
         (got,) = sess.run(None, {"x": x})
     np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+# -- ReLU6 fused into CONV2D (NPU_ACT_RELU6) -----------------------------------
+
+
+def relu6_model() -> tuple[object, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(43)
+    inits = {
+        "w": rnd(rng, 8, 3, 3, 3, scale=2.0),
+        "lo": np.asarray(np.float32(0.0)),
+        "hi": np.asarray(np.float32(6.0)),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="relu6"),
+    ]
+    model = make(nodes, [vi("x", [2, 3, 8, 8])], [vi("y", [2, 8, 8, 8])], inits)
+    return model, {"x": rnd(rng, 2, 3, 8, 8, scale=3.0)}
+
+
+def test_a_relu6_clip_runs_inside_its_conv(device: npu.Device) -> None:
+    model, feeds = relu6_model()
+    with npu.InferenceSession(model, device=device) as sess:
+        (got,) = sess.run(None, feeds)
+        ops = node_ops(sess)
+    assert ops == {"conv": (1, ("relu6",))}
+    want = reference(model, feeds)[0]
+    assert (want == 6).any() and (want == 0).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_device_without_act_relu6_keeps_the_clip() -> None:
+    model, feeds = relu6_model()
+    backend = CpuBackend(caps=CPU_CAPS & ~_abi.NPU_INFO_CAP_ACT_RELU6)
+    with npu.Device(backend) as dev, npu.InferenceSession(model, device=dev) as sess:
+        assert [n.op_type for n in sess.graph.nodes] == ["Conv", "Clip"]
+        (got,) = sess.run(None, feeds)
+    np.testing.assert_allclose(got, reference(model, feeds)[0], rtol=1e-5, atol=1e-5)

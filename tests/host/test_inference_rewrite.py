@@ -233,3 +233,45 @@ def test_fused_residual_results_match_the_reference_on_the_cpu_kernels() -> None
         outs = cpu_kernel(node, graph)(node, [env[i] if i else None for i in node.inputs], 17)
         env.update(zip(node.outputs, outs, strict=False))
     np.testing.assert_allclose(env["logits"], reference(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+# -- ReLU6: Clip to [0, 6] after a Conv, fused when the NPU has Cap.ACT_RELU6 --
+
+
+def conv_clip(lo: float, hi: float) -> onnx.ModelProto:
+    rng = np.random.default_rng(32)
+    inits = {"w": rnd(rng, 4, 3, 3, 3, scale=2.0), "lo": np.float32(lo), "hi": np.float32(hi)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip"),
+    ]
+    inits = {k: np.asarray(v) for k, v in inits.items()}
+    return make(nodes, [vi("x", [1, 3, 6, 6])], [vi("y", [1, 4, 6, 6])], inits)
+
+
+def test_a_clip_to_0_6_after_a_conv_fuses_as_relu6_when_asked() -> None:
+    graph = load_model(conv_clip(0.0, 6.0))
+    assert rewrite(graph, relu6=True)["fuse_activation"] == 1
+    (conv,) = graph.nodes
+    assert conv.act == "Relu6" and conv.fused == ["clip"] and conv.outputs == ["y"]
+
+
+def test_other_clips_and_unasked_relu6_stay_clips() -> None:
+    for model, relu6 in ((conv_clip(0.0, 6.0), False), (conv_clip(-1.0, 6.0), True)):
+        graph = load_model(model)
+        rewrite(graph, relu6=relu6)
+        assert [n.op_type for n in graph.nodes] == ["Conv", "Clip"]
+
+
+def test_a_fused_relu6_conv_matches_the_reference_on_the_cpu_kernels() -> None:
+    model = conv_clip(0.0, 6.0)
+    x = rnd(np.random.default_rng(33), 1, 3, 6, 6, scale=3.0)
+    graph = load_model(model)
+    rewrite(graph, relu6=True)
+    from npu.inference.cpu import cpu_kernel
+
+    (conv,) = graph.nodes
+    (got,) = cpu_kernel(conv, graph)(conv, [x, graph.initializers["w"], None], 17)
+    want = reference(model, {"x": x})[0]
+    assert (want == 6).any() and (want == 0).any()  # both bounds matter
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

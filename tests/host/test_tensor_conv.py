@@ -248,10 +248,12 @@ int main(void) {
         for (unsigned flags = 0; flags < 8; flags++) {
             __u32 params[NPU_TENSOR_PARAMS] = { [NPU_POOL_P_FLAGS] = flags };
             struct npu_hw_tensor out = { .ndim = 1, .shape = { 4 }, .strides = { 1 } };
-            printf("%u\n", npu_tensor_op_features(op, params, &out));
+            printf("%u\n", npu_tensor_op_features(op, 0, params, &out));
             params[NPU_POOL_P_FLAGS] = 0;
             params[NPU_CONV_P_FLAGS] = flags;
-            printf("%u\n", npu_tensor_op_features(op, params, &out));
+            printf("%u\n", npu_tensor_op_features(op, 0, params, &out));
+            params[NPU_CONV_P_FLAGS] = 0;
+            printf("%u\n", npu_tensor_op_features(op, flags, params, &out));
         }
     return 0;
 }
@@ -270,16 +272,17 @@ int main(void) {
     got = [ops.tensor_op_supported(op, caps) for op in range(20) for caps in range(0, 1024, 64)]
     assert got == want and any(got)
     features = [
-        ops.tensor_op_features(op, params)
+        ops.tensor_op_features(op, params, kind=kind)
         for op in range(20)
         for flags in range(8)
-        for params in (
-            (0,) * _abi.NPU_POOL_P_FLAGS + (flags,) + (0,) * 9,
-            (0,) * _abi.NPU_CONV_P_FLAGS + (flags,) + (0,) * 7,
+        for params, kind in (
+            ((0,) * _abi.NPU_POOL_P_FLAGS + (flags,) + (0,) * 9, 0),
+            ((0,) * _abi.NPU_CONV_P_FLAGS + (flags,) + (0,) * 7, 0),
+            ((0,) * 16, flags),
         )
     ]
     assert features == want_features and _abi.NPU_CAP_POOL_GEOMETRY in features
-    assert _abi.NPU_CAP_CONV_ACCUMULATE in features
+    assert _abi.NPU_CAP_CONV_ACCUMULATE in features and _abi.NPU_CAP_ACT_RELU6 in features
 
 
 def test_an_accumulating_conv2d_needs_a_float_output_and_the_cap() -> None:
@@ -577,3 +580,23 @@ def test_lenet_chain_matches_numpy() -> None:
     r = pool_ref(np.maximum(conv_ref(r, w2, b2), 0), "avg", (2, 2), (2, 2), (0, 0))
     ref = r.reshape(3, -1) @ fw.T.astype(np.float64) + fb
     close(logits, ref, D.FP32, 400)
+
+
+def test_a_relu6_op_on_a_device_without_the_cap_fails_with_eopnotsupp() -> None:
+    caps = CPU_CAPS & ~_abi.NPU_INFO_CAP_ACT_RELU6
+    with npu.Device(CpuBackend(caps=caps)) as dev:
+        a = npu.tensor(np.ones((4, 4), np.float32), device=dev)
+        y = npu.empty((4, 4), device=dev)
+        refs = [t.tensor_ref() for t in (a, a, y)]
+        op = ops.matmul_op(*refs, _abi.ActKind.RELU6, (a.buffer, y.buffer))  # type: ignore[arg-type]
+        with pytest.raises(npu.NpuError) as info:
+            dev.submit([op])
+        assert info.value.errno == errno.EOPNOTSUPP
+
+
+def test_relu6_is_refused_for_integer_matmuls() -> None:
+    i8, i32 = _abi.DType.INT8, _abi.DType.INT32
+    a = ops.tensor_ref(FakeBuf(1, 1 << 20), i8, (4, 4))
+    out = ops.tensor_ref(FakeBuf(1, 1 << 20), i32, (4, 4))
+    with pytest.raises(ValueError):
+        ops.matmul_op(a, a, out, _abi.ActKind.RELU6)

@@ -71,7 +71,7 @@ def test_builders_pack_operands_and_the_activation_kind() -> None:
     with pytest.raises(ValueError, match="bias shape"):
         ops.linear_op(a, ops.tensor_ref(buf, D.FP16, (2, 3, 5)), out, out)
     with pytest.raises(ValueError):
-        ops.matmul_op(a, ops.tensor_ref(buf, D.FP16, (2, 3, 5)), out, 3)  # type: ignore[arg-type]
+        ops.matmul_op(a, ops.tensor_ref(buf, D.FP16, (2, 3, 5)), out, _abi.NPU_ACT_COUNT)  # type: ignore[arg-type]
     i = ops.tensor_ref(buf, D.INT32, (2, 2))
     with pytest.raises(ValueError, match="float dtypes only"):
         ops.matmul_op(i, i, i)
@@ -280,7 +280,7 @@ def test_cpu_backend_rejects_bad_matmul_with_einval(device: npu.Device) -> None:
     assert a.buffer is not None
     good = ops.matmul_op(a.tensor_ref(), a.T.tensor_ref(), ops.tensor_ref(a.buffer, D.FP32, (2, 2)))
     device.submit([good])
-    bad = ops.TensorOp(npu.Opcode.MATMUL, 3, good.operands, good.buffers)
+    bad = ops.TensorOp(npu.Opcode.MATMUL, _abi.NPU_ACT_COUNT, good.operands, good.buffers)
     with pytest.raises(npu.NpuError) as info:
         device.submit([bad])
     assert info.value.errno == 22

@@ -116,6 +116,12 @@ class Executor:
             and not self.caps & _abi.NPU_INFO_CAP_CONV_ACCUMULATE
         ):
             raise _err(errno.EOPNOTSUPP)
+        if (
+            op.opcode in (_abi.NPU_OP_MATMUL, _abi.NPU_OP_LINEAR, _abi.NPU_OP_CONV2D)
+            and op.kind == _abi.NPU_ACT_RELU6
+            and not self.caps & _abi.NPU_INFO_CAP_ACT_RELU6
+        ):
+            raise _err(errno.EOPNOTSUPP)
         for i in range(_abi.NPU_TENSOR_OPERANDS):  # the driver's order of checks
             t = op.t[i]
             if i >= n:
@@ -411,10 +417,7 @@ class Executor:
             y = np.matmul(a, b)
             if op.opcode == _abi.NPU_OP_LINEAR:
                 y = y + self._load(op.t[2]).astype(np.float64)
-            if op.kind == _abi.NPU_ACT_RELU:
-                y = np.maximum(y, 0)
-            elif op.kind == _abi.NPU_ACT_GELU:
-                y = _UNARY[_abi.NPU_UNARY_GELU](y)
+            y = _fused_act(op.kind, y)
             self._store(op.t[3 if op.opcode == _abi.NPU_OP_LINEAR else 2], y)
             return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_CONV2D:
@@ -423,10 +426,7 @@ class Executor:
             y = conv2d_ref(x, w, list(op.params[:7])) + self._load(op.t[2]).astype(np.float64)
             if op.params[_abi.NPU_CONV_P_FLAGS] & _abi.NPU_CONV_F_ACCUMULATE:
                 y = y + self._load(op.t[3]).astype(np.float64)
-            if op.kind == _abi.NPU_ACT_RELU:
-                y = np.maximum(y, 0)
-            elif op.kind == _abi.NPU_ACT_GELU:
-                y = _UNARY[_abi.NPU_UNARY_GELU](y)
+            y = _fused_act(op.kind, y)
             self._store(op.t[3], y)
             return _abi.NPU_ST_OK
         if op.opcode == _abi.NPU_OP_POOL2D:
@@ -437,6 +437,17 @@ class Executor:
         with np.errstate(all="ignore"):
             self._store(op.t[1], _UNARY[op.kind](x))
         return _abi.NPU_ST_OK
+
+
+def _fused_act(kind: int, y: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The MATMUL/LINEAR/CONV2D activation ``kind`` of ``y`` (NaN stays NaN)."""
+    if kind == _abi.NPU_ACT_RELU:
+        return np.asarray(np.maximum(y, 0))
+    if kind == _abi.NPU_ACT_GELU:
+        return np.asarray(_UNARY[_abi.NPU_UNARY_GELU](y))
+    if kind == _abi.NPU_ACT_RELU6:
+        return np.asarray(np.minimum(np.maximum(y, 0), 6))
+    return y
 
 
 def _window_out(size: int, k: int, stride: int, pad: int, dil: int) -> int:

@@ -158,6 +158,8 @@ def _act(y: Array, act: str) -> Array:
         return np.maximum(y, 0, out=y) if y.flags.writeable else np.maximum(y, 0)
     if act == "Gelu":
         return _gelu(y)
+    if act == "Relu6":
+        return np.minimum(np.maximum(y, 0), 6).astype(y.dtype, copy=False)
     return y
 
 

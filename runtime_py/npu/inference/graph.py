@@ -118,8 +118,9 @@ class Node:
 
     ``inputs`` and ``outputs`` are tensor names (``""`` for an omitted
     optional input). ``attrs`` are the ONNX attributes as Python values.
-    ``act`` is a fused activation (``""``, ``"Relu"`` or ``"Gelu"``) added by
-    the rewrites to Conv, Gemm and MatMul; ``residual`` (Conv only) says
+    ``act`` is a fused activation (``""``, ``"Relu"``, ``"Gelu"`` or
+    ``"Relu6"``, a ``Clip`` to [0, 6]) added by the rewrites to Conv, Gemm
+    and MatMul; ``residual`` (Conv only) says
     that ``inputs[3]`` is added to the result before the activation (a
     fused residual Add); ``fused`` names the nodes folded into this one.
     ``proto`` is the original node for the ``onnx.reference`` fallback;
@@ -189,3 +190,16 @@ class Graph:
     def const(self, name: str) -> npt.NDArray[Any] | None:
         """The initializer ``name``, or ``None`` if it is not a constant."""
         return self.initializers.get(name) if name else None
+
+
+def clip_bounds(graph: Graph, node: Node) -> tuple[float | None, float | None]:
+    """A Clip node's (min, max), None where absent or not constant (attributes
+    before opset 11, inputs after)."""
+    if graph.opset < 11:
+        lo, hi = node.attrs.get("min"), node.attrs.get("max")
+        return (None if lo is None else float(lo), None if hi is None else float(hi))
+    out: list[float | None] = []
+    for i in (1, 2):
+        c = graph.const(node.input(i)) if node.input(i) else None
+        out.append(None if c is None else float(np.asarray(c).reshape(-1)[0]))
+    return out[0], out[1]

@@ -41,7 +41,7 @@ from ..kernels import ops
 from ..kernels.ops import TensorOp
 from ..kernels.validate import pool_out, window_out
 from .cpu import CPU_OPS, Array, conv_pads, reduce_axes
-from .graph import Graph, ModelError, Node
+from .graph import Graph, ModelError, Node, clip_bounds
 from .partition import (
     COMPARE_OPS,
     COMPOSED_OPS,
@@ -70,7 +70,12 @@ _LIVE_FOREVER: Final = 1 << 62
 _RNE_MAGIC: Final = 12582912.0
 #: WAIT timeout of one partition (TCG emulation is slow).
 WAIT_TIMEOUT_S: Final = 120.0
-_ACT = {"": _abi.ActKind.NONE, "Relu": _abi.ActKind.RELU, "Gelu": _abi.ActKind.GELU}
+_ACT = {
+    "": _abi.ActKind.NONE,
+    "Relu": _abi.ActKind.RELU,
+    "Gelu": _abi.ActKind.GELU,
+    "Relu6": _abi.ActKind.RELU6,
+}
 _REDUCE = {
     "ReduceSum": _abi.ReduceKind.SUM,
     "ReduceMean": _abi.ReduceKind.MEAN,
@@ -453,14 +458,7 @@ class NpuProvider:
 
     def _clip_bounds(self, node: Node) -> tuple[float | None, float | None]:
         """Clip's (min, max), None where absent (attributes before opset 11, inputs after)."""
-        if self.graph.opset < 11:
-            lo, hi = node.attrs.get("min"), node.attrs.get("max")
-            return (None if lo is None else float(lo), None if hi is None else float(hi))
-        out: list[float | None] = []
-        for i in (1, 2):
-            c = self.graph.const(node.input(i)) if node.input(i) else None
-            out.append(None if c is None else float(np.asarray(c).reshape(-1)[0]))
-        return out[0], out[1]
+        return clip_bounds(self.graph, node)
 
     def _node_scalars(self, node: Node) -> list[float]:
         """The scalar constants a node's composed NPU plan reads."""

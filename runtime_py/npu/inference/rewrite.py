@@ -26,7 +26,8 @@ does not remove, and returns how many times it applied:
   ``Cap.CONV_ACCUMULATE``): ``Add(Conv(x), r)`` of one shape into the
   ``Conv`` with ``r`` as its residual input (CONV2D accumulating into its
   output), ResNet's skip connection;
-- :func:`fuse_activation`: ``Relu``/``Gelu`` after ``Conv``, ``Gemm`` or
+- :func:`fuse_activation`: ``Relu``/``Gelu`` (and, when asked: the NPU has
+  ``Cap.ACT_RELU6``, a ``Clip`` to [0, 6] after a ``Conv``) after ``Conv``, ``Gemm`` or
   ``MatMul`` into the node's fused activation (the NPU's CONV2D/LINEAR
   activation, applied after a residual), when the intermediate tensor has
   no other reader.
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import CPU_OPS, Array, ReferenceKernel, cpu_kernel, numpy_kernel_ok
-from .graph import NPU_MIN_OPSET, Graph, Node, TensorInfo
+from .graph import NPU_MIN_OPSET, Graph, Node, TensorInfo, clip_bounds
 from .quant import fuse_qdq, signed_activations
 
 __all__ = [
@@ -476,8 +477,10 @@ def fuse_residual(graph: Graph) -> int:
     return count
 
 
-def fuse_activation(graph: Graph) -> int:
-    """Relu/Gelu after Conv, Gemm or MatMul becomes the node's fused activation."""
+def fuse_activation(graph: Graph, relu6: bool = False) -> int:
+    """Relu/Gelu after Conv, Gemm or MatMul becomes the node's fused activation;
+    with ``relu6`` (the NPU has ``Cap.ACT_RELU6``) also a ``Clip`` to constant
+    [0, 6] after a Conv (MobileNet's ReLU6), as ``"Relu6"``."""
     count = 0
     removed: set[int] = set()
     for node in graph.nodes:
@@ -486,11 +489,15 @@ def fuse_activation(graph: Graph) -> int:
         if node.op_type == "Conv" and graph.tensor_info(node.input(0)).rank != 4:
             continue
         act = _single_use(graph, node.outputs[0])
-        if act is None or act.domain or act.op_type not in ("Relu", "Gelu"):
+        if act is None or act.domain or act.op_type not in ("Relu", "Gelu", "Clip"):
             continue
         if act.op_type == "Gelu" and act.attrs.get("approximate", "none") != "none":
             continue
-        node.act = act.op_type
+        if act.op_type == "Clip" and (
+            not relu6 or node.op_type != "Conv" or clip_bounds(graph, act) != (0.0, 6.0)
+        ):
+            continue
+        node.act = "Relu6" if act.op_type == "Clip" else act.op_type
         node.outputs = [act.outputs[0]]
         node.fused.append(act.name)
         node.proto = None
@@ -509,11 +516,12 @@ def prune_initializers(graph: Graph) -> int:
     return len(dead)
 
 
-def rewrite(graph: Graph, *, residual: bool = False) -> dict[str, int]:
+def rewrite(graph: Graph, *, residual: bool = False, relu6: bool = False) -> dict[str, int]:
     """Run every rewrite in order; return how often each applied.
 
     :func:`fuse_residual` runs only with ``residual`` (the NPU can
-    accumulate into a CONV2D output). A model below opset
+    accumulate into a CONV2D output), and :func:`fuse_activation` fuses a
+    ReLU6 ``Clip`` only with ``relu6`` (the NPU has the activation). A model below opset
     :data:`NPU_MIN_OPSET` is not rewritten: its nodes run with
     onnx.reference, which knows their old definitions.
     """
@@ -531,7 +539,7 @@ def rewrite(graph: Graph, *, residual: bool = False) -> dict[str, int]:
         ("fuse_bias", fuse_bias),
         ("fuse_erf_gelu", fuse_erf_gelu),
         ("fuse_residual", fuse_residual if residual else lambda _: 0),
-        ("fuse_activation", fuse_activation),
+        ("fuse_activation", lambda g: fuse_activation(g, relu6)),
         ("prune_initializers", prune_initializers),
     ]
     for name, fn in passes:

@@ -243,8 +243,13 @@ class InferenceSession(Closing):
         if use_npu:
             self.device = resolve_device(device)
             caps = int(self.device.info.caps)
-        # Residual adds fuse into convolutions only for an NPU that accumulates.
-        self.rewrites = rewrite(graph, residual=bool(caps & Cap.CONV_ACCUMULATE))
+        # Residual adds and ReLU6 fuse into convolutions only for an NPU that
+        # has them (a CPU-only session keeps the ONNX nodes).
+        self.rewrites = rewrite(
+            graph,
+            residual=bool(caps & Cap.CONV_ACCUMULATE),
+            relu6=bool(caps & Cap.ACT_RELU6),
+        )
         self.graph = graph
         self.fallbacks: list[tuple[str, str, str]] = []
         on_npu: dict[str, bool] = {}

@@ -90,12 +90,21 @@ def unary_float_only(kind: int) -> bool:
     return kind not in (_abi.UnaryKind.RELU, _abi.UnaryKind.ABS, _abi.UnaryKind.NEG)
 
 
-def tensor_op_features(opcode: int, params: Sequence[int], out_contiguous: bool = True) -> int:
+def tensor_op_features(
+    opcode: int, params: Sequence[int], out_contiguous: bool = True, kind: int = 0
+) -> int:
     """``npu_tensor_op_features``: capability bits an op needs beyond its opcode's.
 
     ``out_contiguous`` says whether the op's output is row-major and dense
-    (a CONVERT into a strided view needs ``Cap.STRIDED_OUT``).
+    (a CONVERT into a strided view needs ``Cap.STRIDED_OUT``); ``kind`` is
+    the op's kind (MATMUL, LINEAR and CONV2D with RELU6 need
+    ``Cap.ACT_RELU6``).
     """
+    if (
+        opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR, _abi.Opcode.CONV2D)
+        and kind == _abi.ActKind.RELU6
+    ):
+        return int(_abi.Cap.ACT_RELU6)
     if opcode == _abi.Opcode.POOL2D and params[_abi.NPU_POOL_P_FLAGS] & (
         _abi.NPU_POOL_F_GEOMETRY | _abi.NPU_POOL_F_CEIL
     ):

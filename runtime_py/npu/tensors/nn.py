@@ -120,7 +120,7 @@ _ACTIVATIONS: Final[dict[str, _abi.ActKind]] = {
 def _activation(activation: str | _abi.ActKind | None, what: str) -> _abi.ActKind:
     if activation is None:
         return _abi.ActKind.NONE
-    if isinstance(activation, _abi.ActKind):
+    if isinstance(activation, _abi.ActKind) and activation in _ACTIVATIONS.values():
         return activation
     if isinstance(activation, str) and activation.lower() in _ACTIVATIONS:
         return _ACTIVATIONS[activation.lower()]
