@@ -86,6 +86,15 @@ def _single_use(graph: Graph, name: str) -> Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _absorb(node: Node, other: Node, removed: set[int]) -> None:
+    """``node`` takes over ``other`` (which read its output): ``other``'s output,
+    a place in ``node.fused``, and ``other`` goes into ``removed``."""
+    node.outputs = [other.outputs[0]]
+    node.fused.append(other.name)
+    node.proto = None
+    removed.add(id(other))
+
+
 def constants_to_initializers(graph: Graph) -> int:
     """Turn ``Constant`` nodes into initializers."""
     count = 0
@@ -241,10 +250,7 @@ def fold_batchnorm(graph: Graph) -> int:
             graph.initializers[wname] = (w * s.reshape(-1, 1, 1, 1)).astype(w.dtype)
             graph.initializers[bname] = (b64 * s + t).astype(w.dtype)
             conv.inputs = [conv.inputs[0], wname, bname]
-            conv.outputs = [node.outputs[0]]
-            conv.fused.append(node.name)
-            conv.proto = None
-            removed.add(id(node))
+            _absorb(conv, node, removed)
             count += 1
             continue
         shape = (-1,) + (1,) * (xinfo.rank - 2)
@@ -341,10 +347,7 @@ def fuse_bias(graph: Graph) -> int:
             name = f"{node.name}_bias"
             graph.initializers[name] = np.ascontiguousarray(bias.reshape(-1))
             node.inputs = [*node.inputs[:2], name]
-        node.outputs = [add.outputs[0]]
-        node.fused.append(add.name)
-        node.proto = None
-        removed.add(id(add))
+        _absorb(node, add, removed)
         count += 1
     graph.nodes = [n for n in graph.nodes if id(n) not in removed]
     return count
@@ -468,10 +471,7 @@ def fuse_residual(graph: Graph) -> int:
         _, conv, r = best
         conv.inputs = [conv.input(0), conv.input(1), conv.input(2), r]
         conv.residual = True
-        conv.outputs = [add.outputs[0]]
-        conv.fused.append(add.name)
-        conv.proto = None
-        removed.add(id(add))
+        _absorb(conv, add, removed)
         count += 1
     graph.nodes = [n for n in graph.nodes if id(n) not in removed]
     return count
@@ -498,10 +498,7 @@ def fuse_activation(graph: Graph, relu6: bool = False) -> int:
         ):
             continue
         node.act = "Relu6" if act.op_type == "Clip" else act.op_type
-        node.outputs = [act.outputs[0]]
-        node.fused.append(act.name)
-        node.proto = None
-        removed.add(id(act))
+        _absorb(node, act, removed)
         count += 1
     graph.nodes = [n for n in graph.nodes if id(n) not in removed]
     return count
