@@ -209,6 +209,7 @@ struct npu_fw_log {
 #define NPU_CAP_STRIDED_OUT	(1u << 14)	/* CONVERT into a strided output */
 #define NPU_CAP_CONV_ACCUMULATE	(1u << 15)	/* CONV2D adding into its output */
 #define NPU_CAP_ACT_RELU6	(1u << 16)	/* NPU_ACT_RELU6 */
+#define NPU_CAP_CONCURRENT	(1u << 17)	/* NPU_CMD_F_CONCURRENT */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -546,7 +547,14 @@ enum npu_unary_kind {
 
 /* Descriptor flags */
 #define NPU_CMD_F_IRQ		(1u << 0)	/* interrupt when this command completes */
-#define NPU_CMD_F_MASK		NPU_CMD_F_IRQ
+/*
+ * NPU_CAP_CONCURRENT: this command does not depend on the commands before
+ * it in the ring back to the last one without the flag, so the device may
+ * run them at the same time on different AI cores. They still complete
+ * (completion record, fence, Q_HEAD, interrupt) in ring order.
+ */
+#define NPU_CMD_F_CONCURRENT	(1u << 1)
+#define NPU_CMD_F_MASK		(NPU_CMD_F_IRQ | NPU_CMD_F_CONCURRENT)
 
 /* GEMM flags (npu_cmd.gemm.flags) */
 #define NPU_GEMM_TRANS_A	(1u << 0)

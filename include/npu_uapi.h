@@ -44,6 +44,7 @@
 #define NPU_INFO_CAP_STRIDED_OUT (1u << 14)	/* CONVERT into a strided output */
 #define NPU_INFO_CAP_CONV_ACCUMULATE (1u << 15)	/* CONV2D adding into its output */
 #define NPU_INFO_CAP_ACT_RELU6	(1u << 16)	/* the RELU6 activation */
+#define NPU_INFO_CAP_CONCURRENT	(1u << 17)	/* NPU_TENSOR_OP_F_CONCURRENT */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */
@@ -220,9 +221,21 @@ struct npu_tensor_ref {
  * Operands in the order of npu_hw.h (inputs, then the output); params as
  * npu_hw.h gives them per opcode; unused operands and params zero.
  */
+/*
+ * NPU_TENSOR_OP_F_CONCURRENT (needs NPU_INFO_CAP_CONCURRENT, else
+ * -EOPNOTSUPP): the op does not depend on the ops before it in the same
+ * SUBMIT back to the last op without the flag (it neither reads nor writes
+ * what they write, nor writes what they read), so the device may run them
+ * at the same time on different AI cores. Completion stays in order. A
+ * job's first op never runs concurrently with an earlier job: the driver
+ * clears the flag there.
+ */
+#define NPU_TENSOR_OP_F_CONCURRENT	(1u << 0)
+#define NPU_TENSOR_OP_F_MASK		NPU_TENSOR_OP_F_CONCURRENT
+
 struct npu_tensor_op {
 	__u16 opcode;		/* NPU_OP_ELTWISE .. NPU_OP_REQUANT, NPU_OP_SELECT */
-	__u16 flags;		/* must be zero */
+	__u16 flags;		/* NPU_TENSOR_OP_F_* */
 	__u32 kind;		/* enum npu_*_kind of the opcode; 0 if it has none */
 	struct npu_tensor_ref t[4];
 	__u32 params[12];	/* per opcode (npu_hw.h); unused ones zero */

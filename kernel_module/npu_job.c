@@ -252,9 +252,12 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 	struct npu_bo *bos[NPU_TENSOR_OPERANDS] = {};
 	u32 i;
 
-	if (!n || op->flags || op->rsvd)
+	if (!n || (op->flags & ~NPU_TENSOR_OP_F_MASK) || op->rsvd)
 		return -EINVAL;
 	if (!npu_tensor_op_supported(op->opcode, ctx->ndev->caps))
+		return -EOPNOTSUPP;
+	if ((op->flags & NPU_TENSOR_OP_F_CONCURRENT) &&
+	    !(ctx->ndev->caps & NPU_CAP_CONCURRENT))
 		return -EOPNOTSUPP;
 	memset(hw, 0, sizeof(*hw));
 	/* The validator below rejects params the opcode does not use. */
@@ -296,6 +299,8 @@ static int npu_build_tensor_cmd(struct npu_context *ctx, struct npu_job *job,
 	}
 	memset(cmd, 0, sizeof(*cmd));
 	cmd->opcode = op->opcode;
+	if (op->flags & NPU_TENSOR_OP_F_CONCURRENT)
+		cmd->flags = NPU_CMD_F_CONCURRENT;
 	cmd->tensor.kind = op->kind;
 	return 0;
 }
@@ -440,6 +445,9 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 
 		cmds[i].fence = job->first_fence + slot;
 		cmds[i].ctx = ctx->vm.ctx;
+		/* Concurrency stays inside the job: its first op waits. */
+		if (i == 0)
+			cmds[i].flags &= ~NPU_CMD_F_CONCURRENT;
 		if (i == n - 1)
 			cmds[i].flags |= NPU_CMD_F_IRQ;
 		/* The slot is free, so is its parameter block. */

@@ -243,21 +243,215 @@ static bool npu_queue_runnable_locked(NpuState *s, NpuQueue *q)
            (s->fw_queues & (1u << (q - s->q)));
 }
 
-/* Run the descriptor at the queue's head; called and returns with the lock. */
+/*
+ * Validate and run one fetched descriptor (any engine thread, no lock):
+ * fills in @m->cpl, or sets @m->blocked for a WAIT that must look again.
+ */
+static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
+{
+    struct npu_cmd *cmd = &m->cmd;
+    uint32_t inject = m->inject;
+    uint32_t status;
+
+    memset(&m->cpl, 0, sizeof(m->cpl));
+    m->cpl.t_start = cpu_to_le64(npu_now_ns());
+    trace_npu_cmd_start(qi, m->idx, cmd->opcode, cmd->fence);
+    if (inject && ((cmd->flags & ~NPU_CMD_F_MASK) || cmd->rsvd0)) {
+        /* A malformed descriptor is not a command: keep the fault armed. */
+        qemu_mutex_lock(&s->lock);
+        s->inject |= inject;
+        qemu_mutex_unlock(&s->lock);
+        inject = 0;
+    }
+    if (cmd->flags & ~NPU_CMD_F_MASK) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown descriptor flags 0x%x\n",
+                      cmd->flags);
+        status = NPU_ST_BAD_FLAGS;
+    } else if (cmd->rsvd0) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
+        status = NPU_ST_BAD_RESERVED;
+    } else if (cmd->opcode < 32 && !(s->fw_opcodes & (1u << cmd->opcode))) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u is not in the"
+                      " firmware\n", cmd->opcode);
+        status = NPU_ST_BAD_OPCODE;
+    } else if (inject) {
+        trace_npu_inject(qi, inject);
+        status = inject & NPU_INJECT_HW_ERROR ? NPU_ST_HW_ERROR
+                                              : NPU_ST_DMA_ERROR;
+    } else {
+        status = npu_walk_select(s, &m->walk, cmd->ctx);
+        if (status == NPU_ST_OK) {
+            status = npu_exec_cmd(s, &m->walk, cmd);
+        }
+        if (status == NPU_ST_OK && cmd->opcode == NPU_OP_WAIT) {
+            bool ready;
+
+            status = npu_wait_ready(s, &m->walk, cmd, &ready);
+            if (status == NPU_ST_OK && !ready) {
+                m->blocked = true;      /* the head stays; look again */
+                return;
+            }
+        }
+    }
+    m->cpl.t_end = cpu_to_le64(npu_now_ns());
+    m->cpl.fence = cpu_to_le64(cmd->fence);
+    m->cpl.status = cpu_to_le32(status);
+    m->cpl.opcode = cpu_to_le16(cmd->opcode);
+    trace_npu_cmd_done(qi, cmd->fence, status,
+                       le64_to_cpu(m->cpl.t_end) - le64_to_cpu(m->cpl.t_start));
+    if (status == NPU_ST_TIMEOUT) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d fence %" PRIu64 " ran"
+                      " past its budget of %u ms\n", qi, (uint64_t)cmd->fence,
+                      s->cmd_budget_ms);
+        trace_npu_cmd_timeout(qi, cmd->fence, s->cmd_budget_ms);
+    }
+}
+
+/* A member of a concurrent group, on the AI core that runs it. */
+typedef struct NpuGroup {
+    NpuState *s;
+    int qi;
+    NpuMember *m;
+} NpuGroup;
+
+static uint32_t npu_group_tile(NpuCore *core, void *opaque, uint64_t begin,
+                               uint64_t end)
+{
+    NpuGroup *g = opaque;
+    uint64_t i;
+
+    for (i = begin; i < end; i++) {
+        npu_member_exec(g->s, g->qi, &g->m[i]);
+    }
+    return NPU_ST_OK;
+}
+
+/* Fetch descriptor @idx of queue @qi into @m; false if the DMA failed. */
+static bool npu_fetch(NpuState *s, int qi, uint64_t ring, uint32_t ring_size,
+                      uint32_t idx, NpuMember *m, const NpuWalk *walk)
+{
+    uint32_t slot = idx & (ring_size - 1);
+    struct npu_cmd *cmd = &m->cmd;
+
+    /* The descriptor is copied once; only the local copy is looked at. */
+    if (npu_dma_read(s, "descriptor", ring + (uint64_t)slot * sizeof(*cmd),
+                     cmd, sizeof(*cmd)) != MEMTX_OK) {
+        return false;
+    }
+    cmd->opcode = le16_to_cpu(cmd->opcode);
+    cmd->flags = le16_to_cpu(cmd->flags);
+    cmd->ctx = le16_to_cpu(cmd->ctx);
+    cmd->fence = le64_to_cpu(cmd->fence);
+    m->idx = idx;
+    m->inject = 0;
+    m->faults = 0;
+    m->blocked = false;
+    if (walk != &m->walk) {
+        m->walk = *walk;
+    }
+    m->walk.faults = &m->faults;
+    return true;
+}
+
+/* May @cmd run at the same time as the commands before it? */
+static bool npu_joins_group(const struct npu_cmd *cmd)
+{
+    return (cmd->flags & NPU_CMD_F_CONCURRENT) &&
+           cmd->opcode != NPU_OP_WAIT && cmd->opcode != NPU_OP_SIGNAL;
+}
+
+/*
+ * Complete group member @m (steps 6 to 9 of section 6.3); called and
+ * returns with the lock. False when the queue is not to go on: a reset,
+ * the queue disabled or re-enabled, or stopped by an error.
+ */
+static bool npu_retire_locked(NpuState *s, int qi, uint32_t gen,
+                              uint64_t cpl_base, uint64_t fence_addr,
+                              NpuMember *m)
+{
+    NpuQueue *q = &s->q[qi];
+    uint32_t slot = m->idx & (q->ring_size - 1);
+    uint32_t status = le32_to_cpu(m->cpl.status);
+    struct npu_fence_wb wb;
+    int i;
+
+    if (s->reset_pending || q->gen != gen) {
+        /*
+         * Reset, or disabled and maybe re-pointed meanwhile: the rings the
+         * command came from may be gone, so nothing of it is written.
+         */
+        return false;
+    }
+    if (m->walk.confined && m->faults) {
+        /*
+         * Any fault counts, even one hidden behind another tile's status.
+         * The queue stops before the completion is written, so whoever
+         * sees the fence can see the stop; Q_DONE names the command.
+         */
+        q->done_fence = m->cmd.fence;
+        npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
+    }
+    q->cpl_writing = true;      /* the queue's rings stay while we write */
+    qemu_mutex_unlock(&s->lock);
+
+    wb.value = m->cpl.fence;
+    wb.timestamp = m->cpl.t_end;
+    if (npu_dma_write(s, "completion",
+                      cpl_base + (uint64_t)slot * sizeof(m->cpl),
+                      &m->cpl, sizeof(m->cpl)) != MEMTX_OK ||
+        (fence_addr &&
+         npu_dma_write(s, "fence", fence_addr, &wb, sizeof(wb)) !=
+         MEMTX_OK)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
+                      " failed\n", qi);
+        qemu_mutex_lock(&s->lock);
+        q->cpl_writing = false;
+        qemu_cond_broadcast(&s->cpl_done);
+        if (!s->reset_pending && q->gen == gen) {
+            npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
+        }
+        return false;
+    }
+
+    qemu_mutex_lock(&s->lock);
+    q->cpl_writing = false;
+    qemu_cond_broadcast(&s->cpl_done);
+    if (s->reset_pending || q->gen != gen) {
+        return false;   /* reset or re-enabled meanwhile: the state is gone */
+    }
+    q->head = m->idx + 1;
+    q->waiting = false;
+    q->done_fence = m->cmd.fence;
+    s->cmds_done++;
+    /* A completion may be what a blocked WAIT waits for. */
+    for (i = 0; i < NPU_NUM_QUEUES; i++) {
+        s->q[i].blocked = false;
+    }
+    if (status != NPU_ST_OK) {
+        npu_queue_irq_locked(s, qi);    /* errors are never held back */
+    } else if (m->cmd.flags & NPU_CMD_F_IRQ) {
+        npu_queue_completed_locked(s, qi);
+    } else if (q->irq_held && q->head == q->tail) {
+        npu_queue_irq_locked(s, qi);    /* idle: nothing left to wait for */
+    }
+    return !(q->status & NPU_QSTAT_STOPPED);
+}
+
+/*
+ * Run the descriptor at the queue's head, with the commands after it that
+ * may run concurrently (a group, NPU_CMD_F_CONCURRENT); called and returns
+ * with the lock.
+ */
 static void npu_process_one_locked(NpuState *s, int qi)
 {
     NpuQueue *q = &s->q[qi];
+    NpuMember *m = s->level[s->depth].members;
     uint32_t idx = q->head;
     uint32_t gen = q->gen;
-    uint32_t slot = idx & (q->ring_size - 1);
+    uint32_t ring_size = q->ring_size;
     uint64_t ring = q->ring_base, cpl_base = q->cpl_base;
     uint64_t fence_addr = q->fence_addr;
-    struct npu_fence_wb wb;
-    struct npu_cmd cmd;
-    struct npu_cpl cpl;
-    uint32_t status, faults, inject;
-    NpuWalk walk;
-    int i;
+    uint32_t inject, n, max, k;
 
     if (q->tail - q->head > q->ring_size) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d tail %u overruns head %u"
@@ -277,17 +471,15 @@ static void npu_process_one_locked(NpuState *s, int qi)
     inject = s->inject & NPU_INJECT_HW_ERROR ?:
              s->inject & NPU_INJECT_DMA_FAULT;
     s->inject &= ~inject;
-    npu_walk_init_locked(s, &walk, qi);
-    /* One command per level at a time: the delta is ours. */
-    faults = s->level_faults[walk.level];
+    npu_walk_init_locked(s, &m[0].walk, qi);
+    /* A group takes the descriptors already published, one per AI core. */
+    max = MIN(q->tail - q->head, MIN(s->cores.n, NPU_GROUP_MAX));
     qatomic_set(&s->deadline_ns, s->cmd_budget_ms ?
                 qemu_clock_get_ns(QEMU_CLOCK_REALTIME) +
                 s->cmd_budget_ms * (int64_t)SCALE_MS : INT64_MAX);
     qemu_mutex_unlock(&s->lock);
 
-    /* The descriptor is copied once; only the local copy is looked at. */
-    if (npu_dma_read(s, "descriptor", ring + (uint64_t)slot * sizeof(cmd),
-                     &cmd, sizeof(cmd)) != MEMTX_OK) {
+    if (!npu_fetch(s, qi, ring, ring_size, idx, &m[0], &m[0].walk)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
                       " 0x%" PRIx64 " failed\n", qi, ring);
         qemu_mutex_lock(&s->lock);
@@ -297,132 +489,43 @@ static void npu_process_one_locked(NpuState *s, int qi)
         }
         return;
     }
-    cmd.opcode = le16_to_cpu(cmd.opcode);
-    cmd.flags = le16_to_cpu(cmd.flags);
-    cmd.ctx = le16_to_cpu(cmd.ctx);
-    cmd.fence = le64_to_cpu(cmd.fence);
-
-    memset(&cpl, 0, sizeof(cpl));
-    cpl.t_start = cpu_to_le64(npu_now_ns());
-    trace_npu_cmd_start(qi, idx, cmd.opcode, cmd.fence);
-    if (inject && ((cmd.flags & ~NPU_CMD_F_MASK) || cmd.rsvd0)) {
-        /* A malformed descriptor is not a command: keep the fault armed. */
-        qemu_mutex_lock(&s->lock);
-        s->inject |= inject;
-        qemu_mutex_unlock(&s->lock);
-        inject = 0;
-    }
-    if (cmd.flags & ~NPU_CMD_F_MASK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown descriptor flags 0x%x\n",
-                      cmd.flags);
-        status = NPU_ST_BAD_FLAGS;
-    } else if (cmd.rsvd0) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
-        status = NPU_ST_BAD_RESERVED;
-    } else if (cmd.opcode < 32 && !(s->fw_opcodes & (1u << cmd.opcode))) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u is not in the"
-                      " firmware\n", cmd.opcode);
-        status = NPU_ST_BAD_OPCODE;
-    } else if (inject) {
-        trace_npu_inject(qi, inject);
-        status = inject & NPU_INJECT_HW_ERROR ? NPU_ST_HW_ERROR
-                                              : NPU_ST_DMA_ERROR;
-    } else {
-        status = npu_walk_select(s, &walk, cmd.ctx);
-        if (status == NPU_ST_OK) {
-            status = npu_exec_cmd(s, &walk, &cmd);
+    m[0].inject = inject;
+    n = 1;
+    if (m[0].cmd.opcode != NPU_OP_WAIT && m[0].cmd.opcode != NPU_OP_SIGNAL) {
+        /*
+         * A descriptor read ahead that does not join is read again when it
+         * reaches the head; only that copy is used for it.
+         */
+        while (n < max &&
+               npu_fetch(s, qi, ring, ring_size, idx + n, &m[n], &m[0].walk) &&
+               npu_joins_group(&m[n].cmd)) {
+            n++;
         }
-        if (status == NPU_ST_OK && cmd.opcode == NPU_OP_WAIT) {
-            bool ready;
+    }
+    if (n == 1) {
+        npu_member_exec(s, qi, &m[0]);
+    } else {
+        NpuGroup group = { .s = s, .qi = qi, .m = m };
 
-            status = npu_wait_ready(s, &walk, &cmd, &ready);
-            if (status == NPU_ST_OK && !ready) {
-                /* Not yet: the head stays; look again later. */
-                qemu_mutex_lock(&s->lock);
-                q->status &= ~NPU_QSTAT_ACTIVE;
-                if (!s->reset_pending && q->gen == gen) {
-                    q->blocked = true;
-                    q->waiting = true;
-                }
-                return;
+        trace_npu_cmd_group(qi, idx, n);
+        npu_run_members(s, npu_group_tile, &group, n);
+    }
+
+    qemu_mutex_lock(&s->lock);
+    if (m[0].blocked) {
+        /* A WAIT (always alone) not satisfied yet: the head stays. */
+        if (!s->reset_pending && q->gen == gen) {
+            q->blocked = true;
+            q->waiting = true;
+        }
+    } else {
+        for (k = 0; k < n; k++) {
+            if (!npu_retire_locked(s, qi, gen, cpl_base, fence_addr, &m[k])) {
+                break;
             }
         }
     }
-    cpl.t_end = cpu_to_le64(npu_now_ns());
-    cpl.fence = cpu_to_le64(cmd.fence);
-    cpl.status = cpu_to_le32(status);
-    cpl.opcode = cpu_to_le16(cmd.opcode);
-    trace_npu_cmd_done(qi, cmd.fence, status,
-                       le64_to_cpu(cpl.t_end) - le64_to_cpu(cpl.t_start));
-    if (status == NPU_ST_TIMEOUT) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d fence %" PRIu64 " ran"
-                      " past its budget of %u ms\n", qi, (uint64_t)cmd.fence,
-                      s->cmd_budget_ms);
-        trace_npu_cmd_timeout(qi, cmd.fence, s->cmd_budget_ms);
-    }
-
-    qemu_mutex_lock(&s->lock);
-    if (s->reset_pending || q->gen != gen) {
-        /*
-         * Reset, or disabled and maybe re-pointed meanwhile: the rings the
-         * command came from may be gone, so nothing of it is written.
-         */
-        q->status &= ~NPU_QSTAT_ACTIVE;
-        return;
-    }
-    if (walk.confined && s->level_faults[walk.level] != faults) {
-        /*
-         * Any fault counts, even one hidden behind another tile's status.
-         * The queue stops before the completion is written, so whoever
-         * sees the fence can see the stop; Q_DONE names the command.
-         */
-        q->done_fence = cmd.fence;
-        npu_queue_error_locked(s, qi, NPU_ERR_MMU_FAULT);
-    }
-    q->cpl_writing = true;      /* the queue's rings stay while we write */
-    qemu_mutex_unlock(&s->lock);
-
-    wb.value = cpl.fence;
-    wb.timestamp = cpl.t_end;
-    if (npu_dma_write(s, "completion", cpl_base + (uint64_t)slot * sizeof(cpl),
-                      &cpl, sizeof(cpl)) != MEMTX_OK ||
-        (fence_addr &&
-         npu_dma_write(s, "fence", fence_addr, &wb, sizeof(wb)) !=
-         MEMTX_OK)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
-                      " failed\n", qi);
-        qemu_mutex_lock(&s->lock);
-        q->cpl_writing = false;
-        qemu_cond_broadcast(&s->cpl_done);
-        q->status &= ~NPU_QSTAT_ACTIVE;
-        if (!s->reset_pending && q->gen == gen) {
-            npu_queue_error_locked(s, qi, NPU_ERR_CPL_WRITE);
-        }
-        return;
-    }
-
-    qemu_mutex_lock(&s->lock);
-    q->cpl_writing = false;
-    qemu_cond_broadcast(&s->cpl_done);
     q->status &= ~NPU_QSTAT_ACTIVE;
-    if (s->reset_pending || q->gen != gen) {
-        return;     /* reset or re-enabled meanwhile: the old state is gone */
-    }
-    q->head = idx + 1;
-    q->waiting = false;
-    q->done_fence = cmd.fence;
-    s->cmds_done++;
-    /* A completion may be what a blocked WAIT waits for. */
-    for (i = 0; i < NPU_NUM_QUEUES; i++) {
-        s->q[i].blocked = false;
-    }
-    if (status != NPU_ST_OK) {
-        npu_queue_irq_locked(s, qi);    /* errors are never held back */
-    } else if (cmd.flags & NPU_CMD_F_IRQ) {
-        npu_queue_completed_locked(s, qi);
-    } else if (q->irq_held && q->head == q->tail) {
-        npu_queue_irq_locked(s, qi);    /* idle: nothing left to wait for */
-    }
 }
 
 /*
@@ -653,7 +756,8 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
               NPU_CAP_REDUCE | NPU_CAP_MATMUL | NPU_CAP_CONV |
               NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY | NPU_CAP_SELECT |
               NPU_CAP_STRIDED_OUT | NPU_CAP_CONV_ACCUMULATE |
-              NPU_CAP_ACT_RELU6 | (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
+              NPU_CAP_ACT_RELU6 | NPU_CAP_CONCURRENT |
+              (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:
         val = NPU_NUM_QUEUES;
@@ -1280,6 +1384,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
         s->level[i].core = (NpuCore) {
             .s = s, .chunk = g_malloc(NPU_CHUNK), .index = UINT32_MAX,
         };
+        s->level[i].members = g_new0(NpuMember, NPU_GROUP_MAX);
     }
     npu_cores_init(s, s->num_cores);
     qemu_mutex_init(&s->lock);
@@ -1339,8 +1444,8 @@ static void npu_exit(PCIDevice *pdev)
     qemu_mutex_destroy(&s->lock);
     qemu_mutex_destroy(&s->log_lock);
     for (i = 0; i < NPU_LEVELS; i++) {
-        npu_scratch_free(s, &s->level[i]);
         npu_core_release(&s->level[i].core);
+        g_free(s->level[i].members);
     }
     msix_uninit_exclusive_bar(pdev);
 }

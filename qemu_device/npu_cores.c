@@ -125,6 +125,7 @@ void *npu_core_scratch(NpuCore *core, size_t size)
 /* Free what a core holds besides its thread. */
 void npu_core_release(NpuCore *core)
 {
+    npu_scratch_free(core->s, core);
     g_free(core->chunk);
     core->chunk = NULL;
     qemu_vfree(core->scratch);
@@ -288,19 +289,61 @@ static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
 }
 
 /*
+ * The AI core running a member of a concurrent group on this thread, if
+ * any: that command runs alone on it, its tiles inline.
+ */
+static __thread NpuCore *npu_member_core;
+
+NpuCore *npu_cmd_core(NpuState *s)
+{
+    return npu_member_core ?: &s->level[s->depth].core;
+}
+
+typedef struct NpuMembersJob {
+    NpuTileFn fn;
+    void *opaque;
+} NpuMembersJob;
+
+static uint32_t npu_member_tile(NpuCore *core, void *opaque, uint64_t begin,
+                                uint64_t end)
+{
+    NpuMembersJob *job = opaque;
+
+    npu_member_core = core;
+    job->fn(core, job->opaque, begin, end);
+    npu_member_core = NULL;
+    return NPU_ST_OK;   /* each member keeps its own status */
+}
+
+/*
+ * Run the @n commands of a concurrent group, each whole on one AI core
+ * (the command processor only waits). @fn records each member's status
+ * itself: one failing member does not stop the others. A group is
+ * preempted between its members, not inside one.
+ */
+void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n)
+{
+    NpuMembersJob job = { .fn = fn, .opaque = opaque };
+
+    assert(n <= s->cores.n || n == 1);
+    npu_run_tiles(s, npu_member_tile, &job, n, 1);
+}
+
+/*
  * Run a tiled job: on the cores, or inline on the command processor (one
- * core, or a job of a single tile). Either way every tile boundary is a
- * control point and a preemption point.
+ * core, or a job of a single tile) or on the core a group member runs on.
+ * Either way every tile boundary is a control point, and on the command
+ * processor a preemption point.
  */
 uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
                        uint64_t grain)
 {
-    NpuCore *cp = &s->level[s->depth].core;
+    NpuCore *cp = npu_cmd_core(s);
     uint64_t begin;
     uint32_t st;
 
     grain = MAX(grain, 1);
-    if (total > grain && s->cores.n > 1) {
+    if (total > grain && s->cores.n > 1 && !npu_member_core) {
         return npu_cores_run(s, fn, job, total, grain);
     }
     for (begin = 0; begin < total; begin += grain) {

@@ -49,7 +49,7 @@ typedef struct NpuWalk {
     bool enabled;
     bool confined;          /* the queue's own address space */
     int queue;              /* whose command: recorded with a fault */
-    uint32_t level;         /* the command processor's nesting level */
+    uint32_t *faults;       /* the command's MMU faults (device lock) */
     uint32_t ctx;           /* the descriptor's ctx: recorded with a fault */
     uint64_t ctx_base;      /* context table snapshot */
     uint32_t ctx_count;
@@ -109,6 +109,13 @@ typedef struct NpuCore {
     uint8_t *chunk;         /* NPU_CHUNK bytes, private to this core */
     uint8_t *scratch;       /* kernels' workspace (npu_core_scratch) */
     size_t scratch_size;
+    /*
+     * Tensor ops that gather their inputs whole do it here: grown on
+     * demand, kept between ops up to NPU_SCRATCH_KEEP bytes, charged to
+     * the memory budget.
+     */
+    uint8_t *gather_buf;
+    uint64_t gather_size;
     uint64_t work;          /* since the last control point */
     QemuThread thread;
 } NpuCore;
@@ -142,16 +149,28 @@ struct NpuCores {
     NpuJob *job;            /* the innermost job, NULL when idle */
 };
 
+/*
+ * Most commands one concurrent group holds (NPU_CMD_F_CONCURRENT): a group
+ * is at most as large as the device has AI cores, and never larger than
+ * this.
+ */
+#define NPU_GROUP_MAX 8
+
+/* One command of a group: its private descriptor copy, walk and result. */
+typedef struct NpuMember {
+    uint32_t idx;           /* ring index */
+    struct npu_cmd cmd;     /* the one copy the device looks at */
+    struct npu_cpl cpl;
+    NpuWalk walk;
+    uint32_t inject;        /* the NPU_INJECT_* fault it takes, if any */
+    uint32_t faults;        /* MMU faults it made (device lock) */
+    bool blocked;           /* a WAIT not yet satisfied */
+} NpuMember;
+
 /* What the command processor keeps per nesting level (its own use only). */
 typedef struct NpuLevel {
     NpuCore core;           /* the processor as a core: its bounce buffer */
-    /*
-     * Tensor ops that gather their inputs whole do it here: grown on
-     * demand, kept between ops up to NPU_SCRATCH_KEEP bytes, freed with
-     * the device.
-     */
-    uint8_t *gather_buf;
-    uint64_t gather_size;
+    NpuMember *members;     /* the group it runs (NPU_GROUP_MAX) */
 } NpuLevel;
 
 struct NpuState {
@@ -193,7 +212,6 @@ struct NpuState {
     uint32_t parked;        /* of those, parked at a control point */
     int64_t paused_at_ns;   /* host clock when the VM stopped */
     int cur_prio;           /* priority of the innermost command, -1: idle */
-    uint32_t level_faults[NPU_LEVELS];  /* MMU faults per nesting level */
     uint32_t control;
     uint32_t irq_status;
     uint32_t irq_mask;
@@ -272,6 +290,10 @@ uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len);
 /* npu_cores.c: run @fn over [0, total) in tiles of @grain units. */
 uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
                        uint64_t grain);
+/* npu_cores.c: run @fn(0..n-1) each alone on one AI core, concurrently. */
+void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n);
+/* npu_cores.c: the core whose buffers the running command uses inline. */
+NpuCore *npu_cmd_core(NpuState *s);
 /* npu_cores.c: control points (any engine thread, no lock held). */
 uint32_t npu_engine_poll(NpuState *s);
 uint32_t npu_engine_work(NpuCore *core, uint64_t work);
@@ -290,8 +312,8 @@ void npu_budget_reap(NpuState *s);
 /* npu_tensor.c: the tensor ops, ELTWISE .. REQUANT and SELECT. */
 uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
-/* npu_tensor.c: free a level's gather scratch (it runs no command). */
-void npu_scratch_free(NpuState *s, NpuLevel *lv);
+/* npu_tensor.c: free a core's gather scratch (it runs no command). */
+void npu_scratch_free(NpuState *s, NpuCore *core);
 
 /* npu.c */
 void npu_preempt(NpuState *s);

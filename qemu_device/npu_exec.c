@@ -187,7 +187,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     NpuXferJob job = {
         .walk = *w,
         .dst = le64_to_cpu(cmd->fill.dst),
-        .pattern = s->level[s->depth].core.chunk,
+        .pattern = npu_cmd_core(s)->chunk,
     };
     uint64_t len = le64_to_cpu(cmd->fill.len);
     uint32_t pattern = cmd->fill.pattern;   /* kept in guest byte order */
@@ -209,7 +209,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     }
     /* The pattern chunk is written here, then only read by the tiles. */
     for (i = 0; i < NPU_CHUNK / 4; i++) {
-        memcpy(s->level[s->depth].core.chunk + i * 4, &pattern, 4);
+        memcpy(npu_cmd_core(s)->chunk + i * 4, &pattern, 4);
     }
     return npu_run_tiles(s, npu_fill_tile, &job, len, NPU_TILE_BYTES);
 }

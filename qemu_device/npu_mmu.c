@@ -121,7 +121,7 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
     const NpuQueue *q = &s->q[qi];
 
     w->queue = qi;
-    w->level = s->depth;
+    w->faults = NULL;       /* the command processor points it */
     w->ctx = 0;
     w->ctx_base = s->mmu_ctx_base;
     w->ctx_count = s->mmu_ctx_count;
@@ -142,9 +142,8 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
 
 /*
  * Record a fault. Tiles walk with copies of the command's NpuWalk, so
- * nothing is noted in @w: the command processor sees that the command
- * faulted from the fault count of its nesting level, which only the
- * command running at that level moves.
+ * nothing is noted in @w itself: the count @w->faults points to is the
+ * command's own (NpuMember.faults), shared by all its copies.
  */
 static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
                           uint32_t info)
@@ -159,7 +158,7 @@ static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
     s->mmu_fault_queue = w->queue;
     s->mmu_fault_ctx = w->ctx;
     s->mmu_faults++;
-    s->level_faults[w->level]++;
+    (*w->faults)++;
     qemu_mutex_unlock(&s->lock);
     return NPU_ST_MMU_FAULT;
 }

@@ -1018,33 +1018,33 @@ static uint32_t npu_tensor_gather(NpuState *s, NpuWalk *w,
     return st;
 }
 
-void npu_scratch_free(NpuState *s, NpuLevel *lv)
+void npu_scratch_free(NpuState *s, NpuCore *core)
 {
-    if (lv->gather_buf) {
-        qemu_vfree(lv->gather_buf);
-        qatomic_sub(&s->mem_used, lv->gather_size);
+    if (core->gather_buf) {
+        qemu_vfree(core->gather_buf);
+        qatomic_sub(&s->mem_used, core->gather_size);
     }
-    lv->gather_buf = NULL;
-    lv->gather_size = 0;
+    core->gather_buf = NULL;
+    core->gather_size = 0;
 }
 
 /*
  * @n buffers of @sizes bytes, 64-byte aligned, in the gather scratch of
- * the running command's level (grown when needed, charged to the memory
+ * the running command's core (grown when needed, charged to the memory
  * budget); false if the budget or host memory runs out.
  */
 static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
                             uint8_t **bufs)
 {
-    NpuLevel *lv = &s->level[s->depth];
+    NpuCore *core = npu_cmd_core(s);
     uint64_t total = 0, pos = 0, used;
     uint32_t i;
 
     for (i = 0; i < n; i++) {
         total += ROUND_UP(sizes[i], 64);
     }
-    if (total > lv->gather_size) {
-        npu_scratch_free(s, lv);
+    if (total > core->gather_size) {
+        npu_scratch_free(s, core);
         used = qatomic_add_fetch(&s->mem_used, total);
         if (used > s->mem_budget) {
             qatomic_sub(&s->mem_used, total);
@@ -1055,16 +1055,16 @@ static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
             return false;
         }
         /* Huge pages: a transpose touches a new 4 KiB page per element. */
-        lv->gather_buf = qemu_try_memalign(2 * MiB, total);
-        if (!lv->gather_buf) {
+        core->gather_buf = qemu_try_memalign(2 * MiB, total);
+        if (!core->gather_buf) {
             qatomic_sub(&s->mem_used, total);
             return false;
         }
-        qemu_madvise(lv->gather_buf, total, QEMU_MADV_HUGEPAGE);
-        lv->gather_size = total;
+        qemu_madvise(core->gather_buf, total, QEMU_MADV_HUGEPAGE);
+        core->gather_size = total;
     }
     for (i = 0; i < n; i++) {
-        bufs[i] = lv->gather_buf + pos;
+        bufs[i] = core->gather_buf + pos;
         pos += ROUND_UP(sizes[i], 64);
     }
     return true;
@@ -1219,8 +1219,8 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
                                 NPU_TENSOR_SPLIT_MIN) ? units :
                        DIV_ROUND_UP(units, s->cores.n * 4));
 out:
-    if (s->level[s->depth].gather_size > NPU_SCRATCH_KEEP) {
-        npu_scratch_free(s, &s->level[s->depth]);
+    if (npu_cmd_core(s)->gather_size > NPU_SCRATCH_KEEP) {
+        npu_scratch_free(s, npu_cmd_core(s));
     }
     return st;
 }

@@ -150,6 +150,41 @@ def resnet_like(
     return make(nodes, [vi("x", [batch, 3, size, size])], [vi("logits", [batch, 10])], inits)
 
 
+def inception_like(
+    batch: Any = "N", seed: int = 0, width: int = 8, size: int = 16
+) -> onnx.ModelProto:
+    """A small Inception block: a stem conv, then four branches of the stem's
+    output (1x1; 1x1 then 3x3; 1x1 then two 3x3; 3x3 max pool then 1x1),
+    concatenated along channels, then GAP and an FC layer."""
+    rng = np.random.default_rng(seed)
+    inits: dict[str, np.ndarray] = {}
+    nodes: list[onnx.NodeProto] = []
+
+    def conv(x: str, y: str, cin: int, cout: int, k: int) -> None:
+        inits[f"{y}_w"] = rnd(rng, cout, cin, k, k, scale=(2.0 / (cin * k * k)) ** 0.5)
+        inits[f"{y}_b"] = rnd(rng, cout, scale=0.1)
+        nodes.append(helper.make_node("Conv", [x, f"{y}_w", f"{y}_b"], [f"{y}_c"], name=y,
+                                      pads=[k // 2] * 4))  # fmt: skip
+        nodes.append(helper.make_node("Relu", [f"{y}_c"], [y], name=f"{y}_relu"))
+
+    conv("x", "stem", 3, width, 3)
+    conv("stem", "b1", width, width, 1)
+    conv("stem", "b2a", width, width, 1)
+    conv("b2a", "b2", width, width, 3)
+    conv("stem", "b3a", width, width, 1)
+    conv("b3a", "b3b", width, width, 3)
+    conv("b3b", "b3", width, width, 3)
+    nodes.append(helper.make_node("MaxPool", ["stem"], ["b4a"], name="b4_pool",
+                                  kernel_shape=[3, 3], pads=[1, 1, 1, 1]))  # fmt: skip
+    conv("b4a", "b4", width, width, 1)
+    nodes.append(helper.make_node("Concat", ["b1", "b2", "b3", "b4"], ["cat"], name="cat", axis=1))
+    nodes.append(helper.make_node("GlobalAveragePool", ["cat"], ["gap"], name="gap"))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["feat"], name="flatten"))
+    inits["fc_w"] = rnd(rng, 10, 4 * width, scale=0.3)
+    nodes.append(helper.make_node("Gemm", ["feat", "fc_w"], ["logits"], name="fc", transB=1))
+    return make(nodes, [vi("x", [batch, 3, size, size])], [vi("logits", [batch, 10])], inits)
+
+
 def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The outputs of onnx.reference.ReferenceEvaluator."""
     from onnx.reference import ReferenceEvaluator

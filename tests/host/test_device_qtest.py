@@ -117,7 +117,7 @@ def test_identity_registers_match_the_header(npu: Npu) -> None:
                 | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT
                 | hw.CAP_LOCAL_MEM | hw.CAP_POOL_GEOMETRY | hw.CAP_SELECT
                 | hw.CAP_STRIDED_OUT | hw.CAP_CONV_ACCUMULATE
-                | hw.CAP_ACT_RELU6)  # fmt: skip
+                | hw.CAP_ACT_RELU6 | hw.CAP_CONCURRENT)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION
@@ -565,12 +565,12 @@ BAD_DESCRIPTORS: dict[str, tuple[bytes, str]] = {
     "opcode-count": (cmd(hw.OP_COUNT), "BAD_OPCODE"),
     "opcode-count+1": (cmd(hw.OP_COUNT + 1, b"\1" * 112), "BAD_OPCODE"),
     "opcode-0xffff": (cmd(0xFFFF), "BAD_OPCODE"),
-    "flags-bit1": (nop(flags=2), "BAD_FLAGS"),
+    "flags-bit2": (nop(flags=4), "BAD_FLAGS"),
     "copy-flags-bit15": (with_byte(COPY16, 3, 0x80), "BAD_FLAGS"),
     "rsvd0": (cmd(hw.OP_NOP, rsvd0=1), "BAD_RESERVED"),
     "copy-rsvd0-top-bit": (with_byte(COPY16, 7, 0x80), "BAD_RESERVED"),
     "rsvd0-checked-before-ctx": (cmd(hw.OP_NOP, ctx=1, rsvd0=1), "BAD_RESERVED"),
-    "flags-checked-before-ctx": (cmd(hw.OP_NOP, ctx=1, flags=2), "BAD_FLAGS"),
+    "flags-checked-before-ctx": (cmd(hw.OP_NOP, ctx=1, flags=4), "BAD_FLAGS"),
     # No context table: every ctx but 0 names no address space.
     "nop-ctx-1": (cmd(hw.OP_NOP, ctx=1), "MMU_FAULT"),
     "copy-ctx-top-bit": (with_byte(COPY16, 5, 0x80), "MMU_FAULT"),

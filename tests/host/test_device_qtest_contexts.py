@@ -451,7 +451,7 @@ def test_a_confined_queue_stops_after_a_translation_fault(
 
 
 def test_a_confined_queue_is_not_stopped_by_other_errors(confined: Npu) -> None:
-    bad = [nop(1, flags=2), copy(SRC, SRC + 8, 0x10, fence=2), copy(SRC, DST, 0x10, fence=3)]
+    bad = [nop(1, flags=4), copy(SRC, SRC + 8, 0x10, fence=2), copy(SRC, DST, 0x10, fence=3)]
     first = confined.submit(*bad)[0]
     confined.wait_head(first + len(bad))
     statuses = [c.status for c in confined.completions(first, len(bad))]

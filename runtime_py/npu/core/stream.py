@@ -1028,7 +1028,8 @@ class Stream:
                 block, bufs = self._pack(op, validate=False)
                 blocks.append(block)
                 rows.append(i)
-                raw = CMD3.pack(int(op.opcode), 0, 0, 0, 0, 0, op.kind, 0)
+                flags = _abi.NPU_CMD_F_CONCURRENT if op.concurrent else 0
+                raw = CMD3.pack(int(op.opcode), flags, 0, 0, 0, 0, op.kind, 0)
             else:
                 raw, bufs = self._descriptor(op)
             desc[i] = np.frombuffer(raw, np.uint64)

@@ -61,6 +61,7 @@ CPU_CAPS = (
     | _abi.NPU_INFO_CAP_STRIDED_OUT
     | _abi.NPU_INFO_CAP_CONV_ACCUMULATE
     | _abi.NPU_INFO_CAP_ACT_RELU6
+    | _abi.NPU_INFO_CAP_CONCURRENT
 )
 _DRIVER_VERSION = 0x0001_0000  # 1.0: the CPU backend's own version
 _RECORDS = 256  # completion records kept for fence_info (the ring's entries)

@@ -100,9 +100,14 @@ class Executor:
             op.params[_abi.NPU_POOL_P_FLAGS] & _abi.NPU_POOL_F_GEOMETRY
         ):
             used = 7
-        if n is None or op.flags or op.rsvd or any(op.params[used:]):
+        if n is None or op.flags & ~_abi.NPU_TENSOR_OP_F_MASK or op.rsvd or any(op.params[used:]):
             raise _err(errno.EINVAL)
         if op.opcode not in _SUPPORTED_BY or not self.caps & _SUPPORTED_BY[op.opcode]:
+            raise _err(errno.EOPNOTSUPP)
+        if (
+            op.flags & _abi.NPU_TENSOR_OP_F_CONCURRENT
+            and not self.caps & _abi.NPU_INFO_CAP_CONCURRENT
+        ):
             raise _err(errno.EOPNOTSUPP)
         if (
             op.opcode == _abi.NPU_OP_POOL2D

@@ -58,6 +58,7 @@ from .partition import (
 )
 from .quant import requant_scale
 from .resample import PadSpec, linear_pieces, merge_dims, pad_spec, resize_dims, resize_maps
+from .schedule import Range, concurrent_flags, level_order
 
 __all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
 
@@ -200,6 +201,8 @@ class _Builder:
         self.storages: list[Storage] = []
         self.host_inputs: list[tuple[str, Val]] = []
         self.steps: list[tuple[Node, Callable[[], ops.TensorOp]]] = []
+        # The storages each step reads and writes, in step order.
+        self.access: list[tuple[tuple[Storage, ...], tuple[Storage, ...]]] = []
         self.node: Node | None = None
 
     # -- values ---------------------------------------------------------------
@@ -251,6 +254,50 @@ class _Builder:
             st.last = max(st.last, i)
         assert self.node is not None
         self.steps.append((self.node, make))
+        self.access.append((tuple(v.storage for v in reads), tuple(v.storage for v in writes)))
+
+    def reorder_by_level(self) -> None:
+        """Put the steps in dependency-level order (:func:`level_order`), so
+        independent steps are neighbours; redo the storages' lifetimes.
+
+        A lifetime spans whole levels: two steps of one level may run at
+        the same time, so what one of them reads or writes never shares
+        memory with what another writes.
+        """
+        order, levels = level_order(self.access)
+        self.steps = [self.steps[j] for j in order]
+        self.access = [self.access[j] for j in order]
+        host = {id(v.storage) for _, v in self.host_inputs}
+        for st in self.storages:
+            if not st.fixed:
+                st.first, st.last = (-1, -1) if id(st) in host else (_LIVE_FOREVER, -1)
+        for i, (reads, writes) in enumerate(self.access):
+            for st in reads:
+                if not st.fixed:
+                    st.last = max(st.last, i)
+            for st in writes:
+                st.first = min(st.first, i)
+                st.last = max(st.last, i)
+        start: dict[int, int] = {}
+        end: dict[int, int] = {}
+        for i, lv in enumerate(levels):
+            start.setdefault(lv, i)
+            end[lv] = i
+        for st in self.storages:
+            if not st.fixed and 0 <= st.first < len(levels):
+                st.first = start[levels[st.first]]
+            if not st.fixed and 0 <= st.last < len(levels):
+                st.last = end[levels[st.last]]
+
+    def ranges(self) -> list[tuple[list[Range], list[Range]]]:
+        """Each step's ``(reads, writes)`` byte ranges (after :meth:`place`)."""
+
+        def span(sts: tuple[Storage, ...]) -> list[Range]:
+            return [
+                (id(st.buf), st.offset, st.offset + st.nbytes) for st in sts if st.buf is not None
+            ]
+
+        return [(span(reads), span(writes)) for reads, writes in self.access]
 
     @staticmethod
     def ref(
@@ -315,14 +362,21 @@ class NpuProvider:
         device: the device.
         graph: the (rewritten) graph.
         npu_nodes: the nodes the NPU runs.
+        concurrent: let independent ops run at the same time on the AI
+            cores, where the device can (``Cap.CONCURRENT``).
 
     The constructor uploads the weights; :meth:`build` compiles one
     partition for an input signature; :meth:`run_plan` executes it.
     """
 
-    def __init__(self, device: Device, graph: Graph, npu_nodes: list[Node]) -> None:
+    def __init__(
+        self, device: Device, graph: Graph, npu_nodes: list[Node], *, concurrent: bool = True
+    ) -> None:
         self.device = device
         self.graph = graph
+        # Independent ops run at the same time on the AI cores (a device
+        # with Cap.CONCURRENT): reordered by level, then flagged.
+        self.concurrent = concurrent and bool(device.info.caps & _abi.Cap.CONCURRENT)
         self.buffers: list[Buffer] = []
         self.weights: dict[str, Val] = {}
         self.weight_uploads = 0
@@ -740,19 +794,22 @@ class NpuProvider:
                 raise ModelError(
                     f"{self.graph.source}: {node.describe()}: cannot plan for the NPU: {exc}"
                 ) from exc
+        if self.concurrent:
+            b.reorder_by_level()
         arena, size = b.place()
         built: list[ops.TensorOp] = []
-        op_nodes: dict[int, Node] = {}
         for node, make in b.steps:
             try:
-                op = make()
+                built.append(make())
             except ValueError as exc:
                 raise ModelError(
                     f"{self.graph.source}: {node.describe()}: the NPU op is invalid: {exc}"
                 ) from exc
-            built.append(op)
-            op_nodes[id(op)] = node
         step = _abi.NPU_SUBMIT_MAX_OPS
+        if self.concurrent:
+            flags = concurrent_flags(b.ranges(), range(0, len(built), step))
+            built = [op.with_concurrent() if f else op for op, f in zip(built, flags, strict=True)]
+        op_nodes = {id(op): node for op, (node, _) in zip(built, b.steps, strict=True)}
         chunks = [built[i : i + step] for i in range(0, len(built), step)]
         host_inputs = [(name, v.numpy()) for name, v in b.host_inputs]
         outputs = [(name, v.numpy()) for name, v in b.vals.items() if name in escapes]

@@ -210,6 +210,10 @@ class InferenceSession(Closing):
             when the NPU provider is used).
         providers: ``("NPU", "CPU")`` (default) or ``("CPU",)`` to run
             everything with numpy (the CPU provider always backs the NPU).
+        concurrent: let independent NPU ops (Inception's branches, a
+            projection shortcut) run at the same time on the device's AI
+            cores, where it can (``Cap.CONCURRENT``); False keeps one op at
+            a time. The results are the same either way.
 
     Raises:
         ModelError: the model is malformed or uses an op neither provider
@@ -228,6 +232,8 @@ class InferenceSession(Closing):
         model: ModelSource,
         device: DeviceArg = None,
         providers: Sequence[str] = _PROVIDERS,
+        *,
+        concurrent: bool = True,
     ) -> None:
         provs = tuple(providers)
         bad = [p for p in provs if p not in _PROVIDERS]
@@ -273,7 +279,12 @@ class InferenceSession(Closing):
         self._buffers: list[Any] = []
         if use_npu and any(on_npu.values()):
             assert self.device is not None
-            self._npu = NpuProvider(self.device, graph, [n for n in graph.nodes if on_npu[n.name]])
+            self._npu = NpuProvider(
+                self.device,
+                graph,
+                [n for n in graph.nodes if on_npu[n.name]],
+                concurrent=concurrent,
+            )
             self._buffers = self._npu.buffers
         self._finalizer = weakref.finalize(self, free_buffers, self._buffers)
         self._plans: dict[Signature, list[PartitionPlan | None]] = {}

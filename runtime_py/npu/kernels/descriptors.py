@@ -9,6 +9,7 @@ together) is checked by :mod:`npu.kernels.validate`, and the builders live in
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import operator
 import struct
@@ -169,10 +170,14 @@ class TensorOp:
     CONV2D: the seven ``NPU_CONV_P_*`` values and the input zero point;
     POOL2D: the seven ``NPU_POOL_P_*`` values; REQUANT: the output zero
     point; zero points as two's complement words); the rest of the 12 are
-    packed as zero. Build with :func:`eltwise`, :func:`unary`, :func:`convert`,
-    :func:`reduce`, :func:`softmax`, :func:`layernorm`, :func:`matmul_op`,
-    :func:`linear_op`, :func:`conv2d_op`, :func:`pool2d_op` and
-    :func:`requant_op`, which check the op
+    packed as zero. ``concurrent`` (``Cap.CONCURRENT``) says the op does not
+    depend on the ops before it in the same submission back to the last op
+    without it, so the device may run them at the same time (the runtime
+    sets it; see :meth:`with_concurrent`). Build with :func:`eltwise`,
+    :func:`unary`, :func:`convert`, :func:`reduce`, :func:`softmax`,
+    :func:`layernorm`, :func:`matmul_op`, :func:`linear_op`,
+    :func:`conv2d_op`, :func:`pool2d_op` and :func:`requant_op`, which
+    check the op
     with :func:`npu.ops.check_tensor_op`. ``buffers`` holds the buffer objects for
     :meth:`npu.Device.submit`'s checks; it is not part of equality.
     """
@@ -182,6 +187,7 @@ class TensorOp:
     operands: tuple[TensorRef, ...]
     buffers: tuple[BufferLike, ...] = field(default=(), compare=False, repr=False)
     params: tuple[int, ...] = ()
+    concurrent: bool = False
 
     def __post_init__(self) -> None:
         if len(self.params) > _abi.TENSOR_OP_PARAMS:
@@ -198,12 +204,20 @@ class TensorOp:
         params = self.params + (0,) * (_abi.TENSOR_OP_PARAMS - len(self.params))
         return b"".join(
             (
-                _OP_HEAD.pack(self.opcode, 0, self.kind),
+                _OP_HEAD.pack(
+                    self.opcode,
+                    _abi.NPU_TENSOR_OP_F_CONCURRENT if self.concurrent else 0,
+                    self.kind,
+                ),
                 refs,
                 _NO_REF * unused,
                 _OP_TAIL.pack(*params, 0),
             )
         )
+
+    def with_concurrent(self, concurrent: bool = True) -> TensorOp:
+        """This op with ``concurrent`` set (or cleared)."""
+        return dataclasses.replace(self, concurrent=concurrent)
 
     def pack(self) -> _abi.NpuTensorOp:
         """Return the ``struct npu_tensor_op`` (unused operands, params, rsvd zero)."""
@@ -232,4 +246,5 @@ class TensorOp:
         while params and not params[-1]:
             params.pop()
         extra = f", params=[{','.join(f'{p:#x}' for p in params)}]" if params else ""
-        return f"{name}({', '.join(str(t) for t in self.operands)}{extra})"
+        both = ", concurrent" if self.concurrent else ""
+        return f"{name}({', '.join(str(t) for t in self.operands)}{extra}{both})"

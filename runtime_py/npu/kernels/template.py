@@ -167,6 +167,7 @@ class Template:
             ("operands", refs),
             ("buffers", buffers),
             ("params", self.params),
+            ("concurrent", False),
         ):
             object.__setattr__(op, name, value)
         return op
