@@ -15,7 +15,11 @@ process, :func:`inference_common.ort_baseline`): slow under TCG (VGG-19 takes
 minutes), so off by default.
 
 Keys per model (``<model>`` as in make_zoo.MODELS): ``<model>_b1_ms_npu``,
-``<model>_b8_images_per_s_npu``, ``<model>_partitions`` (partitions of the
+``<model>_b8_images_per_s_npu``, ``<model>_b1_ms_npu_sequential`` and
+``<model>_b1_concurrent_speedup`` (the session with ``concurrent=False``,
+runs interleaved with the default one; their outputs must be identical;
+None for a model file above 256 MiB: VGG-19),
+``<model>_partitions`` (partitions of the
 session; 1: the whole network on the NPU), ``<model>_max_rel_logit_diff``;
 with ``--ort`` also ``<model>_b1_ms_guest_ort`` and
 ``<model>_b8_images_per_s_guest_ort``.
@@ -57,6 +61,10 @@ BATCH = 8
 # Timed runs after one warm-up run: (batch 1, batch 8). VGG-19 takes about half
 # a second per image on the NPU.
 RUNS = (3, 2) if QUICK else (10, 4)
+# The concurrency A/B opens the model twice: not for a model file above this
+# (VGG-19's 548 MiB of weights twice do not fit the guest; it is a chain of
+# ops anyway, with nothing to run concurrently).
+AB_MAX_MODEL_BYTES = 256 << 20
 # docs/models.md, ResNet-50: |NPU - reference| <= LOGIT_RTOL * max |reference|.
 LOGIT_RTOL = 2e-3
 
@@ -73,6 +81,29 @@ def speed(sess: npu.InferenceSession, x1: np.ndarray, xb: np.ndarray) -> ic.Spee
     return ic.Speed(statistics.median(t1), len(xb), statistics.median(tb), (len(t1), len(tb)))
 
 
+def concurrency_ab(
+    sess: npu.InferenceSession, path: Path, x1: np.ndarray
+) -> tuple[float, float, bool]:
+    """(median batch-1 seconds of sess, of the same model with
+    ``concurrent=False``, outputs identical): runs interleaved, so drift
+    in the host's load hits both alike."""
+    with npu.InferenceSession(str(path), concurrent=False) as seq:
+        f1 = ic.feed(seq, x1)
+        want = seq.run(None, f1)[0]
+        got = sess.run(None, f1)[0]
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(RUNS[0]):
+            for concurrent, s in ((True, sess), (False, seq)):
+                t0 = time.perf_counter()
+                s.run(None, f1)
+                times[concurrent].append(time.perf_counter() - t0)
+    return (
+        statistics.median(times[True]),
+        statistics.median(times[False]),
+        bool(np.array_equal(got, want)),
+    )
+
+
 def bench(
     model: str, x: np.ndarray, want: np.ndarray, with_ort: bool
 ) -> tuple[bool, dict[str, Any]]:
@@ -85,6 +116,9 @@ def bench(
         err = float(np.abs(got - want).max() / np.abs(want).max())
         ok = err <= LOGIT_RTOL and bool((got.argmax(1) == want.argmax(1)).all())
         s = speed(sess, x[:1], x)
+        ab = path.stat().st_size <= AB_MAX_MODEL_BYTES
+        conc_s, seq_s, same = concurrency_ab(sess, path, x[:1]) if ab else (0.0, 0.0, True)
+        ok &= same
         parts = [p.provider for p in sess.partitions]
         fallbacks = ic.describe_fallbacks(sess)
     log.info("%s: loaded in %.1f s; %d partitions (%d on the NPU); logits max rel diff %.1e%s; "
@@ -92,11 +126,17 @@ def bench(
              parts.count("NPU"), err,
              "" if ok else " (OUT OF TOLERANCE)", s.latency_b1_s * 1e3, BATCH,
              s.images_per_s)  # fmt: skip
+    if ab:
+        log.info("%s: batch 1 with independent ops concurrent %.1f ms, one at a time %.1f ms%s",
+                 model, conc_s * 1e3, seq_s * 1e3,
+                 "" if same else " (OUTPUTS DIFFER)")  # fmt: skip
     for f in fallbacks[:3]:
         log.info("%s: on the CPU: %s%s", model, f, " ..." if len(fallbacks) > 3 else "")
     keys: dict[str, Any] = {
         f"{model}_b1_ms_npu": round(s.latency_b1_s * 1e3, 2),
         f"{model}_b{BATCH}_images_per_s_npu": round(s.images_per_s, 2),
+        f"{model}_b1_ms_npu_sequential": round(seq_s * 1e3, 2) if ab else None,
+        f"{model}_b1_concurrent_speedup": round(seq_s / conc_s, 3) if ab else None,
         f"{model}_partitions": len(parts),
         f"{model}_max_rel_logit_diff": err,
     }

@@ -1300,6 +1300,56 @@ def bench_conv2d(dev: npu.Device) -> dict[str, float]:
     return res
 
 
+# Independent 1x1 convolutions (Inception-like branch heads): each small
+# enough (3.2M multiply-adds) that the device runs it on one core.
+BRANCH_CONVS = 8
+BRANCH_SHAPE = (1, 64, 64, 28)  # N, C, O, H = W
+
+
+def bench_concurrent(dev: npu.Device) -> dict[str, float]:
+    """Independent small CONV2Ds one after another against flagged concurrent
+    (Cap.CONCURRENT): device time per round, and the results must agree."""
+    n, c, o, hw = BRANCH_SHAPE
+    rng = np.random.default_rng(11)
+    tx = npu.tensor(rng.standard_normal((n, c, hw, hw), dtype=np.float32), device=dev)
+    tw = npu.tensor(rng.standard_normal((o, c, 1, 1), dtype=np.float32), device=dev)
+    tb = npu.tensor(np.zeros((1, o, 1, 1), np.float32), device=dev)
+    bufs = tuple(TensorInputs.buf(t) for t in (tx, tw, tb))
+    fp32 = npu.DType.FP32
+    outs = [dev.alloc(n * o * hw * hw * 4) for _ in range(BRANCH_CONVS)]
+    try:
+
+        def conv(out: npu.Buffer) -> npu.ops.TensorOp:
+            oref = npu.ops.tensor_ref(out, fp32, (n, o, hw, hw))
+            args = (tref_of(tx), tref_of(tw), tref_of(tb), oref, 1, 0, 1, 1)
+            return npu.ops.conv2d_op(*args, npu.ActKind.NONE, (*bufs, out))
+
+        ops = [conv(out) for out in outs]
+        flagged = [ops[0], *(op.with_concurrent() for op in ops[1:])]
+        times = {"sequential": [], "concurrent": []}
+        device_seconds(dev, [ops, flagged], 1, 1)  # warm-up
+        for _ in range(CONV_RUNS):  # interleaved, so drift hits both alike
+            times["sequential"].append(device_seconds(dev, [ops], 4, 1))
+            times["concurrent"].append(device_seconds(dev, [flagged], 4, 1))
+        first = np.array(outs[0].numpy(np.float32, (n * o * hw * hw,)))
+        if not all(np.array_equal(first, b.numpy(np.float32, (first.size,))) for b in outs):
+            raise BenchError("concurrent CONV2Ds differ from one another")
+    finally:
+        for out in outs:
+            out.free()
+    seq = statistics.median(times["sequential"])
+    con = statistics.median(times["concurrent"])
+    log.info(
+        "%d independent 1x1 CONV2Ds %s: %.2f ms one after another, %.2f ms concurrent",
+        BRANCH_CONVS, BRANCH_SHAPE, seq * 1e3, con * 1e3,
+    )  # fmt: skip
+    return {
+        "branch_convs_ms_sequential": seq * 1e3,
+        "branch_convs_ms_concurrent": con * 1e3,
+        "branch_convs_concurrent_speedup": seq / con,
+    }
+
+
 def main() -> int:
     """Run every benchmark; print the JSON result; 0 on success, 1 on a wrong result."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench_npu: %(message)s")
@@ -1409,6 +1459,8 @@ def main() -> int:
                 result["conv_bench_s"] = time.perf_counter() - t_conv
             else:
                 log.warning("the device has no CONV2D op: conv2d figures skipped")
+            if info.has(npu.Cap.CONV) and info.has(npu.Cap.CONCURRENT):
+                result.update(bench_concurrent(dev))
 
             t_tensor = time.perf_counter()
             result.update(bench_tensor_ops(dev))

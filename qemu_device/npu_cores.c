@@ -136,24 +136,27 @@ void npu_core_release(NpuCore *core)
 /* Should the job running now give way to a higher-priority command? */
 static bool npu_preempt_wanted(NpuState *s)
 {
-    return qatomic_read(&s->preempt) &&
+    return qatomic_read(&s->preempt) && !qatomic_read(&s->in_group) &&
            qatomic_read(&s->depth) + 1 < NPU_LEVELS;
 }
 
 /* Cores --------------------------------------------------------------- */
 
-/* Run tiles of the current job until none is left; called with the lock. */
-static void npu_cores_drain_locked(NpuCores *c, NpuCore *core)
+/*
+ * Run tiles of @job until none is left; called with the lock. Only the
+ * innermost published job (c->job) gives way to a preemption; the tiles a
+ * group member shares (c->shared) are part of a command already running.
+ */
+static void npu_cores_drain_locked(NpuCores *c, NpuCore *core, NpuJob *job)
 {
     NpuState *s = core->s;
-    NpuJob *job = c->job;
 
     while (job->next < job->total && !job->paused) {
         uint64_t begin = job->next;
         uint64_t end = MIN(job->total, begin + job->grain);
         uint32_t st;
 
-        if (npu_preempt_wanted(s)) {
+        if (job == c->job && npu_preempt_wanted(s)) {
             job->paused = true;     /* the command processor takes over */
             break;
         }
@@ -183,6 +186,19 @@ static bool npu_cores_have_work_locked(NpuCores *c)
     return c->job && c->job->next < c->job->total && !c->job->paused;
 }
 
+/* Tiles a group member shares with idle cores, if any are left. */
+static NpuJob *npu_cores_shared_locked(NpuCores *c)
+{
+    uint32_t i;
+
+    for (i = 0; i < NPU_GROUP_MAX; i++) {
+        if (c->shared[i] && c->shared[i]->next < c->shared[i]->total) {
+            return c->shared[i];
+        }
+    }
+    return NULL;
+}
+
 static void *npu_core_thread(void *opaque)
 {
     NpuCore *core = opaque;
@@ -190,8 +206,12 @@ static void *npu_core_thread(void *opaque)
 
     qemu_mutex_lock(&c->lock);
     while (!c->stop) {
-        if (npu_cores_have_work_locked(c)) {
-            npu_cores_drain_locked(c, core);
+        /* Group members start first; then a member's tiles get help. */
+        NpuJob *job = npu_cores_have_work_locked(c) ? c->job :
+                      npu_cores_shared_locked(c);
+
+        if (job) {
+            npu_cores_drain_locked(c, core, job);
         } else {
             qemu_cond_wait(&c->work, &c->lock);
         }
@@ -283,6 +303,10 @@ static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
         qemu_cond_broadcast(&c->work);
     }
     c->job = outer;
+    if (outer) {
+        /* A group's members not taken yet: the cores go on with them. */
+        qemu_cond_broadcast(&c->work);
+    }
     qemu_mutex_unlock(&c->lock);
     npu_engine_wake(s);
     return job.status;
@@ -316,17 +340,101 @@ static uint32_t npu_member_tile(NpuCore *core, void *opaque, uint64_t begin,
 }
 
 /*
- * Run the @n commands of a concurrent group, each whole on one AI core
- * (the command processor only waits). @fn records each member's status
- * itself: one failing member does not stop the others. A group is
- * preempted between its members, not inside one.
+ * A group member's tiled job, on the core that runs the member (already a
+ * busy engine thread): its tiles run here and on the cores that have no
+ * member to run; it returns once all are done, with the first failing
+ * tile's status.
+ */
+static uint32_t npu_cores_share(NpuState *s, NpuCore *core, NpuTileFn fn,
+                                void *opaque, uint64_t total, uint64_t grain)
+{
+    NpuCores *c = &s->cores;
+    NpuJob job = {
+        .fn = fn, .opaque = opaque, .total = total, .grain = grain,
+        .status = NPU_ST_OK,
+    };
+    uint32_t slot;
+
+    qemu_mutex_lock(&c->lock);
+    for (slot = 0; c->shared[slot]; slot++) {
+        assert(slot + 1 < NPU_GROUP_MAX);   /* one per member at most */
+    }
+    c->shared[slot] = &job;
+    qemu_cond_broadcast(&c->work);
+    while (job.next < job.total) {
+        uint64_t begin = job.next;
+        uint64_t end = MIN(job.total, begin + job.grain);
+        uint32_t st;
+
+        job.next = end;
+        job.running++;
+        qemu_mutex_unlock(&c->lock);
+        st = npu_engine_poll(s);
+        if (st == NPU_ST_OK) {
+            st = fn(core, opaque, begin, end);
+        }
+        qemu_mutex_lock(&c->lock);
+        job.running--;
+        if (st != NPU_ST_OK && job.status == NPU_ST_OK) {
+            job.status = st;
+            job.next = job.total;
+        }
+    }
+    c->shared[slot] = NULL;
+    if (job.running) {
+        /* Helpers still run tiles: wait, parked for a VM stop meanwhile. */
+        qemu_mutex_unlock(&c->lock);
+        npu_engine_idle(s);
+        qemu_mutex_lock(&c->lock);
+        while (job.running) {
+            qemu_cond_wait(&c->done, &c->lock);
+        }
+        qemu_mutex_unlock(&c->lock);
+        npu_engine_wake(s);
+        return job.status;
+    }
+    qemu_mutex_unlock(&c->lock);
+    return job.status;
+}
+
+/*
+ * Run the @n commands of a concurrent group at once (the command
+ * processor only, not a core): the first on the command processor, as a
+ * command alone runs (its large jobs on the cores), each other one whole
+ * on an AI core; a core left without a member helps with the tiles of the
+ * others (npu_cores_share). @fn records each member's status itself: one
+ * failing member does not stop the others. A group is not preempted: a
+ * higher priority waits for the whole group.
  */
 void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n)
 {
-    NpuMembersJob job = { .fn = fn, .opaque = opaque };
+    NpuCores *c = &s->cores;
+    NpuMembersJob mj = { .fn = fn, .opaque = opaque };
+    NpuJob job = {
+        .fn = npu_member_tile, .opaque = &mj, .total = n, .grain = 1,
+        .next = 1, .status = NPU_ST_OK,    /* member 0 is ours */
+    };
+    NpuJob *outer;
 
-    assert(n <= s->cores.n || n == 1);
-    npu_run_tiles(s, npu_member_tile, &job, n, 1);
+    assert(n > 1 && n <= s->cores.n && !npu_member_core);
+    qatomic_set(&s->in_group, true);
+    qemu_mutex_lock(&c->lock);
+    outer = c->job;
+    c->job = &job;
+    qemu_cond_broadcast(&c->work);
+    qemu_mutex_unlock(&c->lock);
+
+    fn(&s->level[s->depth].core, opaque, 0, 1);
+
+    npu_engine_idle(s);     /* the cores move the data */
+    qemu_mutex_lock(&c->lock);
+    while (job.next < job.total || job.running) {
+        qemu_cond_wait(&c->done, &c->lock);
+    }
+    c->job = outer;
+    qemu_mutex_unlock(&c->lock);
+    npu_engine_wake(s);
+    qatomic_set(&s->in_group, false);
 }
 
 /*
@@ -343,7 +451,10 @@ uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
     uint32_t st;
 
     grain = MAX(grain, 1);
-    if (total > grain && s->cores.n > 1 && !npu_member_core) {
+    if (total > grain && s->cores.n > 1 && npu_member_core) {
+        return npu_cores_share(s, npu_member_core, fn, job, total, grain);
+    }
+    if (total > grain && s->cores.n > 1) {
         return npu_cores_run(s, fn, job, total, grain);
     }
     for (begin = 0; begin < total; begin += grain) {

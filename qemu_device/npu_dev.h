@@ -25,6 +25,13 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
 #define NPU_LEVELS (NPU_Q_PRIORITY_MAX + 1)
 
 /*
+ * Most commands one concurrent group holds (NPU_CMD_F_CONCURRENT): a group
+ * is at most as large as the device has AI cores, and never larger than
+ * this.
+ */
+#define NPU_GROUP_MAX 8
+
+/*
  * Work (about one multiply-add, compared element or byte moved each) a
  * kernel does between two control points: of the order of a millisecond.
  */
@@ -147,14 +154,8 @@ struct NpuCores {
     QemuCond done;          /* the last running tile finished */
     bool stop;
     NpuJob *job;            /* the innermost job, NULL when idle */
+    NpuJob *shared[NPU_GROUP_MAX];  /* group members' tiles, for idle cores */
 };
-
-/*
- * Most commands one concurrent group holds (NPU_CMD_F_CONCURRENT): a group
- * is at most as large as the device has AI cores, and never larger than
- * this.
- */
-#define NPU_GROUP_MAX 8
 
 /* One command of a group: its private descriptor copy, walk and result. */
 typedef struct NpuMember {
@@ -264,6 +265,7 @@ struct NpuState {
      */
     bool abort;
     bool preempt;
+    bool in_group;          /* a concurrent group runs: no preemption */
     int64_t deadline_ns;
     uint64_t mem_used;      /* bytes of the budget in use (qatomic) */
     /*

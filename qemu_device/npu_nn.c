@@ -1212,22 +1212,20 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
             NpuPoolTaps th = npu_pool_taps(ah, oh);
             uint64_t o = u * ohw + oh * job->ow;
 
-            st = npu_engine_work(core, job->ow * (th.hi - th.lo) * aw->k + 1);
-            if (st != NPU_ST_OK) {
-                break;
-            }
             for (ow = 0; ow < job->ow; ow++) {
                 m[ow] = -INFINITY;
                 acc[ow] = 0.0;
             }
-            for (i = th.lo; i < th.hi; i++) {
+            for (i = th.lo; i < th.hi && st == NPU_ST_OK; i++) {
                 uint64_t ih = oh * ah->stride + i * ah->dil - ah->pb;
                 uint64_t at = (base + ih * job->is[2]) *
                               npu_dtype_size(job->dtype);
                 const float *r = npu_load_f32(job->in + at, job->is[3],
                                               job->dtype, tmp, aw->n);
 
-                for (j = 0; j < aw->k; j++) {
+                /* A control point per input row (an output row: 2^30 taps) */
+                st = npu_engine_work(core, job->ow * aw->k + 1);
+                for (j = 0; j < aw->k && st == NPU_ST_OK; j++) {
                     uint64_t off = j * aw->dil, sw = aw->stride, pb = aw->pb;
 
                     /* Column ow reads r[ow * sw + off - pb]: in [lo, hi) */
@@ -1242,6 +1240,9 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
                         }
                     }
                 }
+            }
+            if (st != NPU_ST_OK) {
+                break;
             }
             for (ow = 0; ow < job->ow; ow++, o++) {
                 NpuPoolTaps tw;

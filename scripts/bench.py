@@ -216,6 +216,13 @@ TARGETS: list[tuple[str, str, float, str]] = [
         1.3,
         "pipelined batch-8 ResNet-50 >= 1.3x the same requests one after another",
     ),
+    # Issue 18: parallel branches (Cap.CONCURRENT, examples/bench_models.py).
+    (
+        "inception_v2_b1_concurrent_speedup",
+        ">=",
+        1.0,
+        "Inception v2 at batch 1 with its branches concurrent >= 1.0x one op at a time",
+    ),
     # Issue 17: int8 models within 1 point of fp32 (examples/infer_int8.py).
     (
         "digits_cnn_int8_accuracy_drop",

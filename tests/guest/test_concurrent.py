@@ -100,7 +100,7 @@ def test_a_tensor_op_flag_outside_the_mask_is_refused_with_einval(dev, squares):
 
 
 def test_inception_gives_the_same_result_with_its_branches_concurrent(dev):
-    model = inception_like(width=16, size=32)
+    model = inception_like(width=32, size=32)
     x = np.random.default_rng(3).uniform(0, 1, (2, 3, 32, 32)).astype(np.float32)
     with npu.InferenceSession(model, device=dev) as on:
         (got,) = on.run(None, {"x": x})
@@ -111,7 +111,7 @@ def test_inception_gives_the_same_result_with_its_branches_concurrent(dev):
 
 
 def test_inception_on_a_user_stream_matches_the_reference(dev):
-    model = inception_like(width=16, size=32)
+    model = inception_like(width=32, size=32)
     x = np.random.default_rng(4).uniform(0, 1, (2, 3, 32, 32)).astype(np.float32)
     stream = npu.Stream(dev)
     try:

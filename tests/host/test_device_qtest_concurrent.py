@@ -17,7 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qtest import DATA, Completion, Npu, fill, gemm, hw, nop
+from qtest import (
+    DATA,
+    Completion,
+    Npu,
+    fill,
+    gemm,
+    hw,
+    nop,
+    queue_fence,
+    queue_ring,
+    setup_queue,
+)
 from test_device_qtest_engine import UNTOUCHED, runaway_pool, wait_active, wait_fence
 from test_device_qtest_sync import signal
 
@@ -203,6 +214,28 @@ def test_every_member_of_a_group_is_held_to_the_command_budget(tmp_path: Path) -
         dev.submit(runaway_pool(dev, 1), concurrent(runaway_pool(dev, 2)))
         wait_fence(dev, 2)
         assert [c.status for c in dev.completions(0, 2)] == [hw.ST_TIMEOUT] * 2
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def test_a_group_is_not_preempted_by_a_higher_priority(tmp_path: Path) -> None:
+    dev = open_npu(tmp_path, 2, "cmd-budget-ms=500")
+    try:
+        setup_queue(dev, 3, priority=3)
+        dev.submit(runaway_pool(dev, 1), concurrent(runaway_pool(dev, 2)))
+        wait_active(dev)
+        dev.qt.memwrite(queue_ring(3), nop(0x33))
+        dev.wr(hw.doorbell(3), 1)
+        time.sleep(0.2)
+        assert struct.unpack("<Q", dev.qt.memread(queue_fence(3), 8))[0] == 0, (
+            "the higher priority ran inside the group"
+        )
+        wait_fence(dev, 2)  # the group times out ...
+        deadline = time.monotonic() + 10
+        while struct.unpack("<Q", dev.qt.memread(queue_fence(3), 8))[0] != 0x33:
+            assert time.monotonic() < deadline, "the NOP did not run after the group"
+            time.sleep(0.005)
         dev.assert_alive()
     finally:
         dev.close()

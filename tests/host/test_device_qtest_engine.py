@@ -263,6 +263,18 @@ def test_a_soft_reset_aborts_the_running_command_and_writes_nothing_of_it(ready:
     ready.assert_alive()
 
 
+def test_a_wide_pool_window_stops_within_an_input_row_of_a_reset(ready: Npu) -> None:
+    # One output row of the runaway pool is 2^30 taps (seconds under ASan):
+    # its control points come per input row of the window, 2^20 taps each.
+    ready.submit(runaway_pool(ready, 1))
+    wait_active(ready)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    ready.soft_reset(timeout=5.0)
+    assert time.monotonic() - t0 < 1.0, "the abort waited for a whole output row"
+    ready.assert_alive()
+
+
 def test_a_system_reset_during_a_runaway_command_leaves_qemu_responsive(ready: Npu) -> None:
     ready.submit(runaway_pool(ready, 1))
     wait_active(ready)

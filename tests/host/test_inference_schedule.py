@@ -13,7 +13,7 @@ import npu
 from npu import _abi
 from npu.hal import CpuBackend
 from npu.hal.cpu import CPU_CAPS
-from npu.inference.schedule import concurrent_flags, level_order
+from npu.inference.schedule import concurrent_flags, level_order, op_work
 from onnx_models import inception_like, reference, rnd
 
 # -- level_order ----------------------------------------------------------------
@@ -91,6 +91,11 @@ def test_a_barrier_starts_a_group() -> None:
     assert concurrent_flags(ops, barriers=[2]) == [False, True, False]
 
 
+def test_a_small_op_starts_a_group_and_a_large_one_may_join_it() -> None:
+    ops = [([], [rng_(1, 0, 8)]), ([], [rng_(1, 8, 16)]), ([], [rng_(1, 16, 24)])]
+    assert concurrent_flags(ops, small=[False, True, False]) == [False, False, True]
+
+
 # -- the runner --------------------------------------------------------------------
 
 
@@ -104,21 +109,49 @@ def submitted_flags(driver: CpuBackend, device: npu.Device, before: int) -> list
 def test_inception_branches_are_submitted_to_run_concurrently(
     device: npu.Device, driver: CpuBackend
 ) -> None:
-    x = rnd(np.random.default_rng(0), 1, 3, 16, 16)
-    with npu.InferenceSession(inception_like(), device=device) as sess:
+    x = rnd(np.random.default_rng(0), 1, 3, 32, 32)
+    with npu.InferenceSession(inception_like(width=32, size=32), device=device) as sess:
         device.flush_deferred()
         before = len(driver.submitted_tensor)
         sess.run(None, {"x": x})
+        ops = driver.submitted_tensor[before:]
         flags = submitted_flags(driver, device, before)
-    # The four branch heads (three 1x1 convs and the pool) are one group,
-    # so are the three ops after them that only depend on their own branch.
-    assert sum(flags) >= 5, flags
+    convs = [f for op, f in zip(ops, flags, strict=True) if op.opcode == _abi.NPU_OP_CONV2D]
+    # stem; the three 1x1 heads (one group); the two 3x3s after them (one
+    # group) with the pool's 1x1; the last 3x3 of the third branch.
+    assert convs == [False, False, True, True, False, True, True, False], convs
     assert not flags[0]
 
 
+def test_ops_with_little_work_are_not_handed_to_another_core(
+    device: npu.Device, driver: CpuBackend
+) -> None:
+    x = rnd(np.random.default_rng(0), 1, 3, 16, 16)
+    with npu.InferenceSession(inception_like(width=8, size=16), device=device) as sess:
+        device.flush_deferred()
+        before = len(driver.submitted_tensor)
+        sess.run(None, {"x": x})
+        assert not any(submitted_flags(driver, device, before))
+
+
+def test_op_work_counts_multiply_adds_of_convolutions_and_matmuls(device: npu.Device) -> None:
+    buf = device.alloc(1 << 16)
+    ref = npu.ops.tensor_ref
+    f32 = _abi.NPU_DTYPE_FP32
+    conv = npu.ops.conv2d_op(
+        ref(buf, f32, (1, 8, 6, 6)), ref(buf, f32, (4, 8, 3, 3)), ref(buf, f32, (1, 4, 1, 1)),
+        ref(buf, f32, (1, 4, 4, 4)),
+    )  # fmt: skip
+    mm = npu.ops.matmul_op(ref(buf, f32, (5, 7)), ref(buf, f32, (7, 3)), ref(buf, f32, (5, 3)))
+    neg = npu.ops.unary(_abi.UnaryKind.NEG, ref(buf, f32, (10, 10)), ref(buf, f32, (10, 10)))
+    assert op_work(conv) == 4 * 4 * 4 * 8 * 3 * 3
+    assert op_work(mm) == 5 * 3 * 7
+    assert op_work(neg) == 100
+
+
 def test_results_are_the_same_with_concurrency_on_and_off(device: npu.Device) -> None:
-    model = inception_like()
-    x = rnd(np.random.default_rng(1), 2, 3, 16, 16)
+    model = inception_like(width=32, size=32)
+    x = rnd(np.random.default_rng(1), 2, 3, 32, 32)
     with npu.InferenceSession(model, device=device) as on:
         (got_on,) = on.run(None, {"x": x})
     with npu.InferenceSession(model, device=device, concurrent=False) as off:
@@ -128,17 +161,18 @@ def test_results_are_the_same_with_concurrency_on_and_off(device: npu.Device) ->
 
 
 def test_concurrent_false_submits_no_flag(device: npu.Device, driver: CpuBackend) -> None:
-    with npu.InferenceSession(inception_like(), device=device, concurrent=False) as sess:
+    model = inception_like(width=32, size=32)
+    with npu.InferenceSession(model, device=device, concurrent=False) as sess:
         device.flush_deferred()
         before = len(driver.submitted_tensor)
-        sess.run(None, {"x": rnd(np.random.default_rng(2), 1, 3, 16, 16)})
+        sess.run(None, {"x": rnd(np.random.default_rng(2), 1, 3, 32, 32)})
         assert not any(submitted_flags(driver, device, before))
 
 
 def test_a_device_without_the_cap_gets_no_flag() -> None:
     backend = CpuBackend(caps=CPU_CAPS & ~_abi.NPU_INFO_CAP_CONCURRENT, record=True)
-    model = inception_like()
-    x = rnd(np.random.default_rng(4), 1, 3, 16, 16)
+    model = inception_like(width=32, size=32)
+    x = rnd(np.random.default_rng(4), 1, 3, 32, 32)
     with npu.Device(backend) as dev, npu.InferenceSession(model, device=dev) as sess:
         (got,) = sess.run(None, {"x": x})
         dev.flush_deferred()

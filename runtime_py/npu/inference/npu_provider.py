@@ -58,7 +58,7 @@ from .partition import (
 )
 from .quant import requant_scale
 from .resample import PadSpec, linear_pieces, merge_dims, pad_spec, resize_dims, resize_maps
-from .schedule import Range, concurrent_flags, level_order
+from .schedule import MIN_CONCURRENT_WORK, Range, concurrent_flags, level_order, op_work
 
 __all__ = ["NpuProvider", "PartitionPlan", "Storage", "Val"]
 
@@ -807,7 +807,8 @@ class NpuProvider:
                 ) from exc
         step = _abi.NPU_SUBMIT_MAX_OPS
         if self.concurrent:
-            flags = concurrent_flags(b.ranges(), range(0, len(built), step))
+            small = [op_work(op) < MIN_CONCURRENT_WORK for op in built]
+            flags = concurrent_flags(b.ranges(), range(0, len(built), step), small)
             built = [op.with_concurrent() if f else op for op, f in zip(built, flags, strict=True)]
         op_nodes = {id(op): node for op, (node, _) in zip(built, b.steps, strict=True)}
         chunks = [built[i : i + step] for i in range(0, len(built), step)]

@@ -21,12 +21,34 @@ so the results are those of the sequential order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
+from typing import Final
 
-__all__ = ["Range", "concurrent_flags", "level_order"]
+from .. import _abi
+from ..kernels.descriptors import TensorOp
+
+__all__ = ["MIN_CONCURRENT_WORK", "Range", "concurrent_flags", "level_order", "op_work"]
 
 # (buffer key, first byte, end byte) of an operand in device memory.
 Range = tuple[int, int, int]
+
+# The least work (multiply-adds, or elements for the other ops) for which an
+# op joins a group: handing an op to another AI core costs about as much as
+# running 2^20 multiply-adds (tens of microseconds), so smaller ops run in
+# turn on the command processor.
+MIN_CONCURRENT_WORK: Final = 1 << 20
+
+
+def op_work(op: TensorOp) -> int:
+    """Rough work of ``op``: multiply-adds of a CONV2D, MATMUL or LINEAR,
+    else the output's elements."""
+    out = math.prod(op.operands[-1].shape)
+    if op.opcode == _abi.Opcode.CONV2D:
+        return out * math.prod(op.operands[1].shape[1:])  # (C / groups) * KH * KW
+    if op.opcode in (_abi.Opcode.MATMUL, _abi.Opcode.LINEAR):
+        return out * op.operands[0].shape[-1]
+    return out
 
 
 def level_order(
@@ -72,17 +94,20 @@ def _conflicts(xs: Sequence[Range], ys: Sequence[Range]) -> bool:
 
 
 def concurrent_flags(
-    ranges: Sequence[tuple[Sequence[Range], Sequence[Range]]], barriers: Sequence[int] = ()
+    ranges: Sequence[tuple[Sequence[Range], Sequence[Range]]],
+    barriers: Sequence[int] = (),
+    small: Sequence[bool] = (),
 ) -> list[bool]:
     """Which ops may run with the ops before them: ``ranges`` are each op's
     ``(reads, writes)`` byte ranges in submission order.
 
     An op is flagged when it neither writes what an op of its group reads
     or writes nor reads what one writes; else it starts a new group. An op
-    whose index is in ``barriers`` (the first of each submission) always
-    starts one.
+    whose index is in ``barriers`` (the first of each submission), or that
+    is ``small`` (too little work to hand to another core), always starts
+    one.
     """
-    starts = set(barriers)
+    starts = set(barriers) | {i for i, s in enumerate(small) if s}
     flags: list[bool] = []
     group_reads: list[Range] = []
     group_writes: list[Range] = []
