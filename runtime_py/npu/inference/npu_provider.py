@@ -256,15 +256,14 @@ class _Builder:
         self.steps.append((self.node, make))
         self.access.append((tuple(v.storage for v in reads), tuple(v.storage for v in writes)))
 
-    def reorder_by_level(self) -> None:
-        """Put the steps in dependency-level order (:func:`level_order`), so
-        independent steps are neighbours; redo the storages' lifetimes.
+    def reorder(self, order: Sequence[int], levels: Sequence[int] | None = None) -> None:
+        """Put the steps in ``order`` and redo the storages' lifetimes.
 
-        A lifetime spans whole levels: two steps of one level may run at
-        the same time, so what one of them reads or writes never shares
-        memory with what another writes.
+        With ``levels`` (each step's dependency level in the new order,
+        :func:`level_order`), a lifetime spans whole levels: two steps of
+        one level may run at the same time, so what one of them reads or
+        writes never shares memory with what another writes.
         """
-        order, levels = level_order(self.access)
         self.steps = [self.steps[j] for j in order]
         self.access = [self.access[j] for j in order]
         host = {id(v.storage) for _, v in self.host_inputs}
@@ -278,6 +277,8 @@ class _Builder:
             for st in writes:
                 st.first = min(st.first, i)
                 st.last = max(st.last, i)
+        if levels is None:
+            return
         start: dict[int, int] = {}
         end: dict[int, int] = {}
         for i, lv in enumerate(levels):
@@ -401,6 +402,11 @@ class NpuProvider:
         buf = self.device.alloc(max(nbytes, _ALIGN))
         self.buffers.append(buf)
         return buf
+
+    def free(self, buf: Buffer) -> None:
+        """Free one buffer of :meth:`alloc` now."""
+        self.buffers.remove(buf)
+        buf.free()
 
     def close(self) -> None:
         """Free every buffer (weights and plans)."""
@@ -794,22 +800,25 @@ class NpuProvider:
                 raise ModelError(
                     f"{self.graph.source}: {node.describe()}: cannot plan for the NPU: {exc}"
                 ) from exc
-        if self.concurrent:
-            b.reorder_by_level()
-        arena, size = b.place()
-        built: list[ops.TensorOp] = []
-        for node, make in b.steps:
-            try:
-                built.append(make())
-            except ValueError as exc:
-                raise ModelError(
-                    f"{self.graph.source}: {node.describe()}: the NPU op is invalid: {exc}"
-                ) from exc
         step = _abi.NPU_SUBMIT_MAX_OPS
+        graph_order = list(range(len(b.steps)))
+        if self.concurrent:
+            order, levels = level_order(b.access)
+            b.reorder(order, levels)
+        arena, size = b.place()
+        built = self._make_ops(b)
         if self.concurrent:
             small = [op_work(op) < MIN_CONCURRENT_WORK for op in built]
             flags = concurrent_flags(b.ranges(), range(0, len(built), step), small)
             built = [op.with_concurrent() if f else op for op, f in zip(built, flags, strict=True)]
+            if not any(flags):
+                # Nothing runs concurrently: plan in graph order, as without.
+                at = {j: i for i, j in enumerate(order)}
+                b.reorder([at[j] for j in graph_order])
+                if arena is not None:
+                    self.free(arena)
+                arena, size = b.place()
+                built = self._make_ops(b)
         op_nodes = {id(op): node for op, (node, _) in zip(built, b.steps, strict=True)}
         chunks = [built[i : i + step] for i in range(0, len(built), step)]
         host_inputs = [(name, v.numpy()) for name, v in b.host_inputs]
@@ -827,6 +836,18 @@ class NpuProvider:
         return PartitionPlan(
             built, chunks, packed, host_inputs, outputs, op_nodes, arena, size, b.vals
         )
+
+    def _make_ops(self, b: _Builder) -> list[ops.TensorOp]:
+        """Build every step's op (after :meth:`_Builder.place`)."""
+        built: list[ops.TensorOp] = []
+        for node, make in b.steps:
+            try:
+                built.append(make())
+            except ValueError as exc:
+                raise ModelError(
+                    f"{self.graph.source}: {node.describe()}: the NPU op is invalid: {exc}"
+                ) from exc
+        return built
 
     def _plan_node(self, b: _Builder, node: Node) -> None:
         planner = _PLANNERS.get(node.op_type)
