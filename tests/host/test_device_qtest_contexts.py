@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from qtest import BAR0_BASE, DATA, QEMU, U32, Completion, Npu, cmd, copy, fill, hw, nop
+from test_device_qtest_concurrent import concurrent
 
 pytestmark = pytest.mark.skipif(
     not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
@@ -422,6 +423,21 @@ def test_a_confined_queue_rejects_a_ctx_with_a_fault_and_stops(confined: Npu, ct
     assert confined.fence_wb()[0] == 1
     for space in (1, 2, CONFINED):
         assert page(confined, space, DST) == filled(space, DST)
+    confined.assert_alive()
+
+
+def test_a_confined_group_stops_after_its_faulting_member(confined: Npu) -> None:
+    # A group of the faulting copy and a flagged NOP: the NOP ran beside it,
+    # but the queue stops before the NOP completes, as if it never ran.
+    first, second = confined.submit(copy(SRC, 0x5000, 0x10, fence=1), concurrent(nop(2)))
+    confined.wait_head(second)
+    wait_stopped(confined)
+    assert confined.completion(first).status == hw.ST_MMU_FAULT
+    assert_stopped_on_mmu_fault(confined)
+    time.sleep(0.1)
+    assert confined.qrd(hw.Q_HEAD) == second
+    assert untouched(confined.completion(second))
+    assert confined.fence_wb()[0] == 1
     confined.assert_alive()
 
 
