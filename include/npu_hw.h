@@ -210,6 +210,7 @@ struct npu_fw_log {
 #define NPU_CAP_CONV_ACCUMULATE	(1u << 15)	/* CONV2D adding into its output */
 #define NPU_CAP_ACT_RELU6	(1u << 16)	/* NPU_ACT_RELU6 */
 #define NPU_CAP_CONCURRENT	(1u << 17)	/* NPU_CMD_F_CONCURRENT */
+#define NPU_CAP_PERF		(1u << 18)	/* performance counters (NPU_PERF_*) */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -328,6 +329,49 @@ enum npu_qreg {
 #define NPU_DOORBELL_BASE	0x10000
 #define NPU_DOORBELL_STRIDE	0x1000
 #define NPU_DOORBELL(q)		(NPU_DOORBELL_BASE + (q) * NPU_DOORBELL_STRIDE)
+
+/*
+ * Performance counters (NPU_CAP_PERF), a block at NPU_PERF_BASE. The
+ * device counts all the time; a write of NPU_PERF_SNAPSHOT to
+ * NPU_PERF_CONTROL copies every count into the registers of the block at
+ * once (one consistent set, with the device clock of that moment), and
+ * NPU_PERF_RESET starts every count again from 0. Counts are 64-bit
+ * LO/HI pairs: per queue at NPU_PERF_Q(q, counter), per AI core at
+ * NPU_PERF_CORE(k).
+ */
+#define NPU_PERF_BASE		0x20000
+#define NPU_PERF_SIZE		0x1000
+
+enum npu_perf_reg {
+	NPU_PERF_CONTROL	= 0x000,	/* WO: NPU_PERF_SNAPSHOT, NPU_PERF_RESET */
+	NPU_PERF_TIME_LO	= 0x008,	/* RO: device clock at the snapshot, ns */
+	NPU_PERF_TIME_HI	= 0x00c,
+	NPU_PERF_SNAPSHOTS	= 0x010,	/* RO: snapshots taken since reset */
+};
+
+#define NPU_PERF_SNAPSHOT	(1u << 0)
+#define NPU_PERF_RESET		(1u << 1)
+
+/* Per queue: NPU_PERF_Q_BASE + q * NPU_PERF_Q_STRIDE + counter * 8 */
+#define NPU_PERF_Q_BASE		0x100
+#define NPU_PERF_Q_STRIDE	0x40
+#define NPU_PERF_Q(q, c)	(NPU_PERF_Q_BASE + (q) * NPU_PERF_Q_STRIDE + (c) * 8)
+
+enum npu_perf_counter {
+	NPU_PERF_CMDS		= 0,	/* commands completed */
+	NPU_PERF_BUSY_NS	= 1,	/* their t_end - t_start, summed */
+	NPU_PERF_MACS		= 2,	/* multiply-adds of GEMM, MATMUL, LINEAR, CONV2D */
+	NPU_PERF_READ_BYTES	= 3,	/* operand bytes the engine read */
+	NPU_PERF_WRITE_BYTES	= 4,	/* operand bytes the engine wrote */
+	NPU_PERF_WALKS		= 5,	/* pages the MMU translated */
+	NPU_PERF_WALK_HITS	= 6,	/* ... with their L2 table already held */
+	NPU_PERF_WAIT_NS	= 7,	/* a completed WAIT's time blocked */
+	NPU_PERF_COUNTERS,
+};
+
+/* Per AI core k: busy ns (running tiles or a group member), LO/HI */
+#define NPU_PERF_CORE_BASE	0x400
+#define NPU_PERF_CORE(k)	(NPU_PERF_CORE_BASE + (k) * 8)
 
 /* Opcodes */
 enum npu_opcode {

@@ -45,6 +45,7 @@
 #define NPU_INFO_CAP_CONV_ACCUMULATE (1u << 15)	/* CONV2D adding into its output */
 #define NPU_INFO_CAP_ACT_RELU6	(1u << 16)	/* the RELU6 activation */
 #define NPU_INFO_CAP_CONCURRENT	(1u << 17)	/* NPU_TENSOR_OP_F_CONCURRENT */
+#define NPU_INFO_CAP_PERF	(1u << 18)	/* device performance counters */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */

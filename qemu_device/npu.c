@@ -344,12 +344,12 @@ static bool npu_fetch(NpuState *s, int qi, uint64_t ring, uint32_t ring_size,
     cmd->fence = le64_to_cpu(cmd->fence);
     m->idx = idx;
     m->inject = 0;
-    m->faults = 0;
+    memset(&m->stats, 0, sizeof(m->stats));
     m->blocked = false;
     if (walk != &m->walk) {
         m->walk = *walk;
     }
-    m->walk.faults = &m->faults;
+    m->walk.stats = &m->stats;
     return true;
 }
 
@@ -382,7 +382,7 @@ static bool npu_retire_locked(NpuState *s, int qi, uint32_t gen,
          */
         return false;
     }
-    if (m->walk.confined && m->faults) {
+    if (m->walk.confined && m->stats.faults) {
         /*
          * Any fault counts, even one hidden behind another tile's status.
          * The queue stops before the completion is written, so whoever
@@ -423,6 +423,7 @@ static bool npu_retire_locked(NpuState *s, int qi, uint32_t gen,
     q->waiting = false;
     q->done_fence = m->cmd.fence;
     s->cmds_done++;
+    npu_perf_retire_locked(s, qi, m);
     /* A completion may be what a blocked WAIT waits for. */
     for (i = 0; i < NPU_NUM_QUEUES; i++) {
         s->q[i].blocked = false;
@@ -517,6 +518,11 @@ static void npu_process_one_locked(NpuState *s, int qi)
         if (!s->reset_pending && q->gen == gen) {
             q->blocked = true;
             q->waiting = true;
+            if (!q->wait_timed || q->wait_idx != idx) {
+                q->wait_timed = true;
+                q->wait_since = le64_to_cpu(m[0].cpl.t_start);
+                q->wait_idx = idx;
+            }
         }
     } else {
         for (k = 0; k < n; k++) {
@@ -756,7 +762,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
               NPU_CAP_REDUCE | NPU_CAP_MATMUL | NPU_CAP_CONV |
               NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY | NPU_CAP_SELECT |
               NPU_CAP_STRIDED_OUT | NPU_CAP_CONV_ACCUMULATE |
-              NPU_CAP_ACT_RELU6 | NPU_CAP_CONCURRENT |
+              NPU_CAP_ACT_RELU6 | NPU_CAP_CONCURRENT | NPU_CAP_PERF |
               (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:
@@ -903,6 +909,9 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
 
             val = npu_qreg_read_locked(s, &s->q[off / NPU_QREG_STRIDE],
                                        off % NPU_QREG_STRIDE);
+        } else if (addr >= NPU_PERF_BASE &&
+                   addr < NPU_PERF_BASE + NPU_PERF_SIZE) {
+            val = npu_perf_read_locked(s, addr - NPU_PERF_BASE);
         } else {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register"
                           " 0x%" HWADDR_PRIx "\n", addr);
@@ -1266,6 +1275,9 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                    (addr - NPU_DOORBELL_BASE) % NPU_DOORBELL_STRIDE == 0) {
             npu_doorbell_locked(s, (addr - NPU_DOORBELL_BASE) /
                                 NPU_DOORBELL_STRIDE, val);
+        } else if (addr >= NPU_PERF_BASE &&
+                   addr < NPU_PERF_BASE + NPU_PERF_SIZE) {
+            npu_perf_write_locked(s, addr - NPU_PERF_BASE, val);
         } else {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or"
                           " unknown register 0x%" HWADDR_PRIx "\n", addr);
@@ -1387,6 +1399,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
         s->level[i].members = g_new0(NpuMember, NPU_GROUP_MAX);
     }
     npu_cores_init(s, s->num_cores);
+    npu_perf_init(s);
     qemu_mutex_init(&s->lock);
     qemu_mutex_init(&s->log_lock);
     qemu_cond_init(&s->cond);
@@ -1429,6 +1442,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_mutex_unlock(&s->lock);
     qemu_thread_join(&s->thread);
     npu_cores_fini(s);
+    npu_perf_fini(s);
     npu_budget_reap(s);
     qemu_del_vm_change_state_handler(s->vmstate_entry);
 
@@ -1468,6 +1482,7 @@ static void npu_reset_hold(Object *obj, ResetType type)
     npu_request_reset(s, true);
     qemu_mutex_lock(&s->lock);
     npu_fw_power_on_locked(s);
+    npu_perf_reset_locked(s);
     qemu_mutex_unlock(&s->lock);
     npu_bars_update(s);
 }

@@ -166,7 +166,10 @@ static void npu_cores_drain_locked(NpuCores *c, NpuCore *core, NpuJob *job)
         npu_engine_enter(s);
         st = npu_engine_poll(s);
         if (st == NPU_ST_OK) {
+            int64_t t0 = npu_now_ns();
+
             st = job->fn(core, job->opaque, begin, end);
+            qatomic_add(&core->busy_ns, npu_now_ns() - t0);
         }
         npu_engine_leave(s);
         qemu_mutex_lock(&c->lock);
@@ -184,6 +187,12 @@ static void npu_cores_drain_locked(NpuCores *c, NpuCore *core, NpuJob *job)
 static bool npu_cores_have_work_locked(NpuCores *c)
 {
     return c->job && c->job->next < c->job->total && !c->job->paused;
+}
+
+/* The running group's members, if one is not taken yet. */
+static NpuJob *npu_cores_group_locked(NpuCores *c)
+{
+    return c->group && c->group->next < c->group->total ? c->group : NULL;
 }
 
 /* Tiles a group member shares with idle cores, if any are left. */
@@ -206,9 +215,13 @@ static void *npu_core_thread(void *opaque)
 
     qemu_mutex_lock(&c->lock);
     while (!c->stop) {
-        /* Group members start first; then a member's tiles get help. */
-        NpuJob *job = npu_cores_have_work_locked(c) ? c->job :
-                      npu_cores_shared_locked(c);
+        /*
+         * A group's members start first, even while the command processor
+         * has tiles of its own member out; then tiles; then a member's.
+         */
+        NpuJob *job = npu_cores_group_locked(c) ?:
+                      (npu_cores_have_work_locked(c) ? c->job :
+                       npu_cores_shared_locked(c));
 
         if (job) {
             npu_cores_drain_locked(c, core, job);
@@ -303,10 +316,6 @@ static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
         qemu_cond_broadcast(&c->work);
     }
     c->job = outer;
-    if (outer) {
-        /* A group's members not taken yet: the cores go on with them. */
-        qemu_cond_broadcast(&c->work);
-    }
     qemu_mutex_unlock(&c->lock);
     npu_engine_wake(s);
     return job.status;
@@ -382,7 +391,12 @@ static uint32_t npu_cores_share(NpuState *s, NpuCore *core, NpuTileFn fn,
     }
     c->shared[slot] = NULL;
     if (job.running) {
-        /* Helpers still run tiles: wait, parked for a VM stop meanwhile. */
+        /*
+         * Helpers still run tiles: wait, parked for a VM stop meanwhile;
+         * the wait is not busy time of this core.
+         */
+        int64_t t0 = npu_now_ns();
+
         qemu_mutex_unlock(&c->lock);
         npu_engine_idle(s);
         qemu_mutex_lock(&c->lock);
@@ -391,6 +405,7 @@ static uint32_t npu_cores_share(NpuState *s, NpuCore *core, NpuTileFn fn,
         }
         qemu_mutex_unlock(&c->lock);
         npu_engine_wake(s);
+        qatomic_sub(&core->busy_ns, npu_now_ns() - t0);
         return job.status;
     }
     qemu_mutex_unlock(&c->lock);
@@ -414,13 +429,12 @@ void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n)
         .fn = npu_member_tile, .opaque = &mj, .total = n, .grain = 1,
         .next = 1, .status = NPU_ST_OK,    /* member 0 is ours */
     };
-    NpuJob *outer;
 
     assert(n > 1 && n <= s->cores.n && !npu_member_core);
     qatomic_set(&s->in_group, true);
     qemu_mutex_lock(&c->lock);
-    outer = c->job;
-    c->job = &job;
+    assert(!c->group);      /* no preemption during a group: never nested */
+    c->group = &job;
     qemu_cond_broadcast(&c->work);
     qemu_mutex_unlock(&c->lock);
 
@@ -431,7 +445,7 @@ void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n)
     while (job.next < job.total || job.running) {
         qemu_cond_wait(&c->done, &c->lock);
     }
-    c->job = outer;
+    c->group = NULL;
     qemu_mutex_unlock(&c->lock);
     npu_engine_wake(s);
     qatomic_set(&s->in_group, false);

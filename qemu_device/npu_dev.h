@@ -51,12 +51,25 @@ typedef struct NpuBars {
     uint64_t hi[PCI_NUM_REGIONS];
 } NpuBars;
 
+/*
+ * What one command did, counted by every engine thread that works on it
+ * (the performance counters, npu_perf.c; a confined queue's fault stop).
+ */
+typedef struct NpuCmdStats {
+    uint32_t faults;        /* MMU faults (device lock) */
+    uint64_t macs;          /* multiply-adds (qatomic, as all below) */
+    uint64_t read_bytes;    /* operand bytes read from memory */
+    uint64_t write_bytes;   /* operand bytes written to memory */
+    uint64_t walks;         /* pages translated */
+    uint64_t walk_hits;     /* ... with their L2 table already held */
+} NpuCmdStats;
+
 /* Per-command view of the device MMU (npu_mmu.c). */
 typedef struct NpuWalk {
     bool enabled;
     bool confined;          /* the queue's own address space */
     int queue;              /* whose command: recorded with a fault */
-    uint32_t *faults;       /* the command's MMU faults (device lock) */
+    NpuCmdStats *stats;     /* the command's counts, shared by its copies */
     uint32_t ctx;           /* the descriptor's ctx: recorded with a fault */
     uint64_t ctx_base;      /* context table snapshot */
     uint32_t ctx_count;
@@ -97,6 +110,9 @@ typedef struct NpuQueue {
     bool blocked;           /* its head is a WAIT not yet satisfied */
     bool waiting;           /* ... as last seen: Q_STATUS.WAITING */
     bool cpl_writing;       /* the engine writes a completion of it */
+    bool wait_timed;        /* a WAIT is blocked since @wait_since ... */
+    uint64_t wait_since;    /* (device clock of its first blocked look) */
+    uint32_t wait_idx;      /* ... at this ring index */
 } NpuQueue;
 
 /* The interrupt-moderation timer of one queue. */
@@ -124,6 +140,7 @@ typedef struct NpuCore {
     uint8_t *gather_buf;
     uint64_t gather_size;
     uint64_t work;          /* since the last control point */
+    uint64_t busy_ns;       /* running tiles or a member (qatomic) */
     QemuThread thread;
 } NpuCore;
 
@@ -154,6 +171,7 @@ struct NpuCores {
     QemuCond done;          /* the last running tile finished */
     bool stop;
     NpuJob *job;            /* the innermost job, NULL when idle */
+    NpuJob *group;          /* the running concurrent group's members */
     NpuJob *shared[NPU_GROUP_MAX];  /* group members' tiles, for idle cores */
 };
 
@@ -164,7 +182,7 @@ typedef struct NpuMember {
     struct npu_cpl cpl;
     NpuWalk walk;
     uint32_t inject;        /* the NPU_INJECT_* fault it takes, if any */
-    uint32_t faults;        /* MMU faults it made (device lock) */
+    NpuCmdStats stats;
     bool blocked;           /* a WAIT not yet satisfied */
 } NpuMember;
 
@@ -255,6 +273,17 @@ struct NpuState {
     /* Moderation timers of the queues (main loop; they take the lock). */
     NpuIrqTimer irq_timer[NPU_NUM_QUEUES];
     int last_queue;         /* served last: where round-robin resumes */
+    /*
+     * Performance counters (npu_perf.c): the live counts of each queue,
+     * the AI cores' busy_ns at the last PERF_RESET, and the snapshot the
+     * registers show.
+     */
+    uint64_t perf_q[NPU_NUM_QUEUES][NPU_PERF_COUNTERS];
+    uint64_t *perf_core_zero;
+    uint64_t perf_snap_q[NPU_NUM_QUEUES][NPU_PERF_COUNTERS];
+    uint64_t *perf_snap_core;
+    uint64_t perf_snap_time;
+    uint32_t perf_snapshots;
 
     /*
      * Engine control, read by every engine thread without a lock: @abort
@@ -335,6 +364,14 @@ void npu_fw_mbox(NpuState *s);
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);
 void npu_cores_fini(NpuState *s);
+
+/* npu_perf.c: performance counters (device lock held) */
+void npu_perf_init(NpuState *s);
+void npu_perf_fini(NpuState *s);
+void npu_perf_reset_locked(NpuState *s);
+void npu_perf_retire_locked(NpuState *s, int qi, const NpuMember *m);
+uint32_t npu_perf_read_locked(NpuState *s, hwaddr off);
+void npu_perf_write_locked(NpuState *s, hwaddr off, uint32_t val);
 
 /* npu_mmu.c */
 void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi);

@@ -7,6 +7,7 @@
  */
 
 #include "qemu/osdep.h"
+#include "qemu/atomic.h"
 #include "qemu/log.h"
 #include "qemu/units.h"
 #include "hw/pci/pci.h"
@@ -121,7 +122,7 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
     const NpuQueue *q = &s->q[qi];
 
     w->queue = qi;
-    w->faults = NULL;       /* the command processor points it */
+    w->stats = NULL;        /* the command processor points it */
     w->ctx = 0;
     w->ctx_base = s->mmu_ctx_base;
     w->ctx_count = s->mmu_ctx_count;
@@ -158,7 +159,7 @@ static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
     s->mmu_fault_queue = w->queue;
     s->mmu_fault_ctx = w->ctx;
     s->mmu_faults++;
-    (*w->faults)++;
+    w->stats->faults++;
     qemu_mutex_unlock(&s->lock);
     return NPU_ST_MMU_FAULT;
 }
@@ -223,7 +224,10 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
     for (way = 0; way < NPU_WALK_WAYS && w->cached_l1[way] != l1i; way++) {
         continue;
     }
-    if (way == NPU_WALK_WAYS) {
+    qatomic_inc(&w->stats->walks);
+    if (way < NPU_WALK_WAYS) {
+        qatomic_inc(&w->stats->walk_hits);
+    } else {
         uint64_t l1e;
 
         if (!npu_walk_range_ok(w, w->l1_base + l1i * 8, 8) ||
@@ -344,6 +348,12 @@ uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     return NPU_ST_OK;
 }
 
+/* Operand bytes a command moved (the performance counters). */
+static void npu_count_bytes(NpuWalk *w, uint64_t n, bool write)
+{
+    qatomic_add(write ? &w->stats->write_bytes : &w->stats->read_bytes, n);
+}
+
 /* Bytes a transfer moves between two control points. */
 #define NPU_XFER_QUANTUM (4 * MiB)
 
@@ -381,6 +391,7 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
             } else {
                 memcpy(p, s->mem_ptr + pa, run);
             }
+            npu_count_bytes(w, run, write);
             va += run;
             p += run;
             len -= run;
@@ -393,6 +404,7 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                           " failed\n", write ? "write" : "read", pa);
             return NPU_ST_DMA_ERROR;
         }
+        npu_count_bytes(w, run, write);
         va += run;
         p += run;
         len -= run;
@@ -439,6 +451,7 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     }
     if (local) {
         *plen = MIN(run, s->mem_size - pa);
+        npu_count_bytes(w, *plen, write);
         return s->mem_ptr + pa;
     }
     /*
@@ -466,6 +479,9 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
     p = dma_memory_map(as, pa, &mlen, write ? DMA_DIRECTION_FROM_DEVICE :
                        DMA_DIRECTION_TO_DEVICE, npu_dma_attrs);
     *plen = p ? mlen : run;
+    if (p) {
+        npu_count_bytes(w, mlen, write);
+    }
     return p;
 }
 

@@ -10,6 +10,7 @@
  */
 
 #include "qemu/osdep.h"
+#include "qemu/atomic.h"
 #include "qemu/units.h"
 #include "qemu/log.h"
 #include "npu_tensor_int.h"
@@ -581,6 +582,9 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
     grain = flop < NPU_MM_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
     st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
+    if (st == NPU_ST_OK) {
+        qatomic_add(&w->stats->macs, flop);
+    }
 out:
     npu_dnnl_put(job.dmm[0]);
     npu_dnnl_put(job.dmm[1]);
@@ -1087,7 +1091,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         st = npu_run_tiles(s, npu_conv_dnnl_tile, &job, units, grain);
         npu_dnnl_put(job.dconv[0]);
         npu_dnnl_put(job.dconv[1]);
-        goto out;
+        goto done;
     }
 
     /* Position blocks bounded in size; large ops: two units per core. */
@@ -1104,6 +1108,10 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     grain = flop < NPU_CONV_TILE_MIN_FLOP ? units :
             DIV_ROUND_UP(units, cores * 2);
     st = npu_run_tiles(s, npu_conv_tile, &job, units, grain);
+done:
+    if (st == NPU_ST_OK) {
+        qatomic_add(&w->stats->macs, batch * job.o * job.ohw * job.kk);
+    }
 out:
     g_free(wpack);
     g_free(bias);

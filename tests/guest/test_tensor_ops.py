@@ -400,7 +400,7 @@ def _mutations():
         "nonzero rsvd": (set_("rsvd", 1), errno.EINVAL),
         "nonzero ref rsvd": (set_("t.0.rsvd", 1), errno.EINVAL),
         "nonzero ref rsvd2": (set_("t.2.rsvd2", 1), errno.EINVAL),
-        "nonzero flags": (set_("flags", 1), errno.EINVAL),
+        "a flag outside the mask": (set_("flags", 1 << 1), errno.EINVAL),
         "bad opcode": (set_("opcode", _abi.NPU_OP_GEMM), errno.EINVAL),
     }
 

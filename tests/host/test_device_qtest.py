@@ -117,7 +117,7 @@ def test_identity_registers_match_the_header(npu: Npu) -> None:
                 | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT
                 | hw.CAP_LOCAL_MEM | hw.CAP_POOL_GEOMETRY | hw.CAP_SELECT
                 | hw.CAP_STRIDED_OUT | hw.CAP_CONV_ACCUMULATE
-                | hw.CAP_ACT_RELU6 | hw.CAP_CONCURRENT)  # fmt: skip
+                | hw.CAP_ACT_RELU6 | hw.CAP_CONCURRENT | hw.CAP_PERF)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION
@@ -683,9 +683,8 @@ MAPPING = {0x1000: (0x5000, True), 0x2000: (0x3000, True), 0x3000: (0x1000, True
 UNMAPPED_VA = 0x6000
 
 
-@pytest.fixture
-def mmu(npu: Npu) -> Npu:
-    """The NPU with the MMU on, translating through MAPPING; queue 0 running."""
+def enable_mmu(npu: Npu) -> None:
+    """Turn the MMU on, translating through MAPPING (the device must be disabled)."""
     qt = npu.qt
     qt.memset(L1, 0x4000, 0)
     l1 = [L2 | hw.PTE_VALID, 0, (L2 + 0x1000) | hw.PTE_VALID, (L2 + 0x2000) | hw.PTE_VALID]
@@ -698,6 +697,13 @@ def mmu(npu: Npu) -> Npu:
     npu.wr(hw.REG_MMU_L1_ENTRIES, MMU_L1_ENTRIES)
     npu.wr(hw.REG_MMU_CONTROL, hw.MMU_ENABLE)
     assert npu.rd(hw.REG_MMU_CONTROL) == hw.MMU_ENABLE
+
+
+@pytest.fixture
+def mmu(npu: Npu) -> Npu:
+    """The NPU with the MMU on, translating through MAPPING; queue 0 running."""
+    qt = npu.qt
+    enable_mmu(npu)
     npu.start()
     for i in range(9):  # every backing page holds its own recognisable bytes
         qt.memset(PAGES + i * 0x1000, 0x1000, 0x10 + i)
