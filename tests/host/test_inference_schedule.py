@@ -99,23 +99,28 @@ def test_a_small_op_starts_a_group_and_a_large_one_may_join_it() -> None:
 # -- the runner --------------------------------------------------------------------
 
 
-def submitted_flags(driver: CpuBackend, device: npu.Device, before: int) -> list[bool]:
-    device.flush_deferred()
-    return [
-        bool(op.flags & _abi.NPU_TENSOR_OP_F_CONCURRENT) for op in driver.submitted_tensor[before:]
-    ]
+def run_ops(
+    driver: CpuBackend, device: npu.Device, model: object, x: np.ndarray, **kw: bool
+) -> list[_abi.NpuTensorOp]:
+    """The tensor ops one run of ``model`` on ``x`` submitted."""
+    with npu.InferenceSession(model, device=device, **kw) as sess:
+        device.flush_deferred()
+        before = len(driver.submitted_tensor)
+        sess.run(None, {"x": x})
+        device.flush_deferred()
+        return driver.submitted_tensor[before:]
+
+
+def concurrent_of(ops: list[_abi.NpuTensorOp]) -> list[bool]:
+    return [bool(op.flags & _abi.NPU_TENSOR_OP_F_CONCURRENT) for op in ops]
 
 
 def test_inception_branches_are_submitted_to_run_concurrently(
     device: npu.Device, driver: CpuBackend
 ) -> None:
     x = rnd(np.random.default_rng(0), 1, 3, 32, 32)
-    with npu.InferenceSession(inception_like(width=32, size=32), device=device) as sess:
-        device.flush_deferred()
-        before = len(driver.submitted_tensor)
-        sess.run(None, {"x": x})
-        ops = driver.submitted_tensor[before:]
-        flags = submitted_flags(driver, device, before)
+    ops = run_ops(driver, device, inception_like(width=32, size=32), x)
+    flags = concurrent_of(ops)
     convs = [f for op, f in zip(ops, flags, strict=True) if op.opcode == _abi.NPU_OP_CONV2D]
     # stem; the three 1x1 heads (one group); the two 3x3s after them (one
     # group) with the pool's 1x1; the last 3x3 of the third branch.
@@ -127,11 +132,7 @@ def test_ops_with_little_work_are_not_handed_to_another_core(
     device: npu.Device, driver: CpuBackend
 ) -> None:
     x = rnd(np.random.default_rng(0), 1, 3, 16, 16)
-    with npu.InferenceSession(inception_like(width=8, size=16), device=device) as sess:
-        device.flush_deferred()
-        before = len(driver.submitted_tensor)
-        sess.run(None, {"x": x})
-        assert not any(submitted_flags(driver, device, before))
+    assert not any(concurrent_of(run_ops(driver, device, inception_like(width=8, size=16), x)))
 
 
 def test_op_work_counts_multiply_adds_of_convolutions_and_matmuls(device: npu.Device) -> None:
@@ -161,12 +162,9 @@ def test_results_are_the_same_with_concurrency_on_and_off(device: npu.Device) ->
 
 
 def test_concurrent_false_submits_no_flag(device: npu.Device, driver: CpuBackend) -> None:
-    model = inception_like(width=32, size=32)
-    with npu.InferenceSession(model, device=device, concurrent=False) as sess:
-        device.flush_deferred()
-        before = len(driver.submitted_tensor)
-        sess.run(None, {"x": rnd(np.random.default_rng(2), 1, 3, 32, 32)})
-        assert not any(submitted_flags(driver, device, before))
+    x = rnd(np.random.default_rng(2), 1, 3, 32, 32)
+    ops = run_ops(driver, device, inception_like(width=32, size=32), x, concurrent=False)
+    assert not any(concurrent_of(ops))
 
 
 def test_a_device_without_the_cap_gets_no_flag() -> None:
@@ -211,13 +209,8 @@ def submitted_ops(driver: CpuBackend, device: npu.Device, concurrent: bool) -> l
     """(opcode, kind, flags, operand offsets) of each op of one run of the small Inception."""
     x = rnd(np.random.default_rng(5), 1, 3, 16, 16)
     model = inception_like(width=8, size=16)  # every op too small to hand to a core
-    with npu.InferenceSession(model, device=device, concurrent=concurrent) as sess:
-        device.flush_deferred()
-        before = len(driver.submitted_tensor)
-        sess.run(None, {"x": x})
-        device.flush_deferred()
-        ops = driver.submitted_tensor[before:]
-        return [(op.opcode, op.kind, op.flags, [op.t[i].offset for i in range(4)]) for op in ops]
+    ops = run_ops(driver, device, model, x, concurrent=concurrent)
+    return [(op.opcode, op.kind, op.flags, [op.t[i].offset for i in range(4)]) for op in ops]
 
 
 def test_a_partition_with_nothing_to_run_concurrently_keeps_its_graph_order(
