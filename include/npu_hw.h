@@ -100,6 +100,19 @@ enum npu_reg {
 	NPU_REG_FW_LOG_LO	= 0x0e0,	/* RW: DMA address, 8-byte aligned, 0: none */
 	NPU_REG_FW_LOG_HI	= 0x0e4,
 	NPU_REG_FW_LOG_SIZE	= 0x0e8,	/* RW: text bytes, power of two, 256..1 MiB */
+	NPU_REG_TIMING		= 0x0f0,	/* RO: enum npu_timing of the device */
+};
+
+/*
+ * Timing mode (the device's "timing" property): NATIVE, commands take the
+ * host's compute time; otherwise the time the named chip description's
+ * roofline gives (docs/npu-spec.md 12.2), on the device clock.
+ */
+enum npu_timing {
+	NPU_TIMING_NATIVE	= 0,
+	NPU_TIMING_EDGE		= 1,
+	NPU_TIMING_DATACENTER	= 2,
+	NPU_TIMING_COUNT,
 };
 
 /*
@@ -211,6 +224,7 @@ struct npu_fw_log {
 #define NPU_CAP_ACT_RELU6	(1u << 16)	/* NPU_ACT_RELU6 */
 #define NPU_CAP_CONCURRENT	(1u << 17)	/* NPU_CMD_F_CONCURRENT */
 #define NPU_CAP_PERF		(1u << 18)	/* performance counters (NPU_PERF_*) */
+#define NPU_CAP_TRACE		(1u << 19)	/* trace ring (NPU_TRACE_*) */
 
 #define NPU_STATUS_READY	(1u << 0)	/* out of reset, registers usable */
 #define NPU_STATUS_ENABLED	(1u << 1)	/* CONTROL.ENABLE is in effect */
@@ -372,6 +386,67 @@ enum npu_perf_counter {
 /* Per AI core k: busy ns (running tiles or a group member), LO/HI */
 #define NPU_PERF_CORE_BASE	0x400
 #define NPU_PERF_CORE(k)	(NPU_PERF_CORE_BASE + (k) * 8)
+
+/*
+ * Trace ring (NPU_CAP_TRACE), a block at NPU_TRACE_BASE. While
+ * NPU_TRACE_ENABLE is set, the firmware's scheduler and the engines log
+ * what they do (enum npu_trace_kind, those whose bit is set in
+ * NPU_TRACE_MASK) as struct npu_trace_rec records, with the device clock,
+ * into a ring in host memory: record HEAD mod RING_SIZE is written next,
+ * HEAD counts the records written (free running), the driver writes TAIL
+ * as it consumes them. A record that finds the ring full (HEAD - TAIL =
+ * RING_SIZE) is dropped and counted in DROPPED. The ring's address and
+ * size may change only while tracing is off. A soft reset keeps the ring
+ * and its indices; a system reset turns tracing off and clears them.
+ */
+#define NPU_TRACE_BASE		0x21000
+#define NPU_TRACE_SIZE		0x1000
+
+enum npu_trace_reg {
+	NPU_TRACE_CONTROL	= 0x000,	/* RW: NPU_TRACE_ENABLE */
+	NPU_TRACE_RING_LO	= 0x004,	/* RW: ring DMA address, 32-byte aligned */
+	NPU_TRACE_RING_HI	= 0x008,
+	NPU_TRACE_RING_SIZE	= 0x00c,	/* RW: records, power of two */
+	NPU_TRACE_HEAD		= 0x010,	/* RO: records written */
+	NPU_TRACE_TAIL		= 0x014,	/* RW: records the driver consumed */
+	NPU_TRACE_DROPPED	= 0x018,	/* RO: records lost to a full ring */
+	NPU_TRACE_MASK		= 0x01c,	/* RW: 1 << kind: kinds logged */
+};
+
+#define NPU_TRACE_ENABLE	(1u << 0)
+#define NPU_TRACE_MIN_RECORDS	16
+#define NPU_TRACE_MAX_RECORDS	65536
+
+/* What a trace record says happened; queue, core and fence name where. */
+enum npu_trace_kind {
+	NPU_TR_FETCH		= 1,	/* descriptor fetched; arg32 = opcode */
+	NPU_TR_DISPATCH		= 2,	/* a group member sent to AI core @core */
+	NPU_TR_CMD_START	= 3,	/* a command started on @core */
+	NPU_TR_CMD_END		= 4,	/* ... ended; arg32 = enum npu_status */
+	NPU_TR_TILE_START	= 5,	/* a tile started on @core; arg = tile */
+	NPU_TR_TILE_END		= 6,	/* ... ended; arg32 = enum npu_status */
+	NPU_TR_DMA_START	= 7,	/* a transfer; arg32 = 1 write, 0 read; arg = bytes */
+	NPU_TR_DMA_END		= 8,
+	NPU_TR_CPL_WRITE	= 9,	/* completion record and fence written */
+	NPU_TR_IRQ		= 10,	/* MSI-X vector arg32 signalled */
+	NPU_TR_MBOX_REQ		= 11,	/* mailbox request; arg32 = cmd, arg = seq */
+	NPU_TR_MBOX_REPLY	= 12,	/* ... answered; arg32 = status, arg = seq */
+	NPU_TR_KINDS,
+};
+
+#define NPU_TRACE_CORE_CP	0xff	/* @core: the command processor */
+#define NPU_TRACE_NO_QUEUE	0xff	/* @queue: not a queue's (mailbox) */
+
+/* One trace record, 32 bytes, little-endian. */
+struct npu_trace_rec {
+	__u64 ts;		/* device clock, ns */
+	__u16 kind;		/* enum npu_trace_kind */
+	__u8 queue;
+	__u8 core;
+	__u32 arg32;
+	__u64 fence;		/* the command's fence (0: none) */
+	__u64 arg;
+};
 
 /* Opcodes */
 enum npu_opcode {

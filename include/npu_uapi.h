@@ -46,6 +46,7 @@
 #define NPU_INFO_CAP_ACT_RELU6	(1u << 16)	/* the RELU6 activation */
 #define NPU_INFO_CAP_CONCURRENT	(1u << 17)	/* NPU_TENSOR_OP_F_CONCURRENT */
 #define NPU_INFO_CAP_PERF	(1u << 18)	/* device performance counters */
+#define NPU_INFO_CAP_TRACE	(1u << 19)	/* device trace ring (npu_fw_event tracepoint) */
 
 struct npu_info {
 	__u32 hw_version;	/* out: major << 16 | minor */

@@ -46,6 +46,7 @@ static const u16 npu_dump_dev_regs[] = {
 	NPU_REG_MBOX_ARG1, NPU_REG_MBOX_SEQ, NPU_REG_MBOX_RESP_SEQ,
 	NPU_REG_MBOX_RESP_STATUS, NPU_REG_MBOX_RESP0, NPU_REG_MBOX_RESP1,
 	NPU_REG_FW_LOG_LO, NPU_REG_FW_LOG_HI, NPU_REG_FW_LOG_SIZE,
+	NPU_REG_TIMING,
 };
 
 /* Every register of enum npu_qreg, in its order. */

@@ -240,11 +240,22 @@ static void npu_drm_show_fdinfo(struct drm_printer *p, struct drm_file *file)
  * driver's offsets); spelled out, since overriding the macro's entries in
  * one initializer is what W=1's -Woverride-init reports.
  */
+/* drm_ioctl(), between the npu_ioctl_enter and npu_ioctl_exit tracepoints. */
+static long npu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	long ret;
+
+	trace_npu_ioctl_enter(_IOC_NR(cmd));
+	ret = drm_ioctl(filp, cmd, arg);
+	trace_npu_ioctl_exit(_IOC_NR(cmd), ret);
+	return ret;
+}
+
 static const struct file_operations npu_fops = {
 	.owner = THIS_MODULE,
 	.open = accel_open,
 	.release = drm_release,
-	.unlocked_ioctl = drm_ioctl,
+	.unlocked_ioctl = npu_ioctl,
 	.compat_ioctl = drm_compat_ioctl,
 	.poll = npu_drm_poll,
 	.read = drm_read,

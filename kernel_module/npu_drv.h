@@ -13,6 +13,8 @@
  *   npu_fence.c  dma_fences of jobs, syncobj dependencies, device semaphores
  *   npu_coredump.c  device coredump of a hang or a lost device (devcoredump)
  *   npu_pm.c     runtime power management (autosuspend to D3hot)
+ *   npu_perf.c   performance counter snapshots
+ *   npu_fwtrace.c  the device's trace ring, drained into tracepoints
  *   npu_sysfs.c  device attributes
  *   npu_debugfs.c  debug and fault-injection files
  */
@@ -33,6 +35,8 @@
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
+
+struct seq_file;
 
 #include <drm/drm_device.h>
 #include <drm/drm_drv.h>
@@ -200,6 +204,7 @@ struct npu_job {
 	u64 first_fence;
 	u64 last_fence;
 	u64 err_fence;			/* first failed op, 0 if none */
+	u64 submit_ns;			/* ktime_get_ns() when it was queued */
 	u32 err_status;
 	bool keep_memory;		/* the device may still write its BOs: leak them */
 	struct npu_device *pm;		/* holds a runtime PM reference on it */
@@ -249,6 +254,14 @@ struct npu_queue {
  * remove() unplugs the DRM device (drm_dev_unplug(): no new entries, waits
  * for those inside, zaps every CPU mapping) before it stops the hardware.
  */
+/* One snapshot of the performance counters (npu_perf.c). */
+#define NPU_PERF_MAX_CORES	64
+struct npu_perf_snap {
+	u64 time_ns;			/* device clock at the snapshot */
+	u64 q[NPU_NUM_QUEUES][NPU_PERF_COUNTERS];
+	u64 core[NPU_PERF_MAX_CORES];	/* busy ns per AI core */
+};
+
 struct npu_device {
 	struct drm_device drm;
 	struct pci_dev *pdev;
@@ -260,6 +273,7 @@ struct npu_device {
 	u32 caps;
 	u32 num_queues;
 	u32 num_cores;
+	u32 timing;			/* enum npu_timing: the device's chip timing model */
 
 	struct dentry *debugfs;
 	atomic_t irq_count;
@@ -326,6 +340,24 @@ struct npu_device {
 		u32 index;
 	} uq_vec[NPU_NUM_QUEUES];
 	u32 hw_queues;			/* queues in use: 0 (driver's) and 1.. (users') */
+	/*
+	 * perf_lock serialises snapshots of the performance counters
+	 * (npu_perf.c) and protects perf_last, the latest one.
+	 */
+	struct mutex perf_lock;
+	struct npu_perf_snap perf_last;
+	/*
+	 * The device's trace ring (npu_fwtrace.c). fwtrace_lock protects
+	 * fwtrace_on (also read locklessly, to skip the lock while off), the
+	 * ring's consumer index fwtrace_tail and the TRACE_* registers.
+	 */
+	struct mutex fwtrace_lock;
+	struct npu_trace_rec *fwtrace;	/* coherent, NPU_FWTRACE_RECORDS */
+	dma_addr_t fwtrace_dma;
+	bool fwtrace_on;
+	u32 fwtrace_tail;
+	struct work_struct fwtrace_work;	/* drains after a completion interrupt */
+	bool wd_paused;			/* debugfs watchdog = 0: the watchdog looks at nothing */
 };
 
 static inline struct npu_device *to_npu_device(struct drm_device *drm)
@@ -521,6 +553,21 @@ void npu_debugfs_init(struct npu_device *ndev);
 void npu_debugfs_fini(struct npu_device *ndev);
 void npu_debugfs_module_init(void);
 void npu_debugfs_module_exit(void);
+
+/* npu_perf.c */
+void npu_perf_init(struct npu_device *ndev);
+int npu_perf_read(struct npu_device *ndev, struct npu_perf_snap *snap);
+u64 npu_perf_busy_ns(const struct npu_perf_snap *snap);
+
+/* npu_fwtrace.c */
+int npu_fwtrace_init(struct npu_device *ndev);
+void npu_fwtrace_start(struct npu_device *ndev);
+void npu_fwtrace_stop(struct npu_device *ndev);
+void npu_fwtrace_fini(struct npu_device *ndev);
+void npu_fwtrace_kick(struct npu_device *ndev);
+void npu_fwtrace_sync(struct npu_device *ndev);
+void npu_fwtrace_drain(struct npu_device *ndev);
+void npu_fwtrace_show(struct npu_device *ndev, struct seq_file *m);
 
 /* npu_sysfs.c */
 extern const struct attribute_group *npu_attr_groups[];

@@ -97,6 +97,7 @@ void npu_hw_start(struct npu_device *ndev)
 	npu_wr(ndev, NPU_REG_IRQ_MASK,
 	       GENMASK(ndev->hw_queues - 1, 0) | NPU_IRQ_ERROR);
 	npu_wr(ndev, NPU_REG_CONTROL, NPU_CONTROL_ENABLE);
+	npu_fwtrace_start(ndev);
 }
 
 /*
@@ -146,6 +147,7 @@ void npu_queue_push(struct npu_queue *q, const struct npu_cmd *cmd, u64 client)
 	WRITE_ONCE(q->owner[slot], client);
 	q->ring[slot] = *cmd;
 	q->tail++;
+	trace_npu_ring_write(q->index, cmd->fence, cmd->opcode, slot);
 }
 
 /*
@@ -166,7 +168,9 @@ u64 npu_queue_put_params(struct npu_queue *q, struct npu_context *ctx,
 /* Make the new descriptors visible to the device, then ring the doorbell. */
 void npu_queue_kick(struct npu_queue *q)
 {
+	npu_fwtrace_sync(q->ndev);
 	dma_wmb();
+	trace_npu_doorbell(q->index, q->tail);
 	npu_wr(q->ndev, NPU_DOORBELL(q->index), q->tail);
 }
 
@@ -329,6 +333,7 @@ static irqreturn_t npu_queue_irq_thread(int irq, void *arg)
 	npu_wr(q->ndev, NPU_REG_IRQ_STATUS, NPU_IRQ_QUEUE(q->index));
 	trace_npu_irq(q->index);
 	npu_queue_process(q);
+	npu_fwtrace_kick(q->ndev);
 	return IRQ_HANDLED;
 }
 
@@ -338,7 +343,9 @@ static irqreturn_t npu_uq_irq_thread(int irq, void *arg)
 
 	atomic_inc(&vec->ndev->irq_count);
 	npu_wr(vec->ndev, NPU_REG_IRQ_STATUS, NPU_IRQ_QUEUE(vec->index));
+	trace_npu_irq(vec->index);
 	npu_uqueue_irq(vec->ndev, vec->index);
+	npu_fwtrace_kick(vec->ndev);
 	return IRQ_HANDLED;
 }
 
@@ -478,6 +485,7 @@ int npu_hw_init(struct npu_device *ndev)
 	ndev->caps = npu_rd(ndev, NPU_REG_CAPS);
 	ndev->num_queues = npu_rd(ndev, NPU_REG_NUM_QUEUES);
 	ndev->num_cores = npu_rd(ndev, NPU_REG_NUM_CORES);
+	ndev->timing = npu_rd(ndev, NPU_REG_TIMING);
 	if (ndev->abi_version != NPU_ABI_VERSION) {
 		dev_err(dev, "device ABI %u, driver speaks %u\n",
 			ndev->abi_version, NPU_ABI_VERSION);
@@ -505,6 +513,10 @@ int npu_hw_init(struct npu_device *ndev)
 	if (ret)
 		return ret;
 	ret = npu_fence_init(ndev);
+	if (ret)
+		return ret;
+	npu_perf_init(ndev);
+	ret = npu_fwtrace_init(ndev);
 	if (ret)
 		return ret;
 
@@ -553,6 +565,7 @@ void npu_hw_fini(struct npu_device *ndev)
 	mutex_lock(&q->submit_lock);
 	mutex_lock(&ndev->uq_mutex);
 	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
+	npu_fwtrace_fini(ndev);
 	/*
 	 * A device that does not stop may still DMA into the buffers of the
 	 * jobs in flight: then keep them (and their memory) forever.

@@ -460,6 +460,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	/* The job may retire as soon as it is listed: keep its fence. */
 	done = dma_fence_get(job->done);
 	npu_job_arm_deps(job);
+	job->submit_ns = ktime_get_ns();
 	spin_lock(&q->job_lock);
 	list_add_tail(&job->node, &q->jobs);
 	WRITE_ONCE(q->next_fence, job->last_fence);

@@ -73,6 +73,7 @@ static int npu_runtime_suspend(struct device *dev)
 	u32 i;
 
 	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
+	npu_fwtrace_stop(ndev);
 	npu_fw_stop(ndev);
 	for (i = 0; i < NPU_MSIX_VECTORS; i++)
 		synchronize_irq(pci_irq_vector(ndev->pdev, i));

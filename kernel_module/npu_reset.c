@@ -223,6 +223,9 @@ static void npu_watchdog(struct work_struct *work)
 	struct npu_queue *q = &ndev->queue;
 	u32 i;
 
+	/* Paused through debugfs: the state stays as it is for a look. */
+	if (READ_ONCE(ndev->wd_paused))
+		goto again;
 	/* A lost completion interrupt: the write-back shows what it missed. */
 	if (READ_ONCE(q->wb->value) > READ_ONCE(q->completed))
 		npu_queue_process(q);
@@ -237,6 +240,7 @@ static void npu_watchdog(struct work_struct *work)
 		memset(ndev->wd_since, 0, sizeof(ndev->wd_since));
 		goto again;
 	}
+	npu_fwtrace_drain(ndev);
 	if (npu_fw_heartbeat_lost(ndev)) {
 		npu_recover(ndev, NPU_FW_LOST, jiffies);
 		memset(ndev->wd_since, 0, sizeof(ndev->wd_since));

@@ -5,6 +5,7 @@
  * /sys/class/accel/accelN/device/npu/.
  */
 #include <linux/device.h>
+#include <linux/slab.h>
 #include <linux/sysfs.h>
 
 #include "npu_drv.h"
@@ -41,6 +42,60 @@ NPU_ATTR(runtime_suspends, "%d", atomic_read(&ndev->suspends));
 NPU_ATTR(runtime_resumes, "%d", atomic_read(&ndev->resumes));
 NPU_ATTR(last_resume_us, "%llu", READ_ONCE(ndev->resume_ns) / NSEC_PER_USEC);
 
+/*
+ * busy_us: the time the device's commands ran, summed over its queues;
+ * device_time_us: the device clock at the same snapshot. Two readings a
+ * while apart give the utilisation (npu-smi).
+ */
+static ssize_t npu_perf_attr_show(struct device *dev, char *buf, bool busy)
+{
+	struct npu_device *ndev = dev_get_drvdata(dev);
+	struct npu_perf_snap *snap;
+	ssize_t ret;
+
+	snap = kmalloc(sizeof(*snap), GFP_KERNEL);
+	if (!snap)
+		return -ENOMEM;
+	ret = npu_perf_read(ndev, snap);
+	if (!ret)
+		ret = sysfs_emit(buf, "%llu\n", (busy ? npu_perf_busy_ns(snap) :
+						  snap->time_ns) / NSEC_PER_USEC);
+	kfree(snap);
+	return ret;
+}
+
+static ssize_t busy_us_show(struct device *dev, struct device_attribute *attr,
+			    char *buf)
+{
+	return npu_perf_attr_show(dev, buf, true);
+}
+static DEVICE_ATTR_RO(busy_us);
+
+static ssize_t device_time_us_show(struct device *dev,
+				   struct device_attribute *attr, char *buf)
+{
+	return npu_perf_attr_show(dev, buf, false);
+}
+static DEVICE_ATTR_RO(device_time_us);
+
+static const char * const npu_timing_names[] = {
+	[NPU_TIMING_NATIVE] = "native",
+	[NPU_TIMING_EDGE] = "edge",
+	[NPU_TIMING_DATACENTER] = "datacenter",
+};
+
+/* timing: the chip timing model the device runs (docs/npu-spec.md 12.2). */
+static ssize_t timing_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	struct npu_device *ndev = dev_get_drvdata(dev);
+
+	if (ndev->timing >= ARRAY_SIZE(npu_timing_names))
+		return sysfs_emit(buf, "unknown(%u)\n", ndev->timing);
+	return sysfs_emit(buf, "%s\n", npu_timing_names[ndev->timing]);
+}
+static DEVICE_ATTR_RO(timing);
+
 static ssize_t fences_show(struct device *dev, struct device_attribute *attr,
 			   char *buf)
 {
@@ -74,6 +129,9 @@ static struct attribute *npu_attrs[] = {
 	&dev_attr_runtime_suspends.attr,
 	&dev_attr_runtime_resumes.attr,
 	&dev_attr_last_resume_us.attr,
+	&dev_attr_busy_us.attr,
+	&dev_attr_device_time_us.attr,
+	&dev_attr_timing.attr,
 	NULL,
 };
 

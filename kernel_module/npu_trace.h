@@ -10,6 +10,8 @@
 
 #include <linux/tracepoint.h>
 
+#include "npu_hw.h"
+
 TRACE_EVENT(npu_submit,
 	    TP_PROTO(u32 queue, u64 first, u64 last),
 	    TP_ARGS(queue, first, last),
@@ -124,6 +126,100 @@ DEFINE_EVENT(npu_bo, npu_bo_create,
 DEFINE_EVENT(npu_bo, npu_bo_free,
 	     TP_PROTO(u32 handle, size_t size),
 	     TP_ARGS(handle, size)
+);
+
+/* An ioctl of an npu file: its number, and at exit what it returned. */
+TRACE_EVENT(npu_ioctl_enter,
+	    TP_PROTO(u32 nr),
+	    TP_ARGS(nr),
+	    TP_STRUCT__entry(__field(u32, nr)),
+	    TP_fast_assign(__entry->nr = nr;),
+	    TP_printk("nr=0x%02x", __entry->nr)
+);
+
+TRACE_EVENT(npu_ioctl_exit,
+	    TP_PROTO(u32 nr, long ret),
+	    TP_ARGS(nr, ret),
+	    TP_STRUCT__entry(__field(u32, nr)
+			     __field(long, ret)),
+	    TP_fast_assign(__entry->nr = nr;
+			   __entry->ret = ret;),
+	    TP_printk("nr=0x%02x ret=%ld", __entry->nr, __entry->ret)
+);
+
+/* A descriptor written into the driver's ring. */
+TRACE_EVENT(npu_ring_write,
+	    TP_PROTO(u32 queue, u64 fence, u16 opcode, u32 slot),
+	    TP_ARGS(queue, fence, opcode, slot),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u64, fence)
+			     __field(u16, opcode)
+			     __field(u32, slot)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->fence = fence;
+			   __entry->opcode = opcode;
+			   __entry->slot = slot;),
+	    TP_printk("queue=%u fence=%llu opcode=%u slot=%u", __entry->queue,
+		      __entry->fence, __entry->opcode, __entry->slot)
+);
+
+TRACE_EVENT(npu_doorbell,
+	    TP_PROTO(u32 queue, u32 tail),
+	    TP_ARGS(queue, tail),
+	    TP_STRUCT__entry(__field(u32, queue)
+			     __field(u32, tail)),
+	    TP_fast_assign(__entry->queue = queue;
+			   __entry->tail = tail;),
+	    TP_printk("queue=%u tail=%u", __entry->queue, __entry->tail)
+);
+
+/*
+ * A record of the device's trace ring (npu_fwtrace.c), with its device
+ * clock time; enabling this event turns the device's tracing on.
+ */
+TRACE_EVENT(npu_fw_event,
+	    TP_PROTO(const struct npu_trace_rec *rec),
+	    TP_ARGS(rec),
+	    TP_STRUCT__entry(__field(u64, dev_ns)
+			     __field(u16, kind)
+			     __field(u8, queue)
+			     __field(u8, core)
+			     __field(u32, arg32)
+			     __field(u64, fence)
+			     __field(u64, arg)),
+	    TP_fast_assign(__entry->dev_ns = rec->ts;
+			   __entry->kind = rec->kind;
+			   __entry->queue = rec->queue;
+			   __entry->core = rec->core;
+			   __entry->arg32 = rec->arg32;
+			   __entry->fence = rec->fence;
+			   __entry->arg = rec->arg;),
+	    TP_printk("dev_ns=%llu kind=%s queue=%u core=%u fence=%llu arg32=%u arg=%llu",
+		      __entry->dev_ns,
+		      __print_symbolic(__entry->kind,
+				       { NPU_TR_FETCH, "fetch" },
+				       { NPU_TR_DISPATCH, "dispatch" },
+				       { NPU_TR_CMD_START, "cmd_start" },
+				       { NPU_TR_CMD_END, "cmd_end" },
+				       { NPU_TR_TILE_START, "tile_start" },
+				       { NPU_TR_TILE_END, "tile_end" },
+				       { NPU_TR_DMA_START, "dma_start" },
+				       { NPU_TR_DMA_END, "dma_end" },
+				       { NPU_TR_CPL_WRITE, "cpl_write" },
+				       { NPU_TR_IRQ, "irq" },
+				       { NPU_TR_MBOX_REQ, "mbox_req" },
+				       { NPU_TR_MBOX_REPLY, "mbox_reply" }),
+		      __entry->queue, __entry->core, __entry->fence,
+		      __entry->arg32, __entry->arg)
+);
+
+/* The device clock now: this event's timestamp is the same instant. */
+TRACE_EVENT(npu_clock_sync,
+	    TP_PROTO(u64 dev_ns),
+	    TP_ARGS(dev_ns),
+	    TP_STRUCT__entry(__field(u64, dev_ns)),
+	    TP_fast_assign(__entry->dev_ns = dev_ns;),
+	    TP_printk("dev_ns=%llu", __entry->dev_ns)
 );
 
 #endif /* NPU_TRACE_H */

@@ -100,6 +100,8 @@ static void npu_queue_irq_locked(NpuState *s, int qi)
         return;
     }
     q->irqs++;
+    npu_trace_ev(s, NPU_TR_IRQ, qi, NPU_TRACE_CORE_CP, q->done_fence,
+                 NPU_VEC_QUEUE(qi), 0);
     npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
 }
 
@@ -251,11 +253,18 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
 {
     struct npu_cmd *cmd = &m->cmd;
     uint32_t inject = m->inject;
+    NpuTraceCtx saved = npu_trace_enter(qi, cmd->fence);
+    int depth = qatomic_read(&s->depth);
+    uint64_t t_start = npu_dev_clock(s), end_arg = 0;
     uint32_t status;
 
     memset(&m->cpl, 0, sizeof(m->cpl));
-    m->cpl.t_start = cpu_to_le64(npu_now_ns());
+    m->cpl.t_start = cpu_to_le64(t_start);
+    if (s->chip) {
+        s->level[depth].timing_child_ns = 0;
+    }
     trace_npu_cmd_start(qi, m->idx, cmd->opcode, cmd->fence);
+    npu_trace(s, NPU_TR_CMD_START, cmd->opcode, 0);
     if (inject && ((cmd->flags & ~NPU_CMD_F_MASK) || cmd->rsvd0)) {
         /* A malformed descriptor is not a command: keep the fault armed. */
         qemu_mutex_lock(&s->lock);
@@ -289,16 +298,28 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
             status = npu_wait_ready(s, &m->walk, cmd, &ready);
             if (status == NPU_ST_OK && !ready) {
                 m->blocked = true;      /* the head stays; look again */
+                npu_trace_leave(saved);
                 return;
             }
         }
     }
-    m->cpl.t_end = cpu_to_le64(npu_now_ns());
+    if (s->chip && cmd->opcode != NPU_OP_WAIT) {
+        uint64_t model_ns, child_ns = s->level[depth].timing_child_ns;
+
+        end_arg = npu_timing_finish(s, m, t_start, child_ns, &model_ns);
+        if (depth > 0) {
+            s->level[depth - 1].timing_child_ns += model_ns + child_ns;
+        }
+    } else {
+        m->cpl.t_end = cpu_to_le64(npu_dev_clock(s));
+    }
     m->cpl.fence = cpu_to_le64(cmd->fence);
     m->cpl.status = cpu_to_le32(status);
     m->cpl.opcode = cpu_to_le16(cmd->opcode);
     trace_npu_cmd_done(qi, cmd->fence, status,
                        le64_to_cpu(m->cpl.t_end) - le64_to_cpu(m->cpl.t_start));
+    npu_trace(s, NPU_TR_CMD_END, status, end_arg);
+    npu_trace_leave(saved);
     if (status == NPU_ST_TIMEOUT) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d fence %" PRIu64 " ran"
                       " past its budget of %u ms\n", qi, (uint64_t)cmd->fence,
@@ -321,6 +342,10 @@ static uint32_t npu_group_tile(NpuCore *core, void *opaque, uint64_t begin,
     uint64_t i;
 
     for (i = begin; i < end; i++) {
+        if (core->index != UINT32_MAX) {
+            npu_trace_ev(g->s, NPU_TR_DISPATCH, g->qi, core->index,
+                         g->m[i].cmd.fence, g->m[i].cmd.opcode, i);
+        }
         npu_member_exec(g->s, g->qi, &g->m[i]);
     }
     return NPU_ST_OK;
@@ -354,9 +379,10 @@ static bool npu_fetch(NpuState *s, int qi, uint64_t ring, uint32_t ring_size,
 }
 
 /* May @cmd run at the same time as the commands before it? */
-static bool npu_joins_group(const struct npu_cmd *cmd)
+static bool npu_joins_group(NpuState *s, const struct npu_cmd *cmd)
 {
-    return (cmd->flags & NPU_CMD_F_CONCURRENT) &&
+    /* The timing model runs one command at a time (12.2). */
+    return !s->chip && (cmd->flags & NPU_CMD_F_CONCURRENT) &&
            cmd->opcode != NPU_OP_WAIT && cmd->opcode != NPU_OP_SIGNAL;
 }
 
@@ -413,6 +439,8 @@ static bool npu_retire_locked(NpuState *s, int qi, uint32_t gen,
         return false;
     }
 
+    npu_trace_ev(s, NPU_TR_CPL_WRITE, qi, NPU_TRACE_CORE_CP, m->cmd.fence,
+                 status, slot);
     qemu_mutex_lock(&s->lock);
     q->cpl_writing = false;
     qemu_cond_broadcast(&s->cpl_done);
@@ -499,9 +527,14 @@ static void npu_process_one_locked(NpuState *s, int qi)
          */
         while (n < max &&
                npu_fetch(s, qi, ring, ring_size, idx + n, &m[n], &m[0].walk) &&
-               npu_joins_group(&m[n].cmd)) {
+               npu_joins_group(s, &m[n].cmd)) {
             n++;
         }
+    }
+    /* Logged once taken: a read-ahead that did not join is not. */
+    for (k = 0; k < n; k++) {
+        npu_trace_ev(s, NPU_TR_FETCH, qi, NPU_TRACE_CORE_CP, m[k].cmd.fence,
+                     m[k].cmd.opcode, m[k].idx);
     }
     if (n == 1) {
         npu_member_exec(s, qi, &m[0]);
@@ -763,6 +796,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
               NPU_CAP_QUANT | NPU_CAP_POOL_GEOMETRY | NPU_CAP_SELECT |
               NPU_CAP_STRIDED_OUT | NPU_CAP_CONV_ACCUMULATE |
               NPU_CAP_ACT_RELU6 | NPU_CAP_CONCURRENT | NPU_CAP_PERF |
+              NPU_CAP_TRACE |
               (s->mem_size ? NPU_CAP_LOCAL_MEM : 0);
         break;
     case NPU_REG_NUM_QUEUES:
@@ -790,7 +824,7 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         val = s->error;
         break;
     case NPU_REG_TIMESTAMP_LO:
-        now = npu_now_ns();
+        now = npu_dev_clock(s);
         s->ts_hi_latch = now >> 32;
         val = (uint32_t)now;
         break;
@@ -887,6 +921,9 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
     case NPU_REG_FW_LOG_SIZE:
         val = s->fw_log_size;
         break;
+    case NPU_REG_TIMING:
+        val = s->timing;
+        break;
     case NPU_REG_MEM_SIZE_LO:
         val = (uint32_t)s->mem_size;
         break;
@@ -912,6 +949,9 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         } else if (addr >= NPU_PERF_BASE &&
                    addr < NPU_PERF_BASE + NPU_PERF_SIZE) {
             val = npu_perf_read_locked(s, addr - NPU_PERF_BASE);
+        } else if (addr >= NPU_TRACE_BASE &&
+                   addr < NPU_TRACE_BASE + NPU_TRACE_SIZE) {
+            val = npu_trace_read_locked(s, addr - NPU_TRACE_BASE);
         } else {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register"
                           " 0x%" HWADDR_PRIx "\n", addr);
@@ -1278,6 +1318,9 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         } else if (addr >= NPU_PERF_BASE &&
                    addr < NPU_PERF_BASE + NPU_PERF_SIZE) {
             npu_perf_write_locked(s, addr - NPU_PERF_BASE, val);
+        } else if (addr >= NPU_TRACE_BASE &&
+                   addr < NPU_TRACE_BASE + NPU_TRACE_SIZE) {
+            npu_trace_write_locked(s, addr - NPU_TRACE_BASE, val);
         } else {
             qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or"
                           " unknown register 0x%" HWADDR_PRIx "\n", addr);
@@ -1355,6 +1398,9 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
                    " 1 MiB to 64 GiB");
         return;
     }
+    if (!npu_timing_select(s, errp)) {
+        return;
+    }
     pci_config_set_interrupt_pin(pdev->config, 1);
 
     memory_region_init_io(&s->mmio, OBJECT(s), &npu_mmio_ops, s, "npu-mmio",
@@ -1400,6 +1446,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     }
     npu_cores_init(s, s->num_cores);
     npu_perf_init(s);
+    npu_trace_init(s);
     qemu_mutex_init(&s->lock);
     qemu_mutex_init(&s->log_lock);
     qemu_cond_init(&s->cond);
@@ -1443,6 +1490,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_thread_join(&s->thread);
     npu_cores_fini(s);
     npu_perf_fini(s);
+    npu_trace_fini(s);
     npu_budget_reap(s);
     qemu_del_vm_change_state_handler(s->vmstate_entry);
 
@@ -1483,6 +1531,7 @@ static void npu_reset_hold(Object *obj, ResetType type)
     qemu_mutex_lock(&s->lock);
     npu_fw_power_on_locked(s);
     npu_perf_reset_locked(s);
+    npu_trace_reset_locked(s);
     qemu_mutex_unlock(&s->lock);
     npu_bars_update(s);
 }
@@ -1514,6 +1563,7 @@ static void npu_config_write(PCIDevice *pdev, uint32_t addr, uint32_t val,
             npu_request_reset(s, true);
             qemu_mutex_lock(&s->lock);
             npu_fw_power_on_locked(s);
+            npu_trace_reset_locked(s);
             qemu_mutex_unlock(&s->lock);
         }
     }
@@ -1573,6 +1623,7 @@ static const Property npu_properties[] = {
     DEFINE_PROP_UINT32("cmd-budget-ms", NpuState, cmd_budget_ms, 2000),
     DEFINE_PROP_SIZE("mem-budget", NpuState, mem_budget, 1 * GiB),
     DEFINE_PROP_BOOL("dnnl", NpuState, use_dnnl, true),
+    DEFINE_PROP_STRING("timing", NpuState, timing_name),
 };
 
 static void npu_class_init(ObjectClass *klass, void *data)

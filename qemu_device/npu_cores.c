@@ -142,6 +142,20 @@ static bool npu_preempt_wanted(NpuState *s)
 
 /* Cores --------------------------------------------------------------- */
 
+/* Run tile [@begin, @end) of @job on @core, logged in the trace ring. */
+static uint32_t npu_tile(NpuState *s, NpuJob *job, NpuCore *core,
+                         uint64_t begin, uint64_t end)
+{
+    NpuTraceCtx saved = npu_trace_enter(job->owner.queue, job->owner.fence);
+    uint32_t st;
+
+    npu_trace(s, NPU_TR_TILE_START, 0, begin / job->grain);
+    st = job->fn(core, job->opaque, begin, end);
+    npu_trace(s, NPU_TR_TILE_END, st, begin / job->grain);
+    npu_trace_leave(saved);
+    return st;
+}
+
 /*
  * Run tiles of @job until none is left; called with the lock. Only the
  * innermost published job (c->job) gives way to a preemption; the tiles a
@@ -168,7 +182,7 @@ static void npu_cores_drain_locked(NpuCores *c, NpuCore *core, NpuJob *job)
         if (st == NPU_ST_OK) {
             int64_t t0 = npu_now_ns();
 
-            st = job->fn(core, job->opaque, begin, end);
+            st = npu_tile(s, job, core, begin, end);
             qatomic_add(&core->busy_ns, npu_now_ns() - t0);
         }
         npu_engine_leave(s);
@@ -213,6 +227,7 @@ static void *npu_core_thread(void *opaque)
     NpuCore *core = opaque;
     NpuCores *c = core->cores;
 
+    npu_trace_set_core(core->index);
     qemu_mutex_lock(&c->lock);
     while (!c->stop) {
         /*
@@ -289,7 +304,7 @@ static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
     NpuCores *c = &s->cores;
     NpuJob job = {
         .fn = fn, .opaque = opaque, .total = total, .grain = grain,
-        .status = NPU_ST_OK,
+        .status = NPU_ST_OK, .owner = npu_trace_current(),
     };
     NpuJob *outer;
 
@@ -360,7 +375,7 @@ static uint32_t npu_cores_share(NpuState *s, NpuCore *core, NpuTileFn fn,
     NpuCores *c = &s->cores;
     NpuJob job = {
         .fn = fn, .opaque = opaque, .total = total, .grain = grain,
-        .status = NPU_ST_OK,
+        .status = NPU_ST_OK, .owner = npu_trace_current(),
     };
     uint32_t slot;
 
@@ -380,7 +395,7 @@ static uint32_t npu_cores_share(NpuState *s, NpuCore *core, NpuTileFn fn,
         qemu_mutex_unlock(&c->lock);
         st = npu_engine_poll(s);
         if (st == NPU_ST_OK) {
-            st = fn(core, opaque, begin, end);
+            st = npu_tile(s, &job, core, begin, end);
         }
         qemu_mutex_lock(&c->lock);
         job.running--;
@@ -474,7 +489,9 @@ uint32_t npu_run_tiles(NpuState *s, NpuTileFn fn, void *job, uint64_t total,
     for (begin = 0; begin < total; begin += grain) {
         st = npu_engine_poll(s);
         if (st == NPU_ST_OK) {
+            npu_trace(s, NPU_TR_TILE_START, 0, begin / grain);
             st = fn(cp, job, begin, MIN(total, begin + grain));
+            npu_trace(s, NPU_TR_TILE_END, st, begin / grain);
         }
         if (st != NPU_ST_OK) {
             return st;

@@ -37,6 +37,13 @@ OBJECT_DECLARE_SIMPLE_TYPE(NpuState, NPU_PCI)
  */
 #define NPU_POLL_QUANTUM (1ull << 22)
 
+/* The command an engine thread works on, for the trace ring. */
+typedef struct NpuTraceCtx {
+    uint8_t queue;          /* NPU_TRACE_NO_QUEUE: none */
+    uint8_t core;           /* NPU_TRACE_CORE_CP: the command processor */
+    uint64_t fence;
+} NpuTraceCtx;
+
 /* L2 tables a walk keeps: an op's operands usually span a few L1 entries. */
 #define NPU_WALK_WAYS 4
 
@@ -57,6 +64,7 @@ typedef struct NpuBars {
  */
 typedef struct NpuCmdStats {
     uint32_t faults;        /* MMU faults (device lock) */
+    uint32_t mac_dtype;     /* the operands of its multiply-adds */
     uint64_t macs;          /* multiply-adds (qatomic, as all below) */
     uint64_t read_bytes;    /* operand bytes read from memory */
     uint64_t write_bytes;   /* operand bytes written to memory */
@@ -156,6 +164,7 @@ typedef struct NpuJob {
     uint32_t running;
     uint32_t status;
     bool paused;            /* preempted: no tile is taken until resumed */
+    NpuTraceCtx owner;      /* the command the tiles are of (trace ring) */
 } NpuJob;
 
 struct NpuCores {
@@ -190,7 +199,23 @@ typedef struct NpuMember {
 typedef struct NpuLevel {
     NpuCore core;           /* the processor as a core: its bounce buffer */
     NpuMember *members;     /* the group it runs (NPU_GROUP_MAX) */
+    uint64_t timing_child_ns;   /* modelled time of commands preempting it */
 } NpuLevel;
+
+/* Per-op efficiency classes of a chip description. */
+enum { NPU_EFF_GEMM, NPU_EFF_CONV, NPU_EFF_COUNT };
+
+/* A chip description of the timing model (npu_timing.c). */
+typedef struct NpuChip {
+    const char *name;
+    uint32_t mac_rows, mac_cols;    /* int8 MAC cells */
+    uint32_t clock_mhz;
+    uint64_t sram_bytes;
+    uint32_t dma_mb_per_s;          /* 10^6 bytes per second */
+    uint32_t vector_bytes_per_cycle;
+    uint32_t cmd_overhead_ns;
+    uint32_t eff_pct[NPU_EFF_COUNT];
+} NpuChip;
 
 struct NpuState {
     PCIDevice parent_obj;
@@ -206,6 +231,12 @@ struct NpuState {
     uint64_t mem_size;      /* device memory (BAR2) bytes, 0: none */
     bool boot_rom;          /* firmware running from reset (engine tests) */
     bool use_dnnl;          /* CONV2D on oneDNN where it takes the shape */
+    char *timing_name;      /* "native" (NULL), or a chip description */
+
+    /* The timing model (npu_timing.c): fixed at realize. */
+    uint32_t timing;        /* enum npu_timing */
+    const NpuChip *chip;    /* NULL: native */
+    uint64_t timing_stolen_ns;  /* host time hidden from the clock (qatomic) */
 
     /* Device memory: RAM behind BAR2; the engine uses it directly. */
     MemoryRegion mem;
@@ -215,7 +246,9 @@ struct NpuState {
      * @lock protects every field below up to @chunk: register state, queue
      * state, the interrupt bits and the worker's stop/reset requests. It is
      * taken by the vCPU (MMIO, under the BQL), the worker and the IRQ
-     * bottom half; it is never held across DMA or command execution.
+     * bottom half; it is never held across DMA or command execution,
+     * except a trace ring record's write (npu_tracering.c): 32 bytes to
+     * RAM, which neither blocks nor reaches a device register.
      */
     QemuMutex lock;
     QemuMutex log_lock;     /* serialises firmware log writers; before lock */
@@ -284,6 +317,21 @@ struct NpuState {
     uint64_t *perf_snap_core;
     uint64_t perf_snap_time;
     uint32_t perf_snapshots;
+    /*
+     * Trace ring (npu_tracering.c). @trace_lock protects the trace_*
+     * fields; it is a leaf lock, taken alone or under the device lock,
+     * never the other way round. @trace_on is also read without it
+     * (qatomic), so that an engine thread skips the lock while tracing is
+     * off.
+     */
+    QemuMutex trace_lock;
+    bool trace_on;
+    uint64_t trace_base;
+    uint32_t trace_size;
+    uint32_t trace_head;
+    uint32_t trace_tail;
+    uint32_t trace_dropped;
+    uint32_t trace_mask;
 
     /*
      * Engine control, read by every engine thread without a lock: @abort
@@ -364,6 +412,34 @@ void npu_fw_mbox(NpuState *s);
 /* npu_cores.c */
 void npu_cores_init(NpuState *s, uint32_t n);
 void npu_cores_fini(NpuState *s);
+
+/*
+ * npu_tracering.c: the trace ring. The register accessors take the device
+ * lock's place in the caller's hands (called with it); npu_trace() may be
+ * called from any thread, with or without the device lock. The command an
+ * event belongs to is the calling thread's (npu_trace_enter()).
+ */
+void npu_trace_init(NpuState *s);
+void npu_trace_fini(NpuState *s);
+void npu_trace_reset_locked(NpuState *s);
+uint32_t npu_trace_read_locked(NpuState *s, hwaddr off);
+void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val);
+void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
+                  uint64_t fence, uint32_t arg32, uint64_t arg);
+void npu_trace(NpuState *s, uint32_t kind, uint32_t arg32, uint64_t arg);
+NpuTraceCtx npu_trace_current(void);
+NpuTraceCtx npu_trace_enter(uint8_t queue, uint64_t fence);
+void npu_trace_leave(NpuTraceCtx saved);
+void npu_trace_set_core(uint8_t core);
+
+/* npu_timing.c: the chip timing model */
+bool npu_timing_select(NpuState *s, Error **errp);
+uint64_t npu_dev_clock(NpuState *s);
+uint64_t npu_timing_model(const NpuChip *c, uint16_t opcode,
+                          const NpuCmdStats *st, uint64_t *compute_ns,
+                          uint64_t *mem_ns);
+uint64_t npu_timing_finish(NpuState *s, NpuMember *m, uint64_t t_start,
+                           uint64_t child_ns, uint64_t *model_ns);
 
 /* npu_perf.c: performance counters (device lock held) */
 void npu_perf_init(NpuState *s);

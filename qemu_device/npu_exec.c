@@ -405,6 +405,7 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
     st = npu_run_tiles(s, npu_gemm_tile, &job,
                        (uint64_t)DIV_ROUND_UP(m, job.rb) * job.ncb, 1);
     if (st == NPU_ST_OK) {
+        w->stats->mac_dtype = NPU_DTYPE_FP32;
         qatomic_add(&w->stats->macs, (uint64_t)m * n * k);
         st = npu_matrix_xfer(s, w, &c, true);
     }

@@ -361,8 +361,8 @@ static void npu_count_bytes(NpuWalk *w, uint64_t n, bool write)
  * Move @len bytes between device VA @va and @buf, in either direction, in
  * pieces of at most NPU_XFER_QUANTUM with a control point between two.
  */
-static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
-                           uint64_t len, bool write)
+static uint32_t npu_mem_rw_run(NpuState *s, NpuWalk *w, uint64_t va,
+                               void *buf, uint64_t len, bool write)
 {
     uint8_t *p = buf;
     bool first = true;
@@ -410,6 +410,18 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
         len -= run;
     }
     return NPU_ST_OK;
+}
+
+/* npu_mem_rw_run(), logged as one transfer in the trace ring. */
+static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                           uint64_t len, bool write)
+{
+    uint32_t st;
+
+    npu_trace(s, NPU_TR_DMA_START, write, len);
+    st = npu_mem_rw_run(s, w, va, buf, len, write);
+    npu_trace(s, NPU_TR_DMA_END, write, len);
+    return st;
 }
 
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,

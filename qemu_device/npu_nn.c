@@ -583,6 +583,7 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
             DIV_ROUND_UP(units, cores * 2);
     st = npu_run_tiles(s, npu_mm_tile, &job, units, grain);
     if (st == NPU_ST_OK) {
+        w->stats->mac_dtype = job.a.dtype;
         qatomic_add(&w->stats->macs, flop);
     }
 out:
@@ -1110,6 +1111,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     st = npu_run_tiles(s, npu_conv_tile, &job, units, grain);
 done:
     if (st == NPU_ST_OK) {
+        w->stats->mac_dtype = job.dtype;
         qatomic_add(&w->stats->macs, batch * job.o * job.ohw * job.kk);
     }
 out:

@@ -72,7 +72,7 @@ static void npu_perf_snapshot_locked(NpuState *s)
         s->perf_snap_core[k] = qatomic_read(&s->cores.core[k].busy_ns) -
                                s->perf_core_zero[k];
     }
-    s->perf_snap_time = npu_now_ns();
+    s->perf_snap_time = npu_dev_clock(s);
     s->perf_snapshots++;
     trace_npu_perf_snapshot(s->perf_snap_time);
 }

@@ -6,7 +6,8 @@ examples/bench_npu.py, examples/bench_inference.py (the ONNX models),
 examples/bench_devmem.py (device memory), examples/bench_driver.py (PRIME
 import, runtime resume), the ioctl fuzzer (tests/stress/fuzz_model.py:
 calls per second), examples/bench_models.py (real architectures from
-``make zoo``) and examples/bench_recovery.py
+``make zoo``), examples/bench_profiler.py (what npu.profiler costs a
+model run) and examples/bench_recovery.py
 (hang detection and reset recovery) in the guest, then measures numpy and
 onnxruntime (scripts/bench_host_ort.py: the same architectures) on
 the host in the same run, the engine-control figures through qtest
@@ -87,6 +88,10 @@ GUEST_CMDS = (
     "python3 examples/infer_int8.py --json",
     # torch.compile(backend="npu") on ResNet-18 against eager torch in the guest.
     "python3 examples/torch_compile_resnet18.py --json --runs 2",
+    # npu.profiler.profile() around the digits CNN at batch 64 (profiler_overhead).
+    "python3 examples/bench_profiler.py",
+    # npu-smi diag on the four injected stuck jobs (it resets the device twice).
+    "python3 examples/bench_diag.py",
     "python3 examples/bench_recovery.py",
 )
 GUEST_TIMEOUT_S = 900.0
@@ -112,6 +117,8 @@ COPY_BYTES = 64 << 20
 HOST_RUNS = 5
 
 # The targets of the issue: (result key, comparison, threshold, description).
+# The chip timing model: one guest per chip description (docs/npu-spec.md 12.2).
+TIMING_CHIPS = ("edge", "datacenter")
 TARGETS: list[tuple[str, str, float, str]] = [
     ("reset_abort_ms", "<=", 10.0, "a reset during a GEMM answers within 10 ms"),
     # "Preemption within one tile": the NOP's latency beyond an idle NOP's.
@@ -223,12 +230,37 @@ TARGETS: list[tuple[str, str, float, str]] = [
         1.0,
         "Inception v2 at batch 1 with its branches concurrent >= 1.0x one op at a time",
     ),
+    # Issue 19: npu-smi diag places each injected stuck job (examples/bench_diag.py).
+    (
+        "diag_verdicts_correct",
+        ">=",
+        4.0,
+        "npu-smi diag right in 4 of 4 injected cases (host, firmware, engine, interrupt)",
+    ),
     # Issue 17: int8 models within 1 point of fp32 (examples/infer_int8.py).
     (
         "digits_cnn_int8_accuracy_drop",
         "<=",
         0.01,
         "the int8 digits CNN's test accuracy at most 1 point below fp32's",
+    ),
+    # Issue 19: every layer recorded costs a digits-CNN batch-64 run at most 10%.
+    (
+        "profiler_overhead",
+        "<=",
+        0.10,
+        "digits CNN batch 64 at most 10% slower inside npu.profiler.profile()",
+    ),
+    # Issue 19: the timing model against the chip description's own roofline.
+    *(
+        (
+            f"timing_model_{op}_error_pct_{chip}",
+            "<=",
+            5.0,
+            f"timing mode {op} within 5% of the {chip} roofline",
+        )
+        for op in ("gemm", "conv")
+        for chip in TIMING_CHIPS
     ),
 ]
 # CONV2D problem of examples/bench_npu.py: N, C, O, H = W, K (padding 1).
@@ -504,6 +536,40 @@ def run_guest(quick: bool) -> tuple[float, dict[str, Any]]:
         return g.boot_s, result
 
 
+def run_timing_guests(quick: bool) -> dict[str, Any]:
+    """Boot a guest whose device runs each chip's timing model and run
+    examples/bench_timing.py there: its keys, merged."""
+    result: dict[str, Any] = {}
+    saved = os.environ.get("NPU_DEVICES")
+    try:
+        for chip in TIMING_CHIPS:
+            os.environ["NPU_DEVICES"] = f"-device npu,timing={chip}"
+            log.info("booting a guest with timing=%s", chip)
+            with Guest() as g:
+                g.load_module()
+                cmd = (
+                    "BENCH_QUICK=1 " if quick else ""
+                ) + f"python3 examples/bench_timing.py --chip {chip}"
+                mark = g.dmesg_mark()
+                stream = _LineLogger()
+                rc, out = g.run(cmd, timeout=GUEST_TIMEOUT_S, stream=stream)
+                stream.flush()
+                bad = bad_dmesg_lines(g.new_dmesg(mark))
+                if bad:
+                    raise BenchFailed(
+                        "kernel log has errors after the benchmark:\n" + "\n".join(bad)
+                    )
+                if rc != 0:
+                    raise BenchFailed(f"`{cmd}` exited {rc} in the guest")
+                result.update(parse_guest_json(out))
+    finally:
+        if saved is None:
+            os.environ.pop("NPU_DEVICES", None)
+        else:
+            os.environ["NPU_DEVICES"] = saved
+    return result
+
+
 def conformance_keys(meta: dict[str, Any]) -> dict[str, Any]:
     """``onnx_node_suite_pass`` and ``onnx_node_suite_npu_share`` of the latest conformance run.
 
@@ -600,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.monotonic()
         boot_s, guest = run_guest(args.quick)
+        guest.update(run_timing_guests(args.quick))
         res["boot_s"] = boot_s
         res["meta"].update(guest_meta(guest.pop("guest_env")))
         res.update(guest)

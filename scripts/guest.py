@@ -17,10 +17,11 @@ A single CMD argument is a shell command line as is (``-- 'ls | wc -l'``);
 several are quoted and joined (``-- python3 -m pytest tests/guest``).
 
 Each ``run()`` executes in a fresh subshell of the guest's root shell, with
-stdin from /dev/null, cwd /mnt/npu (the project tree over 9p) and
-PYTHONPATH=/mnt/npu/runtime_py. stdout and stderr are merged. The kernel's
-console log level is lowered to 1 after boot so that printk lines do not
-interleave with command output; use ``dmesg()`` for the kernel log.
+stdin from /dev/null, cwd /mnt/npu (the project tree over 9p),
+PYTHONPATH=/mnt/npu/runtime_py and /mnt/npu/guest/bin (``npu-smi``) on
+PATH. stdout and stderr are merged. The kernel's console log level is
+lowered to 1 after boot so that printk lines do not interleave with
+command output; use ``dmesg()`` for the kernel log.
 
 Environment:
     NPU_CACHE        build products (default ~/.cache/npu-stack)
@@ -71,6 +72,8 @@ BOOT_BLACKLIST = (
     "i2c_i801,lpc_ich,joydev,serio_raw,evdev,button,ahci,libahci"
 )
 READY_LINE = "npu-init: ready"
+# Commands of the project tree for the guest's shell (guest/bin: npu-smi).
+GUEST_BIN = f"{GUEST_ROOT}/guest/bin"
 
 # Kernel log lines that fail a test. The unsigned/out-of-tree module taint
 # messages do not match.
@@ -337,10 +340,13 @@ class Guest:
     def _setup_shell(self, deadline: float) -> None:
         # No echo, no line editing, empty prompts: the console then carries
         # just command output and our markers. Kernel messages stay off the
-        # console (level 1 = emergencies only) and go to dmesg.
+        # console (level 1 = emergencies only) and go to dmesg. The
+        # project's guest commands (npu-smi) are on PATH: the image is not
+        # rebuilt for them.
         setup = (
             "stty -echo -ixon; set +o emacs +o vi +o history; PS1=''; PS2=''; "
-            "PROMPT_COMMAND=''; unset HISTFILE; export TERM=dumb; dmesg -n 1"
+            "PROMPT_COMMAND=''; unset HISTFILE; export TERM=dumb; "
+            f'export PATH="$PATH:{GUEST_BIN}"; dmesg -n 1'
         )
         self._send_line(setup)
         self.resync(deadline - time.monotonic())

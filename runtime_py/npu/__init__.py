@@ -26,6 +26,7 @@ functions) and :mod:`npu.inference` (ONNX models). See docs/runtime.md.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -120,6 +121,7 @@ from .tensors.reduce import layer_norm, log_softmax, max, mean, min, softmax, su
 from .tensors.tensor import Tensor, from_numpy, from_torch, permute, tensor
 
 if TYPE_CHECKING:
+    from . import profiler as profiler
     from .inference import InferenceSession, ModelError
 
 __version__ = "0.1.0"
@@ -263,4 +265,6 @@ def __getattr__(name: str) -> Any:
         from . import inference
 
         return getattr(inference, name)
+    if name == "profiler":  # npu.profiler, imported on first use (it is not small)
+        return importlib.import_module(".profiler", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,6 +60,7 @@ NPU_CAP_CONV_ACCUMULATE: Final = 1 << 15
 NPU_CAP_ACT_RELU6: Final = 1 << 16
 NPU_CAP_CONCURRENT: Final = 1 << 17
 NPU_CAP_PERF: Final = 1 << 18
+NPU_CAP_TRACE: Final = 1 << 19
 
 NPU_NUM_QUEUES: Final = 8
 NPU_MAX_QUEUES: Final = 16
@@ -244,6 +245,7 @@ NPU_INFO_CAP_CONV_ACCUMULATE: Final = 1 << 15
 NPU_INFO_CAP_ACT_RELU6: Final = 1 << 16
 NPU_INFO_CAP_CONCURRENT: Final = 1 << 17
 NPU_INFO_CAP_PERF: Final = 1 << 18
+NPU_INFO_CAP_TRACE: Final = 1 << 19
 NPU_TENSOR_OP_F_CONCURRENT: Final = 1 << 0
 NPU_TENSOR_OP_F_MASK: Final = NPU_TENSOR_OP_F_CONCURRENT
 
@@ -407,6 +409,7 @@ class Cap(enum.IntFlag):
     ACT_RELU6 = NPU_INFO_CAP_ACT_RELU6
     CONCURRENT = NPU_INFO_CAP_CONCURRENT
     PERF = NPU_INFO_CAP_PERF
+    TRACE = NPU_INFO_CAP_TRACE
 
     def __str__(self) -> str:
         """Names of the set bits, e.g. ``"COPY|FILL"`` (``"0"`` if none)."""

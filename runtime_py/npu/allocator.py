@@ -58,6 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from . import _spans
 from .core.device import Device, Timeline, default_device
 from .core.eager import EagerQueue, eager_queue
 from .errors import NpuError
@@ -261,6 +262,9 @@ class Allocation:
         owner, self._owner = self._owner, None
         if owner is not None:
             owner._queue_free(self._block)
+            rec = _spans.recorder
+            if rec is not None:
+                rec.instant("allocator.free", {"size": self.size})
 
     def __del__(self) -> None:
         # No locks here (a collection may run anywhere): only a queue append.
@@ -268,6 +272,9 @@ class Allocation:
         if owner is not None:
             self._owner = None
             owner._queue_free(self._block)
+            rec = _spans.recorder
+            if rec is not None:
+                rec.instant("allocator.free", {"size": self.size})
 
     def __repr__(self) -> str:
         handle = "freed" if self.buffer.freed else self.buffer.handle
@@ -347,6 +354,8 @@ class CachingAllocator:
         """
         if size <= 0:
             raise ValueError(f"allocate: size={size} must be positive")
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         rounded = _round_up(size, ALIGN)
         pool = "small_pool" if rounded <= SMALL_REQUEST else "large_pool"
         # The timeline the memory is used on first; None: the host.
@@ -378,6 +387,8 @@ class CachingAllocator:
             _count_block(self._block_counters[pool], block.size, size)
         if fences:
             self._wait_fences(fences, wait)
+        if rec is not None:
+            rec.add("allocator.allocate", t0, _spans.now(), {"size": size, "pool": pool})
         return Allocation(self, block, block.segment.buffer, block.offset, size)
 
     def _eager_queue(self) -> EagerQueue:

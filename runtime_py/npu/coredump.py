@@ -227,6 +227,7 @@ DEVICE_REGISTERS: Final[dict[int, str]] = {
     0x0C0: "MBOX_CMD", 0x0C4: "MBOX_ARG0", 0x0C8: "MBOX_ARG1", 0x0CC: "MBOX_SEQ",
     0x0D0: "MBOX_RESP_SEQ", 0x0D4: "MBOX_RESP_STATUS", 0x0D8: "MBOX_RESP0",
     0x0DC: "MBOX_RESP1", 0x0E0: "FW_LOG_LO", 0x0E4: "FW_LOG_HI", 0x0E8: "FW_LOG_SIZE",
+    0x0F0: "TIMING",
 }  # fmt: skip
 
 #: Per-queue registers: offset in the queue's block -> name without ``NPU_Q_``.

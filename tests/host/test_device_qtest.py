@@ -117,7 +117,8 @@ def test_identity_registers_match_the_header(npu: Npu) -> None:
                 | hw.CAP_REDUCE | hw.CAP_MATMUL | hw.CAP_CONV | hw.CAP_QUANT
                 | hw.CAP_LOCAL_MEM | hw.CAP_POOL_GEOMETRY | hw.CAP_SELECT
                 | hw.CAP_STRIDED_OUT | hw.CAP_CONV_ACCUMULATE
-                | hw.CAP_ACT_RELU6 | hw.CAP_CONCURRENT | hw.CAP_PERF)  # fmt: skip
+                | hw.CAP_ACT_RELU6 | hw.CAP_CONCURRENT | hw.CAP_PERF
+                | hw.CAP_TRACE)  # fmt: skip
     assert npu.rd(hw.REG_MAGIC) == hw.MAGIC == 0x4E505530
     assert npu.rd(hw.REG_HW_VERSION) == hw.HW_VERSION
     assert npu.rd(hw.REG_ABI_VERSION) == hw.ABI_VERSION

@@ -3,12 +3,16 @@
 The graph has one edge per import of one ``npu`` module by another, wherever
 it is written: at the top, inside a function, or under ``TYPE_CHECKING``.
 It has no cycle, and every edge goes down the layers (or stays in one):
-the base modules, ``npu.coredump`` (the device coredump decoder, a tool
-on the base), ``npu.hal`` (the backends), ``npu.kernels`` (descriptors),
-``npu.core`` (device, buffers, queues, streams), ``npu.allocator``,
-``npu.tensors``, ``npu.graph``, ``npu.api``, ``npu.inference`` and
-``npu.dynamo`` (the two front ends), and the package itself. ``npu.hal``
-may import only itself and ``npu._abi``.
+the base modules, ``npu.coredump`` (the device coredump decoder, a tool on
+the base) and ``npu.chips`` (the timing model's chip descriptions),
+``npu.smi`` (the ``npu-smi`` tool: sysfs, fdinfo, debugfs and the coredump
+decoder, never the device layers), ``npu.hal`` (the backends),
+``npu.kernels`` (descriptors), ``npu.core`` (device, buffers, queues,
+streams), ``npu.allocator``, ``npu.tensors``, ``npu.graph``, ``npu.api``,
+``npu.inference`` and ``npu.dynamo`` (the two front ends), ``npu.profiler``
+(on top of them all: it reads what they recorded into ``npu._spans``, a
+base module), and the package itself. ``npu.hal`` may import only itself
+and ``npu._abi``.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2] / "runtime_py"
 
 # Bottom first: a module may import modules of its own layer or below.
 LAYERS = (
-    ("npu._abi", "npu._closing", "npu.errors", "npu.dtypes"),
-    ("npu.coredump",),
+    ("npu._abi", "npu._closing", "npu._spans", "npu.errors", "npu.dtypes"),
+    ("npu.coredump", "npu.chips"),
+    ("npu.smi",),
     ("npu.hal",),
     ("npu.kernels",),
     ("npu.core",),
@@ -30,6 +35,7 @@ LAYERS = (
     ("npu.graph",),
     ("npu.api",),
     ("npu.inference", "npu.dynamo"),
+    ("npu.profiler",),
 )
 
 
@@ -152,3 +158,12 @@ def test_the_hal_imports_only_itself_and_the_abi() -> None:
 
 def test_the_coredump_decoder_imports_only_the_abi() -> None:
     assert import_graph()["npu.coredump"] <= {"npu._abi"}
+
+
+def test_npu_smi_imports_only_itself_the_coredump_decoder_and_the_abi() -> None:
+    graph = import_graph()
+    smi = {m for m in graph if m == "npu.smi" or m.startswith("npu.smi.")}
+    assert "npu.smi.cli" in smi
+    for module in smi:
+        outside = {m for m in graph[module] if m not in smi}
+        assert outside <= {"npu._abi", "npu.coredump"}, f"{module} imports {sorted(outside)}"

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from .. import _spans
 from .._closing import Closing
 from ..errors import NpuError
 
@@ -265,8 +266,14 @@ class Buffer(Closing):
                 self._handle,
             )
         self.device.forget_buffer(self)
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         if not self.device.closed:
             self.device.bo_destroy(self._handle)
+        if rec is not None:
+            rec.add(
+                "Buffer.free", t0, _spans.now(), {"size": self.alloc_size, "handle": self._handle}
+            )
 
     def close(self) -> None:
         """Alias of :meth:`free`."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol, SupportsIndex, TypeVar, cast
 
-from .. import _abi
+from .. import _abi, _spans
 from .._closing import Closing
 from ..errors import (
     DEFAULT_TIMEOUT_S,
@@ -742,6 +742,8 @@ class Device(Closing):
             more = ", ..." if len(batch) > 4 else ""
             return f"SUBMIT(queue={queue}, num_ops={len(batch)}, ops=[{shown}{more}])"
 
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         fence = self._call(
             context,
             self.backend.submit,
@@ -750,6 +752,13 @@ class Device(Closing):
             queue,
             retry_eintr=True,
         )
+        if rec is not None:
+            rec.add(
+                "Device.submit",
+                t0,
+                _spans.now(),
+                {"queue": queue, "fences": (fence - len(batch) + 1, fence), "ops": len(batch)},
+            )
         with self._lock:
             history = self._inflight.setdefault(queue, deque(maxlen=_INFLIGHT_HISTORY))
             history.append(_Submitted(fence - len(batch) + 1, fence, batch))
@@ -786,6 +795,8 @@ class Device(Closing):
         backend = self.backend
         context = f"WAIT(fence={fence}, queue={queue}, timeout_s={timeout_s})"
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         while True:
             if deadline is None:
                 timeout_ns = _FOREVER_SLICE_NS
@@ -821,6 +832,8 @@ class Device(Closing):
                 history.popleft()
             if fence > self._completed.get(queue, 0):
                 self._completed[queue] = fence
+        if rec is not None:
+            rec.add("Device.wait", t0, _spans.now(), {"queue": queue, "fence": fence})
         log.debug("WAIT queue=%d fence=%d done", queue, fence)
 
     def fence_info(self, fence: int, queue: int = 0) -> FenceInfo:
@@ -866,6 +879,8 @@ class Device(Closing):
             NpuError: BO_CREATE or mmap failed (e.g. ``EINVAL`` for ``size=0``,
                 ``ENOMEM`` when device memory is exhausted).
         """
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         if device_memory:
             handle, mmap_offset, alloc_size = self.bo_create(size, device_memory=True)
         else:
@@ -880,6 +895,8 @@ class Device(Closing):
                 log.warning("BO_DESTROY after a failed mmap failed: %s", exc)
             raise
         self._buffers.add(buf)
+        if rec is not None:
+            rec.add("Device.alloc", t0, _spans.now(), {"size": alloc_size, "handle": handle})
         return buf
 
     def bo_userptr(self, addr: int, size: int, readonly: bool = False) -> int:

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
-from .. import _abi
+from .. import _abi, _spans
 from ..errors import DEFAULT_TIMEOUT_S, NpuDeviceError, NpuError
 from ..kernels.template import Template
 from .device import Device, PackedOps
@@ -191,8 +191,12 @@ class EagerQueue:
                 raise this too).
         """
         if self._ops:
+            rec = _spans.recorder
+            t0 = _spans.now() if rec is not None else 0
             with self._lock:
                 self._flush_locked()
+            if rec is not None:
+                rec.add("EagerQueue.flush", t0, _spans.now())
 
     def close(self) -> None:
         """Flush, stop the flusher thread; later launches raise ``EBADF``."""

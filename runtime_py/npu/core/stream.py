@@ -52,7 +52,7 @@ from typing import Final, SupportsIndex, TypeAlias, cast
 
 import numpy as np
 
-from .. import _abi
+from .. import _abi, _spans
 from ..errors import NpuDeviceError, NpuError, NpuTimeoutError
 from ..kernels import ops
 from ..kernels.template import PARAMS_SIZE, BoundOp, Template, pack_tensor_params
@@ -508,12 +508,16 @@ class Stream:
         """
         if self._queue is None:
             return self.device.submit([ops.copy(src, dst, nbytes, src_offset, dst_offset)])
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         with self._lock:
             q = self._live("copy")
             fence = q.copy(src, dst, nbytes, src_offset, dst_offset)
             self._ops[(fence - 1) & self._mask] = (fence, _Desc("COPY", (dst.va, src.va)), None)
             q.kick()
-            return fence
+        if rec is not None:
+            rec.add("Stream.copy", t0, _spans.now(), {"queue": q.index, "fences": (fence, fence)})
+        return fence
 
     def fill(
         self,
@@ -529,12 +533,16 @@ class Stream:
         """
         if self._queue is None:
             return self.device.submit([ops.fill(dst, pattern_u32, nbytes, offset)])
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         with self._lock:
             q = self._live("fill")
             fence = q.fill(dst, pattern_u32, nbytes, offset)
             self._ops[(fence - 1) & self._mask] = (fence, _Desc("FILL", (dst.va,)), None)
             q.kick()
-            return fence
+        if rec is not None:
+            rec.add("Stream.fill", t0, _spans.now(), {"queue": q.index, "fences": (fence, fence)})
+        return fence
 
     def launch(self, op: ops.AnyOp, *, validate: bool = True) -> int:
         """Launch an op built by :mod:`npu.ops` (the same objects ``Device.submit`` takes).
@@ -557,6 +565,8 @@ class Stream:
         q = self._queue
         if q is None:
             return self.device.submit([op])
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         with self._lock:
             if self._closed:
                 self._live("launch")
@@ -565,7 +575,14 @@ class Stream:
             else:
                 fence = self._launch_op(q, op)
             q.kick()
-            return fence
+        if rec is not None:
+            rec.add(
+                "Stream.launch",
+                t0,
+                _spans.now(),
+                {"queue": q.index, "fences": (fence, fence), "op": op.opcode.name},
+            )
+        return fence
 
     def nop(self) -> int:
         """Launch a NOP; return its fence."""
@@ -686,6 +703,8 @@ class Stream:
         already) and a device-side WAIT here (unless an earlier WAIT here
         covers it): no host round trip.
         """
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         waits = self._signals_for(after)
         with self._lock:
             q = self._live("launch")
@@ -701,7 +720,11 @@ class Stream:
                     first = fence
             q.kick()
             self.device.note_timeline(self._key, fence)
-            return first, fence
+        if rec is not None:
+            rec.add(
+                "Stream.run_ops", t0, _spans.now(), {"queue": q.index, "fences": (first, fence)}
+            )
+        return first, fence
 
     def run_template(
         self,
@@ -716,6 +739,8 @@ class Stream:
         device addresses ``vas``, after the fences ``after`` of other streams;
         return its fence. ``bufs`` are kept alive until its slot is reused;
         ``bound`` names it in errors."""
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         waits = self._signals_for(after) if after else ()
         with self._lock:
             q = self._live("launch")
@@ -727,7 +752,14 @@ class Stream:
             self._ops[slot] = (fence, bound, bufs)
             q.kick()
             self.device.note_timeline(self._key, fence)
-            return fence
+        if rec is not None:
+            rec.add(
+                "Stream.launch",
+                t0,
+                _spans.now(),
+                {"queue": q.index, "fences": (fence, fence), "op": template.opcode.name},
+            )
+        return fence
 
     def _signals_for(self, after: Sequence[tuple[Stream, int]]) -> list[tuple[Stream, int]]:
         """For each (stream, fence): the counter value its stream stores once the
@@ -773,11 +805,18 @@ class Stream:
         if self._queue is None:
             synchronize(self.device)
             return
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         with self._lock:
             if self._closed:
                 return
-            self._queue.synchronize(timeout_s)
+            q = self._queue
+            q.synchronize(timeout_s)
             self._note_stamps()
+        if rec is not None:
+            rec.add(
+                "Stream.synchronize", t0, _spans.now(), {"queue": q.index, "fence": q.last_fence}
+            )
 
     def query(self) -> bool:
         """True if everything launched so far is done (no waiting).
@@ -1054,6 +1093,8 @@ class Stream:
             NpuError: ``EBADF``, a buffer the program addresses was freed since
                 the build (nothing is launched); else as :meth:`launch`.
         """
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         waits = self._signals_for(after)
         with self._lock:
             q = self._live("replay")
@@ -1101,7 +1142,14 @@ class Stream:
             self._replays = deque(r for r in self._replays if r[1] > q.checked)
             self._replays.append((first_all, last, program.ops))
             self.device.note_timeline(self._key, last)
-            return first_all, last
+        if rec is not None:
+            rec.add(
+                "Stream.replay_program",
+                t0,
+                _spans.now(),
+                {"queue": q.index, "fences": (first_all, last), "ops": len(program)},
+            )
+        return first_all, last
 
 
 # ---------------------------------------------------------------------------
@@ -1140,6 +1188,14 @@ def synchronize(device: DeviceArg = None) -> None:
     dev = resolve_device(device)
     if dev.capturing is not None:
         raise RuntimeError("synchronize: not while a graph is capturing")
+    rec = _spans.recorder
+    t0 = _spans.now() if rec is not None else 0
+    _synchronize(dev)
+    if rec is not None:
+        rec.add("synchronize", t0, _spans.now())
+
+
+def _synchronize(dev: Device) -> None:
     history = failures(dev)
     for queue, fence in dev.last_fences().items():
         if isinstance(queue, int):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Final, NoReturn, Protocol, SupportsIndex
 
 import numpy as np
 
-from .. import _abi
+from .. import _abi, _spans
 from .._closing import Closing
 from ..errors import DEFAULT_TIMEOUT_S, NpuDeviceError, NpuError, NpuTimeoutError
 from ..hal import Backend, WaitFailed
@@ -463,6 +463,8 @@ class UserQueue(Closing):
             self.kick()
         done = int(self._fence_view[0])
         if done < fence:
+            rec = _spans.recorder
+            t0 = _spans.now() if rec is not None else 0
             self._scan(done)
             if self._stop is not None:
                 # A fault stopped the queue: `fence` never completes, so the
@@ -470,6 +472,8 @@ class UserQueue(Closing):
                 # `fence` has completed, as the call promises.
                 self._check(done, fence)
             self._sleep(fence, timeout_s, self.spin_s if spin_s is None else spin_s)
+            if rec is not None:
+                rec.add("UserQueue.wait", t0, _spans.now(), {"queue": self.index, "fence": fence})
         self._check(fence, fence)
 
     def synchronize(self, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:

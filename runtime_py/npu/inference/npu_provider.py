@@ -1733,6 +1733,27 @@ class NpuProvider:
             raise
         return start, end
 
+    def op_records(
+        self, plan: PartitionPlan, fences: Sequence[int] | None = None
+    ) -> list[tuple[Node, int, int, int]]:
+        """Each op of a completed SUBMIT run of ``plan`` (the latest, or the one
+        whose chunks ended at ``fences``): (its node, fence on queue 0, device
+        start ns, device end ns), from the completion records.
+
+        Raises:
+            NpuError: as :meth:`op_times`.
+        """
+        ends = plan.fences if fences is None else fences
+        if len(ends) != len(plan.chunks):
+            raise NpuError(errno.ENOENT, "no completed SUBMIT run of this plan", "op_records")
+        out: list[tuple[Node, int, int, int]] = []
+        for chunk, last in zip(plan.chunks, ends, strict=True):
+            for i, op in enumerate(chunk):
+                fence = last - (len(chunk) - 1 - i)
+                info = self.device.fence_info(fence)
+                out.append((plan.op_nodes[id(op)], fence, info.t_start_ns, info.t_end_ns))
+        return out
+
     def op_times(self, plan: PartitionPlan) -> list[tuple[Node, int]]:
         """Each op of ``plan``'s latest SUBMIT run: (its node, device time in ns).
 

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from onnx import helper
 
+from .. import _spans
 from .._abi import Cap
 from .._closing import Closing
 from ..core.device import DeviceArg, resolve_device
@@ -299,6 +300,10 @@ class InferenceSession(Closing):
         self._slots: dict[Signature, list[PartitionPlan]] = {}
         self._inflight: deque[RunFuture] = deque()
         self.last_profile = RunProfile()
+        # Node-time reads deferred to the end of a profile: (ops, read), and the
+        # profile's log they belong to.
+        self._node_reads: list[tuple[int, Callable[[_spans.SpanLog], None]]] = []
+        self._node_reads_log: _spans.SpanLog | None = None
         log.info(
             "%s: %d nodes in %d partitions (%d on the NPU); rewrites %s",
             graph.source,
@@ -416,7 +421,31 @@ class InferenceSession(Closing):
             ValueError: missing, unknown or mis-shaped inputs, or an unknown output.
             NpuError: the device or driver failed (the context names the node).
             RuntimeError: a CPU kernel failed (the message names the node).
+
+        While an :func:`npu.profiler.profile` records, the run is a host span
+        (``InferenceSession.run``), each node run on the CPU a host span, and
+        each NPU node a device span from its ops' completion records.
         """
+        rec = _spans.recorder
+        if rec is None:
+            return self._run(output_names, input_feed, None)
+        t0 = _spans.now()
+        args: dict[str, Any] = {"model": str(self.source)}
+        try:
+            return self._run(output_names, input_feed, rec)
+        finally:
+            if rec.record_shapes:
+                args["shapes"] = {
+                    k: list(np.shape(v)) for k, v in input_feed.items() if isinstance(v, np.ndarray)
+                }
+            rec.add("InferenceSession.run", t0, _spans.now(), args)
+
+    def _run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.ArrayLike],
+        rec: _spans.SpanLog | None,
+    ) -> list[Array]:
         t_start = time.perf_counter()
         names = self._output_names(output_names)
         self._check_open()
@@ -455,6 +484,8 @@ class InferenceSession(Closing):
                     continue
                 prof.planned = True
             up, comp = self._npu.run_plan(plan, env)
+            if rec is not None:
+                self._defer_nodes(rec, plan)
             ran.append(plan)
             prof.upload_s += up
             prof.compute_s += comp
@@ -499,11 +530,16 @@ class InferenceSession(Closing):
             outs = self.run(names, env)
             return RunFuture(names, self.last_profile, outs)
         assert self._npu is not None
+        rec = _spans.recorder
+        t_rec = _spans.now() if rec is not None else 0
         prof = RunProfile()
         prof.upload_s = self._npu.upload(plan, env)
         t0 = time.perf_counter()
         fence = self._npu.submit_plan(plan)
         prof.compute_s = time.perf_counter() - t0
+        if rec is not None:
+            args = {"model": str(self.source), "queue": 0, "fence": fence}
+            rec.add("InferenceSession.run_async", t_rec, _spans.now(), args)
         future = RunFuture(names, prof, run=(self._npu, plan, fence, self._finish), started=t_start)
         self._inflight.append(future)
         return future
@@ -618,6 +654,74 @@ class InferenceSession(Closing):
             for n, ops, ns in times.values()
         ]
 
+    def _defer_nodes(self, rec: _spans.SpanLog, plan: PartitionPlan) -> None:
+        """Have the profile read ``plan``'s run's node times when it ends (the
+        FENCE_INFO ioctls stay out of the run), or sooner: before later runs
+        could reuse the completion records (half a ring of ops pending)."""
+        assert self._npu is not None
+        if len(plan.fences) != len(plan.chunks):  # a user-stream run: no records
+            return
+        fences = list(plan.fences)
+        host_end = _spans.now()
+        done = [False]
+
+        def read(log_: _spans.SpanLog) -> None:
+            if not done[0]:
+                done[0] = True
+                self._record_nodes(log_, plan, fences, host_end)
+
+        ops = sum(len(c) for c in plan.chunks)
+        pending = self._node_reads if self._node_reads_log is rec else []
+        if sum(n for n, _ in pending) + ops > self._npu.device.info.ring_entries // 2:
+            for _, earlier in pending:
+                earlier(rec)
+            pending = []
+        pending.append((ops, read))
+        self._node_reads, self._node_reads_log = pending, rec
+        rec.defer(read)
+
+    def _record_nodes(
+        self, rec: _spans.SpanLog, plan: PartitionPlan, fences: list[int], host_end: int
+    ) -> None:
+        """One device span per NPU node of ``plan``'s run that ended with
+        ``fences``, from its ops' completion records: the first op's start to
+        the last op's end."""
+        assert self._npu is not None
+        try:
+            records = self._npu.op_records(plan, fences)
+        except NpuError as exc:  # records reused
+            log.debug("%s: no node times for the profile: %s", self.source, exc)
+            return
+        if not records:
+            return
+        device = self._npu.device
+        name = device.name.replace(":", "")
+        host_clock = device.kind == "cpu"
+        anchor = (records[-1][3], host_end)
+        by_node: dict[str, list[Any]] = {}
+        for node, fence, t0, t1 in records:
+            entry = by_node.get(node.name)
+            if entry is None:
+                by_node[node.name] = [node, fence, fence, t0, t1, 1, t1 - t0]
+            else:
+                entry[2] = fence
+                entry[3] = min(entry[3], t0)
+                entry[4] = max(entry[4], t1)
+                entry[5] += 1
+                entry[6] += t1 - t0
+        for node, first, last, t0, t1, count, busy in by_node.values():
+            args = {
+                "op_type": node.op_type,
+                "fused": list(node.fused),
+                "ops": count,
+                "fences": (first, last),
+                "device_us": busy / 1000.0,
+                "provider": "NPU",
+            }
+            rec.device(
+                _spans.DeviceSpan(node.name, name, 0, first, t0, t1, host_clock, anchor, args)
+            )
+
     def _plan_on_cpu(self, k: int, nodes: list[Node], sig: Signature, why: str) -> None:
         self._cpu_parts.setdefault(sig, set()).add(k)
         for node in nodes:
@@ -654,12 +758,16 @@ class InferenceSession(Closing):
                 xs.append(env[i])
             else:
                 xs.append(initializers[i])
+        rec = _spans.recorder
+        t0 = _spans.now() if rec is not None else 0
         try:
             outs = self._kernels[node.name](node, xs, opset)
         except Exception as exc:
             raise RuntimeError(
                 f"{self.source}: {node.describe()} failed on the CPU: {type(exc).__name__}: {exc}"
             ) from exc
+        if rec is not None:
+            rec.add(node.name, t0, _spans.now(), {"op_type": node.op_type, "provider": "CPU"})
         for name, val in zip(node.outputs, outs, strict=False):
             if name:
                 env[name] = val

@@ -75,7 +75,7 @@ from typing import Any, Protocol, SupportsIndex, TypeAlias, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from .. import _abi
+from .. import _abi, _spans
 from ..allocator import Allocation, allocator
 from ..core.buffer import Buffer
 from ..core.device import (
@@ -1098,6 +1098,8 @@ def launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     if graph is not None:
         graph.record(batch, out, inputs)
         return out
+    rec = _spans.recorder
+    t0 = _spans.now() if rec is not None else 0
     stream = current_user_stream(device)
     after, deps, since = dependencies(stream, inputs, out)
     if stream is None:
@@ -1114,9 +1116,31 @@ def launch(batch: list[ops.AnyOp], out: Tensor, *inputs: Tensor) -> Tensor:
     note_reads(inputs, stream, fence)
     first = first if since is None else builtins.min(since, first)
     note_write(out, stream, first, fence, merge_deps(deps) if deps else ())
+    if rec is not None:
+        _record_op(rec, batch[-1].opcode.name, t0, stream, first, fence, inputs)
     if _launch_blocking:
         out.wait()  # NPU_LAUNCH_BLOCKING=1: a failure surfaces at the op itself
     return out
+
+
+def _record_op(
+    rec: _spans.SpanLog,
+    name: str,
+    t0: int,
+    stream: Stream | None,
+    first: int,
+    fence: int,
+    inputs: tuple[Tensor, ...],
+) -> None:
+    """The host span of a tensor op's dispatch (the profiler is on)."""
+    args: dict[str, Any] = {}
+    q = stream.queue if stream is not None else None
+    if q is not None:  # eager ops' fences are tickets: their SUBMIT names the driver's
+        args["queue"] = q.index
+        args["fences"] = (first, fence)
+    if rec.record_shapes:
+        args["shapes"] = [list(t._shape) for t in inputs]
+    rec.add(f"tensor.{name}", t0, _spans.now(), args)
 
 
 class Plan:
@@ -1160,6 +1184,8 @@ def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
     device = inputs[0]._device
     if device.capturing is not None:
         return None
+    rec = _spans.recorder
+    t0 = _spans.now() if rec is not None else 0
     template = plan.template
     stream = current_user_stream(device)
     mem = allocator(device).allocate(
@@ -1205,6 +1231,8 @@ def run_plan(plan: Plan, inputs: tuple[Tensor, ...]) -> Tensor | None:
     out._fence = fence
     out._since = fence if since is None else builtins.min(since, fence)
     out._deps = merge_deps(deps) if deps else ()
+    if rec is not None:
+        _record_op(rec, template.opcode.name, t0, stream, fence, fence, inputs)
     if _launch_blocking:
         out.wait()
     return out

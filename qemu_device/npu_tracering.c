@@ -1,0 +1,242 @@
+/*
+ * NPU trace ring (NPU_CAP_TRACE): the firmware's scheduler and the engines
+ * log what they do - a descriptor fetched, a command started and ended on
+ * the command processor or an AI core, a tile, a transfer, a completion
+ * written, an interrupt, a mailbox request and its answer - with the
+ * device clock, into a ring of records in host memory that the driver
+ * drains (docs/npu-spec.md 4.8).
+ *
+ * Every engine thread logs for the command it works on: the thread's
+ * NpuTraceCtx, set by npu_trace_enter() when a command or a tile of it
+ * starts on the thread, names the queue, the fence and the core. Records
+ * go out in the order npu_trace_ev() takes the ring's lock, one DMA write
+ * each, to RAM only (npu_dma_write()).
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/atomic.h"
+#include "qemu/log.h"
+#include "npu_dev.h"
+#include "hw/misc/trace.h"
+
+/* The command this thread works on; the command processor's by default. */
+static __thread NpuTraceCtx npu_trace_ctx = {
+    .queue = NPU_TRACE_NO_QUEUE, .core = NPU_TRACE_CORE_CP,
+};
+
+void npu_trace_init(NpuState *s)
+{
+    qemu_mutex_init(&s->trace_lock);
+    s->trace_mask = (1u << NPU_TR_KINDS) - 2;  /* every kind */
+}
+
+void npu_trace_fini(NpuState *s)
+{
+    qemu_mutex_destroy(&s->trace_lock);
+}
+
+/* A system reset: tracing off, the ring forgotten. */
+void npu_trace_reset_locked(NpuState *s)
+{
+    qemu_mutex_lock(&s->trace_lock);
+    qatomic_set(&s->trace_on, false);
+    s->trace_base = 0;
+    s->trace_size = 0;
+    s->trace_head = 0;
+    s->trace_tail = 0;
+    s->trace_dropped = 0;
+    s->trace_mask = (1u << NPU_TR_KINDS) - 2;
+    qemu_mutex_unlock(&s->trace_lock);
+}
+
+NpuTraceCtx npu_trace_current(void)
+{
+    return npu_trace_ctx;
+}
+
+NpuTraceCtx npu_trace_enter(uint8_t queue, uint64_t fence)
+{
+    NpuTraceCtx saved = npu_trace_ctx;
+
+    npu_trace_ctx.queue = queue;
+    npu_trace_ctx.fence = fence;
+    return saved;
+}
+
+void npu_trace_leave(NpuTraceCtx saved)
+{
+    npu_trace_ctx = saved;
+}
+
+/* This thread is AI core @core (its thread's start). */
+void npu_trace_set_core(uint8_t core)
+{
+    npu_trace_ctx.core = core;
+}
+
+void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
+                  uint64_t fence, uint32_t arg32, uint64_t arg)
+{
+    struct npu_trace_rec rec;
+
+    if (!qatomic_read(&s->trace_on)) {
+        return;
+    }
+    if (s->chip && kind >= NPU_TR_TILE_START && kind <= NPU_TR_DMA_END) {
+        return;     /* the timing model has no time for parts of a command */
+    }
+    rec.ts = cpu_to_le64(npu_dev_clock(s));
+    rec.kind = cpu_to_le16(kind);
+    rec.queue = queue;
+    rec.core = core;
+    rec.arg32 = cpu_to_le32(arg32);
+    rec.fence = cpu_to_le64(fence);
+    rec.arg = cpu_to_le64(arg);
+
+    qemu_mutex_lock(&s->trace_lock);
+    if (!s->trace_on || !(s->trace_mask & (1u << kind))) {
+        qemu_mutex_unlock(&s->trace_lock);
+        return;
+    }
+    if (s->trace_head - s->trace_tail >= s->trace_size) {
+        s->trace_dropped++;
+    } else if (npu_dma_write(s, "trace", s->trace_base +
+                             (uint64_t)(s->trace_head & (s->trace_size - 1)) *
+                             sizeof(rec), &rec, sizeof(rec)) == MEMTX_OK) {
+        s->trace_head++;
+    } else {
+        s->trace_dropped++;
+    }
+    qemu_mutex_unlock(&s->trace_lock);
+}
+
+/* An event of the command this thread works on. */
+void npu_trace(NpuState *s, uint32_t kind, uint32_t arg32, uint64_t arg)
+{
+    npu_trace_ev(s, kind, npu_trace_ctx.queue, npu_trace_ctx.core,
+                 npu_trace_ctx.fence, arg32, arg);
+}
+
+uint32_t npu_trace_read_locked(NpuState *s, hwaddr off)
+{
+    uint32_t val = 0;
+
+    qemu_mutex_lock(&s->trace_lock);
+    switch (off) {
+    case NPU_TRACE_CONTROL:
+        val = s->trace_on ? NPU_TRACE_ENABLE : 0;
+        break;
+    case NPU_TRACE_RING_LO:
+        val = (uint32_t)s->trace_base;
+        break;
+    case NPU_TRACE_RING_HI:
+        val = s->trace_base >> 32;
+        break;
+    case NPU_TRACE_RING_SIZE:
+        val = s->trace_size;
+        break;
+    case NPU_TRACE_HEAD:
+        val = s->trace_head;
+        break;
+    case NPU_TRACE_TAIL:
+        val = s->trace_tail;
+        break;
+    case NPU_TRACE_DROPPED:
+        val = s->trace_dropped;
+        break;
+    case NPU_TRACE_MASK:
+        val = s->trace_mask;
+        break;
+    default:
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register 0x%"
+                      HWADDR_PRIx "\n", NPU_TRACE_BASE + off);
+        break;
+    }
+    qemu_mutex_unlock(&s->trace_lock);
+    return val;
+}
+
+/* Is the ring as programmed one tracing may start on? */
+static bool npu_trace_ring_ok(NpuState *s)
+{
+    uint64_t bytes = (uint64_t)s->trace_size * sizeof(struct npu_trace_rec);
+
+    if (s->trace_size < NPU_TRACE_MIN_RECORDS ||
+        s->trace_size > NPU_TRACE_MAX_RECORDS ||
+        (s->trace_size & (s->trace_size - 1))) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring of %u records\n",
+                      s->trace_size);
+        trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
+        return false;
+    }
+    if (s->trace_base % 32 || !npu_dma_range_ok_locked(s, s->trace_base,
+                                                       bytes)) {
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring at 0x%" PRIx64
+                      " is misaligned or not in RAM\n", s->trace_base);
+        trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
+        return false;
+    }
+    return true;
+}
+
+void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
+{
+    qemu_mutex_lock(&s->trace_lock);
+    switch (off) {
+    case NPU_TRACE_CONTROL:
+        if (val & ~NPU_TRACE_ENABLE) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown trace control bits"
+                          " 0x%x\n", val);
+            trace_npu_trace_bad_write(off, val);
+            break;
+        }
+        if ((val & NPU_TRACE_ENABLE) && !s->trace_on &&
+            !npu_trace_ring_ok(s)) {
+            break;
+        }
+        qatomic_set(&s->trace_on, !!(val & NPU_TRACE_ENABLE));
+        trace_npu_trace_control(s->trace_on, s->trace_head, s->trace_tail);
+        break;
+    case NPU_TRACE_RING_LO:
+    case NPU_TRACE_RING_HI:
+    case NPU_TRACE_RING_SIZE:
+        if (s->trace_on) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring moved while"
+                          " tracing\n");
+            trace_npu_trace_bad_write(off, val);
+            break;
+        }
+        if (off == NPU_TRACE_RING_LO) {
+            s->trace_base = deposit64(s->trace_base, 0, 32, val);
+        } else if (off == NPU_TRACE_RING_HI) {
+            s->trace_base = deposit64(s->trace_base, 32, 32, val);
+        } else {
+            s->trace_size = val;
+        }
+        /* A new ring starts empty. */
+        s->trace_head = 0;
+        s->trace_tail = 0;
+        break;
+    case NPU_TRACE_TAIL:
+        if (val - s->trace_tail > s->trace_head - s->trace_tail) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: trace tail %u outside"
+                          " [%u, %u]\n", val, s->trace_tail, s->trace_head);
+            trace_npu_trace_bad_write(off, val);
+            break;
+        }
+        s->trace_tail = val;
+        break;
+    case NPU_TRACE_MASK:
+        s->trace_mask = val & ((1u << NPU_TR_KINDS) - 2);
+        break;
+    default:
+        qemu_log_mask(LOG_GUEST_ERROR, "npu: write of 0x%x to read-only or"
+                      " unknown register 0x%" HWADDR_PRIx "\n", val,
+                      NPU_TRACE_BASE + off);
+        trace_npu_trace_bad_write(off, val);
+        break;
+    }
+    qemu_mutex_unlock(&s->trace_lock);
+}
