@@ -356,7 +356,7 @@ struct npu_device {
 	dma_addr_t fwtrace_dma;
 	bool fwtrace_on;
 	u32 fwtrace_tail;
-	struct work_struct fwtrace_work;	/* drains after a completion interrupt */
+	struct work_struct fwtrace_work;	/* drains a half-full ring */
 	bool wd_paused;			/* debugfs watchdog = 0: the watchdog looks at nothing */
 };
 

@@ -6,8 +6,10 @@
  * written, an interrupt, a mailbox request and answer) with the device
  * clock into a ring in host memory. The driver turns tracing on while the
  * npu_fw_event tracepoint is enabled (looked at on every doorbell and
- * every watchdog period), drains the ring on each completion interrupt and
- * watchdog period, and emits each record as an npu_fw_event tracepoint,
+ * every watchdog period), drains the ring every watchdog period, when a
+ * completion interrupt finds it half full, on a read of debugfs fwtrace
+ * and before the device sleeps, and emits each record as an npu_fw_event
+ * tracepoint,
  * followed by an npu_clock_sync with the device clock of that moment, so
  * that a reader can put device time on the trace clock.
  */
@@ -78,13 +80,20 @@ void npu_fwtrace_start(struct npu_device *ndev)
 }
 
 /*
- * A completion interrupt: drain the ring soon, from a work item of normal
- * priority, so that the waiters the interrupt thread woke run first.
+ * A completion interrupt: once the ring is half full, drain it from a work
+ * item of normal priority (the waiters the interrupt thread woke run
+ * first); below that the watchdog period or a reader's debugfs look
+ * drains it, so that a traced run pays one register read per interrupt,
+ * not a drain.
  */
 void npu_fwtrace_kick(struct npu_device *ndev)
 {
-	if (npu_fwtrace_supported(ndev) &&
-	    (READ_ONCE(ndev->fwtrace_on) || trace_npu_fw_event_enabled()))
+	u32 held;
+
+	if (!npu_fwtrace_supported(ndev) || !READ_ONCE(ndev->fwtrace_on))
+		return;
+	held = npu_fwtrace_rd(ndev, NPU_TRACE_HEAD) - READ_ONCE(ndev->fwtrace_tail);
+	if (held >= NPU_FWTRACE_RECORDS / 2)
 		queue_work(system_wq, &ndev->fwtrace_work);
 }
 

@@ -63,7 +63,9 @@ def trace() -> Iterator[str]:
 
 
 def events(root: str) -> list[tuple[str, dict[str, str]]]:
-    """(event, fields) of each npu line in the buffer, oldest first."""
+    """(event, fields) of each npu line in the buffer, oldest first, after the
+    driver drained the device's trace ring (a read of debugfs fwtrace)."""
+    read(f"{DEBUGFS}/fwtrace")
     out = []
     for line in read(f"{root}/trace").splitlines():
         m = LINE.match(line)
@@ -204,3 +206,11 @@ def test_the_watchdog_switch_reads_back_and_refuses_other_values() -> None:
 def test_sysfs_names_the_devices_timing_model() -> None:
     # The guests of the test suite run the device natively (docs/npu-spec.md 12.2).
     assert read(f"{SYSFS}/timing").strip() == "native"
+
+
+def test_a_long_burst_loses_no_device_record(dev: npu.Device, trace: str) -> None:
+    fences = [dev.submit([ops.nop()] * 200) for _ in range(20)]
+    dev.wait(fences[-1], timeout_s=120)
+    fetched = [f for e, f in events(trace) if e == "npu_fw_event" and f["kind"] == "fetch"]
+    assert len(fetched) >= 4000
+    assert "dropped=0" in read(f"{DEBUGFS}/fwtrace")

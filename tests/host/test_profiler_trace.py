@@ -410,3 +410,11 @@ def test_the_table_gives_each_modelled_op_its_bound() -> None:
 def test_the_table_has_no_bound_column_without_a_timing_model() -> None:
     table = key_averages(device_events(parse_trace(DEVICE_TRACE))).table()
     assert "Bound" not in table
+
+
+def test_stopping_reads_each_devices_fwtrace_so_the_driver_drains_its_ring(tmp_path: Path) -> None:
+    for name in ("npu0", "npu1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "fwtrace").write_text("on=1 records=16384 head=0 tail=0 dropped=0\n")
+    (tmp_path / "other").mkdir()
+    assert tracefs.drain_device_rings(tmp_path) == 2

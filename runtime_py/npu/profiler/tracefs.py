@@ -29,6 +29,7 @@ __all__ = [
     "Tracefs",
     "core_thread",
     "device_events",
+    "drain_device_rings",
     "driver_events",
     "ioctl_name",
     "parse_trace",
@@ -38,6 +39,22 @@ log = logging.getLogger(__name__)
 
 #: Where tracefs may be mounted, tried in order (the guest mounts debugfs only).
 TRACEFS_ROOTS: list[Path] = [Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing")]
+#: The driver's debugfs: ``npuN/fwtrace`` of each device (a read drains its trace ring).
+NPU_DEBUGFS: Path = Path("/sys/kernel/debug/npu")
+
+
+def drain_device_rings(root: Path | None = None) -> int:
+    """Have the driver drain every device's trace ring into the trace now
+    (a read of each ``npuN/fwtrace``); how many were drained. A missing or
+    unreadable file is skipped (no device, not root)."""
+    drained = 0
+    for path in sorted((root or NPU_DEBUGFS).glob("npu*/fwtrace")):
+        try:
+            path.read_text()
+            drained += 1
+        except OSError as exc:
+            log.debug("profiler: draining %s failed: %s", path, exc)
+    return drained
 #: The driver's trace system.
 SYSTEM: Final = "npu"
 #: The smallest per-CPU trace buffer a profile runs with (KiB); a smaller one is grown.
@@ -195,7 +212,12 @@ class Tracefs:
 
     def stop(self) -> str:
         """Disable the events :meth:`start` enabled, read the ``trace`` file, restore
-        the clock and the buffer; the text read ("" if it could not be read)."""
+        the clock and the buffer; the text read ("" if it could not be read).
+
+        First each device's trace ring is drained into the trace (a read of
+        its debugfs ``fwtrace``), since the driver drains it only every
+        watchdog period otherwise."""
+        drain_device_rings()
         for enable in self._enabled:
             try:
                 self._write(enable, "0")
