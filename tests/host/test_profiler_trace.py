@@ -418,3 +418,17 @@ def test_stopping_reads_each_devices_fwtrace_so_the_driver_drains_its_ring(tmp_p
         (tmp_path / name / "fwtrace").write_text("on=1 records=16384 head=0 tail=0 dropped=0\n")
     (tmp_path / "other").mkdir()
     assert tracefs.drain_device_rings(tmp_path) == 2
+
+
+def test_a_model_nodes_span_gets_the_roofline_of_its_commands() -> None:
+    from npu.profiler.profile import build
+
+    lines = [line(100.0, "npu_clock_sync", "dev_ns=1000000", task="kworker/0:1-45")]
+    lines += modelled_trace(70, 20, 1) + modelled_trace(10, 80, 2) + modelled_trace(50, 5, 3)
+    log_ = _spans.SpanLog()
+    args = {"op_type": "Conv", "fences": (1, 2)}
+    log_.device(_spans.DeviceSpan("conv1", "npu0", 0, 1, 1_000_001, 1_000_290, False, None, args))
+    events, _ = build(log_, parse_trace("\n".join(lines)))
+    node = next(e for e in events if e.name == "conv1")
+    roofline = (node.args["compute_ns"], node.args["memory_ns"], node.args["bound"])
+    assert roofline == (80, 100, "memory")

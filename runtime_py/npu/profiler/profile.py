@@ -5,6 +5,7 @@ See :mod:`npu.profiler` for the user's view.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -244,9 +245,39 @@ def build(
         events += _tracefs.driver_events(records)
     if device:
         events += _tracefs.device_events(records, device_name, clock)
-    events += _node_events(log_, clock)
+    events += _node_rooflines(_node_events(log_, clock), events)
     events.sort(key=lambda e: e.ts_us)
     return events, link_flows(events)
+
+
+def _node_rooflines(nodes: list[TraceEvent], events: Sequence[TraceEvent]) -> list[TraceEvent]:
+    """``nodes``, each given under a chip timing model the roofline of its
+    commands (the engine spans of its queue and fences): ``compute_ns`` and
+    ``memory_ns`` summed, and ``bound``, the larger of the two."""
+    modelled: dict[tuple[int, int], tuple[int, int]] = {}
+    for e in events:
+        if e.cat == "engine" and "compute_ns" in e.args:
+            key = (int(e.args["queue"]), int(e.args["fence"]))
+            modelled[key] = (int(e.args["compute_ns"]), int(e.args["memory_ns"]))
+    if not modelled:
+        return nodes
+    out = []
+    for node in nodes:
+        fences = _fences(node.args)
+        if fences is None:
+            out.append(node)
+            continue
+        queue = int(node.args.get("queue", 0))
+        parts = [modelled.get((queue, f)) for f in range(fences[0], fences[1] + 1)]
+        known = [p for p in parts if p is not None]
+        if not known:
+            out.append(node)
+            continue
+        compute, memory = sum(p[0] for p in known), sum(p[1] for p in known)
+        bound = "compute" if compute >= memory else "memory"
+        args = {**node.args, "compute_ns": compute, "memory_ns": memory, "bound": bound}
+        out.append(dataclasses.replace(node, args=args))
+    return out
 
 
 def _fences(args: Mapping[str, Any]) -> tuple[int, int] | None:
