@@ -397,7 +397,8 @@ enum npu_perf_counter {
  * as it consumes them. A record that finds the ring full (HEAD - TAIL =
  * RING_SIZE) is dropped and counted in DROPPED. The ring's address and
  * size may change only while tracing is off. A soft reset keeps the ring
- * and its indices; a system reset turns tracing off and clears them.
+ * and its indices; a system reset or D3hot turns tracing off and clears
+ * them.
  */
 #define NPU_TRACE_BASE		0x21000
 #define NPU_TRACE_SIZE		0x1000
@@ -422,13 +423,18 @@ enum npu_trace_kind {
 	NPU_TR_FETCH		= 1,	/* descriptor fetched; arg32 = opcode */
 	NPU_TR_DISPATCH		= 2,	/* a group member sent to AI core @core */
 	NPU_TR_CMD_START	= 3,	/* a command started on @core */
-	NPU_TR_CMD_END		= 4,	/* ... ended; arg32 = enum npu_status */
+	NPU_TR_CMD_END		= 4,	/* ... ended; arg32 = enum npu_status, arg =
+					 * a timing model's roofline: compute ns
+					 * (bits 31..0), memory ns (63..32); else 0
+					 */
 	NPU_TR_TILE_START	= 5,	/* a tile started on @core; arg = tile */
 	NPU_TR_TILE_END		= 6,	/* ... ended; arg32 = enum npu_status */
 	NPU_TR_DMA_START	= 7,	/* a transfer; arg32 = 1 write, 0 read; arg = bytes */
 	NPU_TR_DMA_END		= 8,
 	NPU_TR_CPL_WRITE	= 9,	/* completion record and fence written */
-	NPU_TR_IRQ		= 10,	/* MSI-X vector arg32 signalled */
+	NPU_TR_IRQ		= 10,	/* interrupt signalled: arg32 = MSI-X vector,
+					 * or NPU_TRACE_INTX
+					 */
 	NPU_TR_MBOX_REQ		= 11,	/* mailbox request; arg32 = cmd, arg = seq */
 	NPU_TR_MBOX_REPLY	= 12,	/* ... answered; arg32 = status, arg = seq */
 	NPU_TR_KINDS,
@@ -436,16 +442,17 @@ enum npu_trace_kind {
 
 #define NPU_TRACE_CORE_CP	0xff	/* @core: the command processor */
 #define NPU_TRACE_NO_QUEUE	0xff	/* @queue: not a queue's (mailbox) */
+#define NPU_TRACE_INTX		0xffffffffu	/* IRQ's arg32: INTx, no vector */
 
 /* One trace record, 32 bytes, little-endian. */
 struct npu_trace_rec {
-	__u64 ts;		/* device clock, ns */
-	__u16 kind;		/* enum npu_trace_kind */
+	__le64 ts;		/* device clock, ns */
+	__le16 kind;		/* enum npu_trace_kind */
 	__u8 queue;
 	__u8 core;
-	__u32 arg32;
-	__u64 fence;		/* the command's fence (0: none) */
-	__u64 arg;
+	__le32 arg32;
+	__le64 fence;		/* the command's fence (0: none) */
+	__le64 arg;
 };
 
 /* Opcodes */

@@ -251,12 +251,27 @@ static long npu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	return ret;
 }
 
+#ifdef CONFIG_COMPAT
+/* The same for a 32-bit process (every npu ioctl struct has one layout). */
+static long npu_compat_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	long ret;
+
+	trace_npu_ioctl_enter(_IOC_NR(cmd));
+	ret = drm_compat_ioctl(filp, cmd, arg);
+	trace_npu_ioctl_exit(_IOC_NR(cmd), ret);
+	return ret;
+}
+#endif
+
 static const struct file_operations npu_fops = {
 	.owner = THIS_MODULE,
 	.open = accel_open,
 	.release = drm_release,
 	.unlocked_ioctl = npu_ioctl,
-	.compat_ioctl = drm_compat_ioctl,
+#ifdef CONFIG_COMPAT
+	.compat_ioctl = npu_compat_ioctl,
+#endif
 	.poll = npu_drm_poll,
 	.read = drm_read,
 	.llseek = noop_llseek,
@@ -376,11 +391,29 @@ static const struct pci_device_id npu_pci_ids[] = {
 };
 MODULE_DEVICE_TABLE(pci, npu_pci_ids);
 
+/*
+ * Reboot or kexec: the device stops running commands and logging, so that
+ * no DMA reaches memory the next kernel owns. An asleep device does
+ * neither.
+ */
+static void npu_shutdown(struct pci_dev *pdev)
+{
+	struct npu_device *ndev = pci_get_drvdata(pdev);
+
+	if (!ndev || !npu_pm_get_if_active(ndev))
+		return;
+	npu_wr(ndev, NPU_REG_IRQ_MASK, 0);
+	npu_fwtrace_stop(ndev);
+	npu_wr(ndev, NPU_REG_CONTROL, 0);
+	npu_pm_put_quiet(ndev);
+}
+
 static struct pci_driver npu_pci_driver = {
 	.name = NPU_DRIVER_NAME,
 	.id_table = npu_pci_ids,
 	.probe = npu_probe,
 	.remove = npu_remove,
+	.shutdown = npu_shutdown,
 	.dev_groups = npu_attr_groups,
 	.driver.pm = pm_ptr(&npu_pm_ops),
 };

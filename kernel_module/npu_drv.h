@@ -246,6 +246,14 @@ struct npu_queue {
 	wait_queue_head_t wq;		/* completions and ring space */
 };
 
+/* One snapshot of the performance counters (npu_perf.c). */
+#define NPU_PERF_MAX_CORES	64
+struct npu_perf_snap {
+	u64 time_ns;			/* device clock at the snapshot */
+	u64 q[NPU_NUM_QUEUES][NPU_PERF_COUNTERS];
+	u64 core[NPU_PERF_MAX_CORES];	/* busy ns per AI core */
+};
+
 /*
  * The device. Its drm_device is reference counted: open files, buffer
  * objects and user queues hold references (npu_device_get()), so the
@@ -254,13 +262,6 @@ struct npu_queue {
  * remove() unplugs the DRM device (drm_dev_unplug(): no new entries, waits
  * for those inside, zaps every CPU mapping) before it stops the hardware.
  */
-/* One snapshot of the performance counters (npu_perf.c). */
-#define NPU_PERF_MAX_CORES	64
-struct npu_perf_snap {
-	u64 time_ns;			/* device clock at the snapshot */
-	u64 q[NPU_NUM_QUEUES][NPU_PERF_COUNTERS];
-	u64 core[NPU_PERF_MAX_CORES];	/* busy ns per AI core */
-};
 
 struct npu_device {
 	struct drm_device drm;
@@ -355,6 +356,7 @@ struct npu_device {
 	struct npu_trace_rec *fwtrace;	/* coherent, NPU_FWTRACE_RECORDS */
 	dma_addr_t fwtrace_dma;
 	bool fwtrace_on;
+	bool fwtrace_stuck;		/* would not turn off: the ring is never freed */
 	u32 fwtrace_tail;
 	struct work_struct fwtrace_work;	/* drains a half-full ring */
 	bool wd_paused;			/* debugfs watchdog = 0: the watchdog looks at nothing */
@@ -564,6 +566,8 @@ int npu_fwtrace_init(struct npu_device *ndev);
 void npu_fwtrace_start(struct npu_device *ndev);
 void npu_fwtrace_stop(struct npu_device *ndev);
 void npu_fwtrace_fini(struct npu_device *ndev);
+void npu_fwtrace_quiesce(struct npu_device *ndev);
+void npu_fwtrace_free(struct npu_device *ndev);
 void npu_fwtrace_kick(struct npu_device *ndev);
 void npu_fwtrace_sync(struct npu_device *ndev);
 void npu_fwtrace_drain(struct npu_device *ndev);

@@ -47,10 +47,38 @@ int npu_fwtrace_init(struct npu_device *ndev)
 	INIT_WORK(&ndev->fwtrace_work, npu_fwtrace_work);
 	if (!(ndev->caps & NPU_CAP_TRACE))
 		return 0;
-	ndev->fwtrace = dmam_alloc_coherent(&ndev->pdev->dev,
-					    NPU_FWTRACE_RECORDS * sizeof(*ndev->fwtrace),
-					    &ndev->fwtrace_dma, GFP_KERNEL);
+	/*
+	 * Freed with the queue rings when the last reference goes
+	 * (npu_fwtrace_free()), not at unbind: a device that would not stop
+	 * tracing keeps it.
+	 */
+	ndev->fwtrace = dma_alloc_coherent(&ndev->pdev->dev,
+					   NPU_FWTRACE_RECORDS * sizeof(*ndev->fwtrace),
+					   &ndev->fwtrace_dma, GFP_KERNEL);
 	return ndev->fwtrace ? 0 : -ENOMEM;
+}
+
+/*
+ * Probe: turn off tracing a previous driver (or kernel) left on, before
+ * anything the device logs could reach memory that is no longer its ring.
+ */
+void npu_fwtrace_quiesce(struct npu_device *ndev)
+{
+	if (ndev->caps & NPU_CAP_TRACE)
+		npu_fwtrace_wr(ndev, NPU_TRACE_CONTROL, 0);
+}
+
+void npu_fwtrace_free(struct npu_device *ndev)
+{
+	if (!ndev->fwtrace)
+		return;
+	if (ndev->fwtrace_stuck) {
+		dev_warn(&ndev->pdev->dev, "tracing would not stop; leaking its ring\n");
+		return;
+	}
+	dma_free_coherent(&ndev->pdev->dev, NPU_FWTRACE_RECORDS * sizeof(*ndev->fwtrace),
+			  ndev->fwtrace, ndev->fwtrace_dma);
+	ndev->fwtrace = NULL;
 }
 
 static void npu_fwtrace_drain_locked(struct npu_device *ndev);
@@ -114,11 +142,18 @@ void npu_fwtrace_stop(struct npu_device *ndev)
 	mutex_unlock(&ndev->fwtrace_lock);
 }
 
-/* Remove: tracing off for good, the drain work finished. */
+/*
+ * Remove (or a failed probe): tracing off for good, checked, and the drain
+ * work finished and disabled, so that an interrupt thread still running
+ * cannot queue it again.
+ */
 void npu_fwtrace_fini(struct npu_device *ndev)
 {
+	if (!npu_fwtrace_supported(ndev))
+		return;
+	disable_work_sync(&ndev->fwtrace_work);
 	npu_fwtrace_stop(ndev);
-	cancel_work_sync(&ndev->fwtrace_work);
+	ndev->fwtrace_stuck = npu_fwtrace_rd(ndev, NPU_TRACE_CONTROL) & NPU_TRACE_ENABLE;
 }
 
 /* Emit the records the device wrote since the last drain. */

@@ -486,6 +486,7 @@ int npu_hw_init(struct npu_device *ndev)
 	ndev->num_queues = npu_rd(ndev, NPU_REG_NUM_QUEUES);
 	ndev->num_cores = npu_rd(ndev, NPU_REG_NUM_CORES);
 	ndev->timing = npu_rd(ndev, NPU_REG_TIMING);
+	npu_fwtrace_quiesce(ndev);
 	if (ndev->abi_version != NPU_ABI_VERSION) {
 		dev_err(dev, "device ABI %u, driver speaks %u\n",
 			ndev->abi_version, NPU_ABI_VERSION);
@@ -600,4 +601,5 @@ void npu_hw_free(struct npu_device *ndev)
 	if (q->wb)
 		dma_free_coherent(dev, sizeof(*q->wb), q->wb, q->wb_dma);
 	kvfree(q->owner);
+	npu_fwtrace_free(ndev);
 }

@@ -173,6 +173,19 @@ TRACE_EVENT(npu_doorbell,
 	    TP_printk("queue=%u tail=%u", __entry->queue, __entry->tail)
 );
 
+TRACE_DEFINE_ENUM(NPU_TR_FETCH);
+TRACE_DEFINE_ENUM(NPU_TR_DISPATCH);
+TRACE_DEFINE_ENUM(NPU_TR_CMD_START);
+TRACE_DEFINE_ENUM(NPU_TR_CMD_END);
+TRACE_DEFINE_ENUM(NPU_TR_TILE_START);
+TRACE_DEFINE_ENUM(NPU_TR_TILE_END);
+TRACE_DEFINE_ENUM(NPU_TR_DMA_START);
+TRACE_DEFINE_ENUM(NPU_TR_DMA_END);
+TRACE_DEFINE_ENUM(NPU_TR_CPL_WRITE);
+TRACE_DEFINE_ENUM(NPU_TR_IRQ);
+TRACE_DEFINE_ENUM(NPU_TR_MBOX_REQ);
+TRACE_DEFINE_ENUM(NPU_TR_MBOX_REPLY);
+
 /*
  * A record of the device's trace ring (npu_fwtrace.c), with its device
  * clock time; enabling this event turns the device's tracing on.
@@ -187,13 +200,13 @@ TRACE_EVENT(npu_fw_event,
 			     __field(u32, arg32)
 			     __field(u64, fence)
 			     __field(u64, arg)),
-	    TP_fast_assign(__entry->dev_ns = rec->ts;
-			   __entry->kind = rec->kind;
+	    TP_fast_assign(__entry->dev_ns = le64_to_cpu(rec->ts);
+			   __entry->kind = le16_to_cpu(rec->kind);
 			   __entry->queue = rec->queue;
 			   __entry->core = rec->core;
-			   __entry->arg32 = rec->arg32;
-			   __entry->fence = rec->fence;
-			   __entry->arg = rec->arg;),
+			   __entry->arg32 = le32_to_cpu(rec->arg32);
+			   __entry->fence = le64_to_cpu(rec->fence);
+			   __entry->arg = le64_to_cpu(rec->arg);),
 	    TP_printk("dev_ns=%llu kind=%s queue=%u core=%u fence=%llu arg32=%u arg=%llu",
 		      __entry->dev_ns,
 		      __print_symbolic(__entry->kind,

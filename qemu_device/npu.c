@@ -50,6 +50,7 @@ static void npu_irq_bh(void *opaque)
 {
     NpuState *s = opaque;
     PCIDevice *pdev = PCI_DEVICE(s);
+    uint64_t done[NPU_NUM_QUEUES];
     uint32_t fire;
     int q;
 
@@ -62,9 +63,22 @@ static void npu_irq_bh(void *opaque)
     fire = s->irq_fire & s->irq_mask;
     s->irq_fire &= ~fire;
     npu_update_intx_locked(s);
+    for (q = 0; q < NPU_NUM_QUEUES; q++) {
+        done[q] = s->q[q].done_fence;
+    }
     qemu_mutex_unlock(&s->lock);
 
-    if (!fire || !msix_enabled(pdev)) {
+    if (!msix_enabled(pdev)) {
+        /* INTx: the level was set above (trace record arg32: no vector). */
+        for (q = 0; q < NPU_NUM_QUEUES; q++) {
+            if (fire & NPU_IRQ_QUEUE(q)) {
+                npu_trace_ev(s, NPU_TR_IRQ, q, NPU_TRACE_CORE_CP, done[q],
+                             NPU_TRACE_INTX, 0);
+            }
+        }
+        return;
+    }
+    if (!fire) {
         return;
     }
     if (fire & (NPU_IRQ_ERROR | NPU_IRQ_MBOX)) {
@@ -75,6 +89,8 @@ static void npu_irq_bh(void *opaque)
         if (fire & NPU_IRQ_QUEUE(q)) {
             trace_npu_irq(NPU_VEC_QUEUE(q));
             msix_notify(pdev, NPU_VEC_QUEUE(q));
+            npu_trace_ev(s, NPU_TR_IRQ, q, NPU_TRACE_CORE_CP, done[q],
+                         NPU_VEC_QUEUE(q), 0);
         }
     }
 }
@@ -100,8 +116,6 @@ static void npu_queue_irq_locked(NpuState *s, int qi)
         return;
     }
     q->irqs++;
-    npu_trace_ev(s, NPU_TR_IRQ, qi, NPU_TRACE_CORE_CP, q->done_fence,
-                 NPU_VEC_QUEUE(qi), 0);
     npu_raise_locked(s, NPU_IRQ_QUEUE(qi));
 }
 
@@ -254,14 +268,14 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
     struct npu_cmd *cmd = &m->cmd;
     uint32_t inject = m->inject;
     NpuTraceCtx saved = npu_trace_enter(qi, cmd->fence);
-    int depth = qatomic_read(&s->depth);
+    bool modelled = s->chip && cmd->opcode != NPU_OP_WAIT;
     uint64_t t_start = npu_dev_clock(s), end_arg = 0;
     uint32_t status;
 
     memset(&m->cpl, 0, sizeof(m->cpl));
     m->cpl.t_start = cpu_to_le64(t_start);
-    if (s->chip) {
-        s->level[depth].timing_child_ns = 0;
+    if (modelled) {
+        npu_timing_start(s, t_start);
     }
     trace_npu_cmd_start(qi, m->idx, cmd->opcode, cmd->fence);
     npu_trace(s, NPU_TR_CMD_START, cmd->opcode, 0);
@@ -303,13 +317,8 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
             }
         }
     }
-    if (s->chip && cmd->opcode != NPU_OP_WAIT) {
-        uint64_t model_ns, child_ns = s->level[depth].timing_child_ns;
-
-        end_arg = npu_timing_finish(s, m, t_start, child_ns, &model_ns);
-        if (depth > 0) {
-            s->level[depth - 1].timing_child_ns += model_ns + child_ns;
-        }
+    if (modelled) {
+        end_arg = npu_timing_finish(s, m, t_start);
     } else {
         m->cpl.t_end = cpu_to_le64(npu_dev_clock(s));
     }
@@ -1531,8 +1540,8 @@ static void npu_reset_hold(Object *obj, ResetType type)
     qemu_mutex_lock(&s->lock);
     npu_fw_power_on_locked(s);
     npu_perf_reset_locked(s);
-    npu_trace_reset_locked(s);
     qemu_mutex_unlock(&s->lock);
+    npu_trace_reset(s);
     npu_bars_update(s);
 }
 
@@ -1563,8 +1572,8 @@ static void npu_config_write(PCIDevice *pdev, uint32_t addr, uint32_t val,
             npu_request_reset(s, true);
             qemu_mutex_lock(&s->lock);
             npu_fw_power_on_locked(s);
-            npu_trace_reset_locked(s);
             qemu_mutex_unlock(&s->lock);
+            npu_trace_reset(s);
         }
     }
     npu_bars_update(s);

@@ -136,7 +136,9 @@ void npu_core_release(NpuCore *core)
 /* Should the job running now give way to a higher-priority command? */
 static bool npu_preempt_wanted(NpuState *s)
 {
-    return qatomic_read(&s->preempt) && !qatomic_read(&s->in_group) &&
+    /* Neither a group nor a modelled command (12.2) is preempted. */
+    return !s->chip && qatomic_read(&s->preempt) &&
+           !qatomic_read(&s->in_group) &&
            qatomic_read(&s->depth) + 1 < NPU_LEVELS;
 }
 

@@ -199,7 +199,6 @@ typedef struct NpuMember {
 typedef struct NpuLevel {
     NpuCore core;           /* the processor as a core: its bounce buffer */
     NpuMember *members;     /* the group it runs (NPU_GROUP_MAX) */
-    uint64_t timing_child_ns;   /* modelled time of commands preempting it */
 } NpuLevel;
 
 /* Per-op efficiency classes of a chip description. */
@@ -233,10 +232,15 @@ struct NpuState {
     bool use_dnnl;          /* CONV2D on oneDNN where it takes the shape */
     char *timing_name;      /* "native" (NULL), or a chip description */
 
-    /* The timing model (npu_timing.c): fixed at realize. */
+    /*
+     * The timing model (npu_timing.c): @timing and @chip fixed at realize;
+     * @timing_stolen_ns and @timing_cap_ns written by the command
+     * processor only, read by any thread (qatomic, see npu_dev_clock()).
+     */
     uint32_t timing;        /* enum npu_timing */
     const NpuChip *chip;    /* NULL: native */
-    uint64_t timing_stolen_ns;  /* host time hidden from the clock (qatomic) */
+    uint64_t timing_stolen_ns;  /* host time hidden from the clock */
+    uint64_t timing_cap_ns;     /* the clock reads no later; MAX: none */
 
     /* Device memory: RAM behind BAR2; the engine uses it directly. */
     MemoryRegion mem;
@@ -246,9 +250,7 @@ struct NpuState {
      * @lock protects every field below up to @chunk: register state, queue
      * state, the interrupt bits and the worker's stop/reset requests. It is
      * taken by the vCPU (MMIO, under the BQL), the worker and the IRQ
-     * bottom half; it is never held across DMA or command execution,
-     * except a trace ring record's write (npu_tracering.c): 32 bytes to
-     * RAM, which neither blocks nor reaches a device register.
+     * bottom half; it is never held across DMA or command execution.
      */
     QemuMutex lock;
     QemuMutex log_lock;     /* serialises firmware log writers; before lock */
@@ -319,19 +321,24 @@ struct NpuState {
     uint32_t perf_snapshots;
     /*
      * Trace ring (npu_tracering.c). @trace_lock protects the trace_*
-     * fields; it is a leaf lock, taken alone or under the device lock,
-     * never the other way round. @trace_on is also read without it
-     * (qatomic), so that an engine thread skips the lock while tracing is
-     * off.
+     * fields; it is a leaf lock, never held across a DMA (records are
+     * written outside it) and taken alone or under the device lock (the
+     * register accessors), never the other way round. @trace_on is also
+     * read without it (qatomic), so that an engine thread skips the lock
+     * while tracing is off.
      */
     QemuMutex trace_lock;
     bool trace_on;
     uint64_t trace_base;
     uint32_t trace_size;
-    uint32_t trace_head;
+    uint32_t trace_head;    /* published: every record before it written */
     uint32_t trace_tail;
     uint32_t trace_dropped;
     uint32_t trace_mask;
+    uint32_t trace_reserved;    /* slots handed out; being written past head */
+    uint32_t trace_writing;     /* records being written outside the lock */
+    uint32_t trace_gen;         /* a new ring or reset: late writes are void */
+    bool trace_failed;          /* a write of this batch failed */
 
     /*
      * Engine control, read by every engine thread without a lock: @abort
@@ -421,7 +428,7 @@ void npu_cores_fini(NpuState *s);
  */
 void npu_trace_init(NpuState *s);
 void npu_trace_fini(NpuState *s);
-void npu_trace_reset_locked(NpuState *s);
+void npu_trace_reset(NpuState *s);
 uint32_t npu_trace_read_locked(NpuState *s, hwaddr off);
 void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val);
 void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
@@ -438,8 +445,8 @@ uint64_t npu_dev_clock(NpuState *s);
 uint64_t npu_timing_model(const NpuChip *c, uint16_t opcode,
                           const NpuCmdStats *st, uint64_t *compute_ns,
                           uint64_t *mem_ns);
-uint64_t npu_timing_finish(NpuState *s, NpuMember *m, uint64_t t_start,
-                           uint64_t child_ns, uint64_t *model_ns);
+void npu_timing_start(NpuState *s, uint64_t t_start);
+uint64_t npu_timing_finish(NpuState *s, NpuMember *m, uint64_t t_start);
 
 /* npu_perf.c: performance counters (device lock held) */
 void npu_perf_init(NpuState *s);

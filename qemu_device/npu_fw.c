@@ -292,8 +292,6 @@ void npu_fw_mbox(NpuState *s)
     arg0 = s->mbox_arg0;
     arg1 = s->mbox_arg1;
     seq = s->mbox_seq;
-    npu_trace_ev(s, NPU_TR_MBOX_REQ, NPU_TRACE_NO_QUEUE, NPU_TRACE_CORE_CP, 0,
-                 cmd, seq);
     switch (cmd) {
     case NPU_MBOX_PING:
         r0 = arg0 + 1;
@@ -340,10 +338,13 @@ void npu_fw_mbox(NpuState *s)
     s->mbox_resp0 = r0;
     s->mbox_resp1 = r1;
     s->mbox_resp_seq = seq;
-    npu_trace_ev(s, NPU_TR_MBOX_REPLY, NPU_TRACE_NO_QUEUE, NPU_TRACE_CORE_CP,
-                 0, st, seq);
     npu_raise_locked(s, NPU_IRQ_MBOX);
     qemu_mutex_unlock(&s->lock);
+    /* Logged outside the device lock (npu_tracering.c). */
+    npu_trace_ev(s, NPU_TR_MBOX_REQ, NPU_TRACE_NO_QUEUE, NPU_TRACE_CORE_CP, 0,
+                 cmd, seq);
+    npu_trace_ev(s, NPU_TR_MBOX_REPLY, NPU_TRACE_NO_QUEUE, NPU_TRACE_CORE_CP,
+                 0, st, seq);
     trace_npu_mbox(cmd, seq, st);
     npu_fw_log(s, 3, "mbox seq %u cmd %u arg 0x%x: status %u", seq, cmd,
                arg0, st);

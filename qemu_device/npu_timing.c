@@ -9,8 +9,13 @@
  * when the host was faster, the command processor waits; when the host
  * was slower (or the wait overslept), the difference is taken out of the
  * device clock (stolen), so that timestamps, counters and traces show
- * modelled time, back-to-back commands follow each other on it, and the
- * device clock never runs backwards.
+ * modelled time and back-to-back commands follow each other on it.
+ *
+ * The device clock never runs backwards: while a command computes, the
+ * clock stands at the command's start (the host's time then is not chip
+ * time); while it waits for its modelled end, the clock runs up to that
+ * end and no further. A modelled command is not preempted (npu_cores.c),
+ * so there is one such command at a time, on the command processor.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -52,6 +57,7 @@ bool npu_timing_select(NpuState *s, Error **errp)
 
     s->timing = NPU_TIMING_NATIVE;
     s->chip = NULL;
+    s->timing_cap_ns = UINT64_MAX;
     if (!s->timing_name || !strcmp(s->timing_name, "native")) {
         return true;
     }
@@ -66,10 +72,44 @@ bool npu_timing_select(NpuState *s, Error **errp)
     return false;
 }
 
-/* The device clock: QEMU's virtual clock less the time stolen (above). */
+/*
+ * The device clock: QEMU's virtual clock less the time stolen, and no
+ * later than the cap (above). The command processor writes the stolen time
+ * before it moves the cap; a reader that saw the stolen time change under
+ * it reads again, so it never pairs a new cap with an old stolen time.
+ */
 uint64_t npu_dev_clock(NpuState *s)
 {
+    uint64_t stolen, cap, now;
+
+    if (!s->chip) {
+        return npu_now_ns();
+    }
+    do {
+        stolen = qatomic_load_acquire(&s->timing_stolen_ns);
+        cap = qatomic_load_acquire(&s->timing_cap_ns);
+        now = npu_now_ns() - stolen;
+    } while (qatomic_load_acquire(&s->timing_stolen_ns) != stolen);
+    return MIN(now, cap);
+}
+
+/* The clock without the cap (the command processor's own view). */
+static uint64_t npu_raw_clock(NpuState *s)
+{
     return npu_now_ns() - qatomic_read(&s->timing_stolen_ns);
+}
+
+/* Hide @ns of host time from the device clock (the command processor). */
+static void npu_timing_steal(NpuState *s, uint64_t ns)
+{
+    qatomic_store_release(&s->timing_stolen_ns,
+                          qatomic_read(&s->timing_stolen_ns) + ns);
+}
+
+/* A modelled command starts computing at @t_start: the clock stands. */
+void npu_timing_start(NpuState *s, uint64_t t_start)
+{
+    qatomic_store_release(&s->timing_cap_ns, t_start);
 }
 
 /* Multiply-adds per cycle of the MAC array for operands of @dtype. */
@@ -123,36 +163,37 @@ uint64_t npu_timing_model(const NpuChip *c, uint16_t opcode,
 /*
  * Finish command @m, which started at device time @t_start and did its
  * work: give it its modelled duration, waiting or stealing time as needed,
- * and fill in t_end. @child_ns is the modelled time of the commands that
- * preempted it meanwhile (their time is part of its span). Returns the
- * trace ring's CMD_END argument: compute ns in bits 31..0, memory ns in
- * bits 63..32 (each saturated).
+ * and fill in t_end. Returns the trace ring's CMD_END argument: compute ns
+ * in bits 31..0, memory ns in bits 63..32 (each saturated).
  */
-uint64_t npu_timing_finish(NpuState *s, NpuMember *m, uint64_t t_start,
-                           uint64_t child_ns, uint64_t *model_ns)
+uint64_t npu_timing_finish(NpuState *s, NpuMember *m, uint64_t t_start)
 {
     uint64_t compute_ns, mem_ns, dur, target, now;
 
     dur = npu_timing_model(s->chip, m->cmd.opcode, &m->stats, &compute_ns,
                            &mem_ns);
-    *model_ns = dur;
-    target = t_start + dur + child_ns;
-    /* The chip would take longer than the host did: complete at its time. */
-    while ((now = npu_dev_clock(s)) < target) {
+    target = t_start + dur;
+    now = npu_raw_clock(s);
+    if (now > target) {
+        /* The host took longer than the chip would: hide the difference. */
+        npu_timing_steal(s, now - target);
+    }
+    /* The clock runs again, up to the command's end. */
+    qatomic_store_release(&s->timing_cap_ns, target);
+    while ((now = npu_raw_clock(s)) < target) {
         /* A reset or unplug does not wait; the host budget does not apply. */
         if (npu_engine_poll(s) == NPU_ST_ABORTED) {
             break;
         }
         g_usleep(MIN((target - now) / 1000 + 1, 1000));
     }
-    /*
-     * The host took longer than the chip would, or the wait overslept:
-     * hide the difference, so that the next command starts at @target.
-     */
     if (now > target) {
-        qatomic_add(&s->timing_stolen_ns, now - target);
+        npu_timing_steal(s, now - target);     /* the wait overslept */
+        now = target;
     }
-    m->cpl.t_end = cpu_to_le64(target);
+    qatomic_store_release(&s->timing_cap_ns, UINT64_MAX);
+    /* An aborted command ends now; its completion is not written anyway. */
+    m->cpl.t_end = cpu_to_le64(now);
     trace_npu_timing(m->cmd.fence, dur, compute_ns, mem_ns);
     return MIN(compute_ns, UINT32_MAX) | MIN(mem_ns, UINT32_MAX) << 32;
 }

@@ -8,9 +8,14 @@
  *
  * Every engine thread logs for the command it works on: the thread's
  * NpuTraceCtx, set by npu_trace_enter() when a command or a tile of it
- * starts on the thread, names the queue, the fence and the core. Records
- * go out in the order npu_trace_ev() takes the ring's lock, one DMA write
- * each, to RAM only (npu_dma_write()).
+ * starts on the thread, names the queue, the fence and the core.
+ *
+ * A record takes its slot and its timestamp under the ring's lock, so the
+ * ring is in time order, and is written outside it (one DMA write, to RAM
+ * only: npu_dma_write()), so no lock is held across a DMA that an IOMMU
+ * might make wait for the BQL. HEAD moves over the slots taken once no
+ * write is in flight: a reader never sees a slot before its record. Nothing
+ * logs with the device lock held.
  *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
@@ -37,17 +42,27 @@ void npu_trace_fini(NpuState *s)
     qemu_mutex_destroy(&s->trace_lock);
 }
 
-/* A system reset: tracing off, the ring forgotten. */
-void npu_trace_reset_locked(NpuState *s)
+/* An empty ring; writes in flight go nowhere. Caller holds trace_lock. */
+static void npu_trace_empty(NpuState *s)
+{
+    s->trace_head = 0;
+    s->trace_tail = 0;
+    s->trace_reserved = 0;
+    s->trace_writing = 0;
+    s->trace_failed = false;
+    s->trace_gen++;
+}
+
+/* A system reset or D3hot: tracing off, the ring forgotten. */
+void npu_trace_reset(NpuState *s)
 {
     qemu_mutex_lock(&s->trace_lock);
     qatomic_set(&s->trace_on, false);
     s->trace_base = 0;
     s->trace_size = 0;
-    s->trace_head = 0;
-    s->trace_tail = 0;
     s->trace_dropped = 0;
     s->trace_mask = (1u << NPU_TR_KINDS) - 2;
+    npu_trace_empty(s);
     qemu_mutex_unlock(&s->trace_lock);
 }
 
@@ -80,6 +95,9 @@ void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
                   uint64_t fence, uint32_t arg32, uint64_t arg)
 {
     struct npu_trace_rec rec;
+    uint64_t addr;
+    uint32_t gen;
+    bool ok;
 
     if (!qatomic_read(&s->trace_on)) {
         return;
@@ -87,27 +105,49 @@ void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
     if (s->chip && kind >= NPU_TR_TILE_START && kind <= NPU_TR_DMA_END) {
         return;     /* the timing model has no time for parts of a command */
     }
+    qemu_mutex_lock(&s->trace_lock);
+    if (!s->trace_on || !(s->trace_mask & (1u << kind))) {
+        qemu_mutex_unlock(&s->trace_lock);
+        return;
+    }
+    if (s->trace_reserved - s->trace_tail >= s->trace_size) {
+        s->trace_dropped++;
+        qemu_mutex_unlock(&s->trace_lock);
+        return;
+    }
+    addr = s->trace_base + (uint64_t)(s->trace_reserved & (s->trace_size - 1)) *
+           sizeof(rec);
+    s->trace_reserved++;
+    s->trace_writing++;
+    gen = s->trace_gen;
     rec.ts = cpu_to_le64(npu_dev_clock(s));
+    qemu_mutex_unlock(&s->trace_lock);
+
     rec.kind = cpu_to_le16(kind);
     rec.queue = queue;
     rec.core = core;
     rec.arg32 = cpu_to_le32(arg32);
     rec.fence = cpu_to_le64(fence);
     rec.arg = cpu_to_le64(arg);
+    ok = npu_dma_write(s, "trace", addr, &rec, sizeof(rec)) == MEMTX_OK;
 
     qemu_mutex_lock(&s->trace_lock);
-    if (!s->trace_on || !(s->trace_mask & (1u << kind))) {
-        qemu_mutex_unlock(&s->trace_lock);
-        return;
-    }
-    if (s->trace_head - s->trace_tail >= s->trace_size) {
-        s->trace_dropped++;
-    } else if (npu_dma_write(s, "trace", s->trace_base +
-                             (uint64_t)(s->trace_head & (s->trace_size - 1)) *
-                             sizeof(rec), &rec, sizeof(rec)) == MEMTX_OK) {
-        s->trace_head++;
-    } else {
-        s->trace_dropped++;
+    if (gen == s->trace_gen) {
+        s->trace_failed |= !ok;
+        if (!--s->trace_writing) {
+            if (s->trace_failed) {
+                /* The batch is not published: its slots may hold anything. */
+                qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring write failed;"
+                              " tracing off\n");
+                trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
+                s->trace_dropped += s->trace_reserved - s->trace_head;
+                s->trace_reserved = s->trace_head;
+                s->trace_failed = false;
+                qatomic_set(&s->trace_on, false);
+            } else {
+                s->trace_head = s->trace_reserved;
+            }
+        }
     }
     qemu_mutex_unlock(&s->trace_lock);
 }
@@ -215,9 +255,7 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
         } else {
             s->trace_size = val;
         }
-        /* A new ring starts empty. */
-        s->trace_head = 0;
-        s->trace_tail = 0;
+        npu_trace_empty(s);     /* a new ring starts empty */
         break;
     case NPU_TRACE_TAIL:
         if (val - s->trace_tail > s->trace_head - s->trace_tail) {

@@ -187,6 +187,7 @@ def test_the_trace_ring_gives_each_command_its_roofline(edge: Npu) -> None:
     _, compute, memory = CHIPS["edge"].roofline(m * n * k, 3 * m * n * 4, hw.DTYPE_FP32)
     program(edge)
     (index,) = edge.submit(gemm(A, B, C, m, n, k, k, n, n, fence=4))
+    time.sleep(0.3)  # the command started: its start is the clock before the step
     edge.qt.clock_step(10**9)
     edge.wait_head(index + 1)
     recs = drain(edge)
@@ -218,6 +219,7 @@ def test_results_are_bit_identical_to_native_timing(tmp_path: Path) -> None:
             dev.qt.memwrite(A, a)
             dev.qt.memwrite(B, b)
             (index,) = dev.submit(gemm(A, B, C, m, n, k, k, n, n, fence=1))
+            time.sleep(0.3)
             dev.qt.clock_step(10**9)
             dev.wait_head(index + 1)
             got.append(dev.qt.memread(C, m * n * 4))

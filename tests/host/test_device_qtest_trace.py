@@ -107,13 +107,20 @@ def test_nothing_is_logged_until_tracing_is_enabled(npu: Npu) -> None:
 
 def test_a_command_logs_fetch_start_end_completion_and_interrupt_in_order(npu: Npu) -> None:
     program(npu)
+    npu.wr(hw.REG_IRQ_MASK, 1 << 0)  # NPU_IRQ_QUEUE(0)
     npu.run(nop(7, flags=hw.CMD_F_IRQ))
     recs = drain(npu)
     assert kinds(recs, 7) == ["fetch", "cmd_start", "cmd_end", "cpl_write", "irq"]
     assert all(r.queue == 0 for r in recs)
     fetch = recs[0]
     assert (fetch.arg32, fetch.arg) == (hw.OP_NOP, 0), "opcode and ring index"
-    assert recs[-1].arg32 == 1, "the queue's MSI-X vector"
+    assert recs[-1].arg32 == hw.TRACE_INTX, "the qtest machine has MSI-X off: INTx"
+
+
+def test_a_masked_interrupt_is_not_logged(npu: Npu) -> None:
+    program(npu)
+    npu.run(nop(7, flags=hw.CMD_F_IRQ))
+    assert "irq" not in kinds(drain(npu))
 
 
 def test_records_carry_the_device_clock(npu: Npu) -> None:
