@@ -9,9 +9,8 @@
  * every watchdog period), drains the ring every watchdog period, when a
  * completion interrupt finds it half full, on a read of debugfs fwtrace
  * and before the device sleeps, and emits each record as an npu_fw_event
- * tracepoint,
- * followed by an npu_clock_sync with the device clock of that moment, so
- * that a reader can put device time on the trace clock.
+ * tracepoint, followed by an npu_clock_sync with the device clock of that
+ * moment, so that a reader can put device time on the trace clock.
  */
 #include <linux/dma-mapping.h>
 #include <linux/seq_file.h>

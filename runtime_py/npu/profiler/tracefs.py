@@ -55,6 +55,8 @@ def drain_device_rings(root: Path | None = None) -> int:
         except OSError as exc:
             log.debug("profiler: draining %s failed: %s", path, exc)
     return drained
+
+
 #: The driver's trace system.
 SYSTEM: Final = "npu"
 #: The smallest per-CPU trace buffer a profile runs with (KiB); a smaller one is grown.
