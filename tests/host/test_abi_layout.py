@@ -197,7 +197,8 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], 
 
 
 # The uapi's basic types for an i386 compile without 32-bit libc or kernel
-# headers installed: as <asm-generic/int-ll64.h> defines them.
+# headers installed: as <asm-generic/int-ll64.h> and <linux/types.h> (the
+# __le types, plain integers outside sparse) define them.
 _I386_TYPES = """\
 typedef unsigned char __u8;
 typedef unsigned short __u16;
@@ -205,6 +206,9 @@ typedef unsigned int __u32;
 typedef signed int __s32;
 __extension__ typedef unsigned long long __u64;
 __extension__ typedef signed long long __s64;
+typedef __u16 __le16;
+typedef __u32 __le32;
+typedef __u64 __le64;
 """
 
 

@@ -177,7 +177,7 @@ def test_reason_and_section_enums_are_mirrored() -> None:
 
 
 # As test_abi_layout.py: the basic types for an i386 compile without 32-bit
-# libc or kernel headers installed (<asm-generic/int-ll64.h>).
+# libc or kernel headers installed (<asm-generic/int-ll64.h>, <linux/types.h>).
 _I386_TYPES = """\
 typedef unsigned char __u8;
 typedef unsigned short __u16;
@@ -185,6 +185,9 @@ typedef unsigned int __u32;
 typedef signed int __s32;
 __extension__ typedef unsigned long long __u64;
 __extension__ typedef signed long long __s64;
+typedef __u16 __le16;
+typedef __u32 __le32;
+typedef __u64 __le64;
 """
 
 
