@@ -173,6 +173,21 @@ def test_mailbox_requests_and_answers_are_logged(npu: Npu) -> None:
     assert all(r.queue == hw.TRACE_NO_QUEUE for r in recs)
 
 
+def test_a_descriptor_read_ahead_for_a_group_is_logged_once_when_taken(npu: Npu) -> None:
+    # nop 2 is read ahead while nop 1 is taken, does not join, and is read
+    # again at the head: one fetch record each.
+    program(npu)
+    idx = npu.submit(nop(1), nop(2))
+    npu.wait_head(idx[-1] + 1)
+    fetches = [r.fence for r in drain(npu) if r.kind == "fetch"]
+    assert fetches == [1, 2]
+
+
+def test_mask_bits_of_no_kind_read_back_as_zero(npu: Npu) -> None:
+    twr(npu, hw.TRACE_MASK, 0xFFFF_FFFF)
+    assert trd(npu, hw.TRACE_MASK) == (1 << hw.TR_KINDS) - 2
+
+
 def test_the_mask_keeps_only_the_kinds_asked_for(npu: Npu) -> None:
     program(npu, mask=1 << hw.TR_FETCH)
     npu.run(nop(1))
