@@ -28,7 +28,8 @@ endif
 DEMO ?= examples/infer_digits.py
 
 .PHONY: all deps qemu qemu-asan guest kernel-debug module module-debug firmware demo test \
-	test-host test-guest lint bench shell guest-run models resnet50 zoo clean help stress buildroot
+	test-host test-guest coverage-debug-full lint bench bench-guest-baselines ci-times shell guest-run models resnet50 zoo clean help stress buildroot \
+	fresh-check
 
 all: qemu guest module
 
@@ -69,9 +70,21 @@ demo: $(GUEST_DEPS) resnet50
 	@$(GUEST) run -- python3 $(DEMO)
 
 # Host tests (qtests on the ASan QEMU), the guest suite on the distribution
-# kernel, then on the debug kernel behind an IOMMU, then fault injection.
+# kernel, then the driver's files on the debug kernel behind an IOMMU, then
+# fault injection. Two workers, in tests/conftest.py's order (no xdist
+# reordering): the debug pass starts at once on one, the distribution
+# kernel's guest files on the other, the host tests fill in after.
+# Short soak sizes and a fixed seed (make stress: full sizes, a new seed).
 test: qemu qemu-asan guest module module-debug resnet50 zoo
-	@NPU_KERNEL=distro $(PY) -m pytest -n 2 --dist loadfile tests
+	@NPU_MAKE_TEST=1 NPU_KERNEL=distro NPU_STRESS_SCALE=short $(PY) -m pytest -n 2 --dist loadfile \
+		--no-loadscope-reorder --durations=40 tests
+
+# The debug pass over every guest file, not only the driver's (about twice
+# as long): its npu.ko line coverage (build/debug-pass-full.json) is the
+# figure the debug pass of make test (build/debug-pass.json) must not fall
+# below (docs/benchmarks.md).
+coverage-debug-full: qemu guest module-debug resnet50
+	@NPU_DEBUG_PASS=full $(PY) -m pytest tests/test_guest_debug.py
 
 test-host: deps qemu-asan zoo
 	@$(PY) -m pytest tests/host
@@ -79,10 +92,12 @@ test-host: deps qemu-asan zoo
 test-guest: $(GUEST_DEPS) resnet50
 	@$(PY) -m pytest tests --ignore=tests/host
 
-# The reliability suite at the issue's sizes (make test runs it short),
-# then 10 minutes of coverage-guided fuzzing of the device (docs/fuzzing.md).
+# The reliability suite at the issue's sizes and the guest suite with its
+# soak loops at full size (make test runs both short, with a fixed seed;
+# here each run draws a new seed, printed), then 10 minutes of
+# coverage-guided fuzzing of the device (docs/fuzzing.md).
 stress: $(GUEST_DEPS) fuzz-build
-	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py
+	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py tests/test_guest_suite.py
 	@$(PY) tests/fuzz/run_fuzz.py --time 600
 
 lint: deps qemu module
@@ -113,6 +128,17 @@ zoo: deps resnet50
 bench: $(GUEST_DEPS) resnet50 zoo
 	@$(PY) scripts/bench.py
 
+# CI's figures (fresh-machine and cached make test times, the debug pass,
+# npu.ko's line coverage) from the runs' files in build/, as JSON
+# (build/ci-times.json; make bench merges them).
+ci-times: deps
+	@$(PY) scripts/ci_times.py
+
+# make bench plus ResNet-50 on the guest's own onnxruntime and numpy (TCG:
+# over 15 minutes more).
+bench-guest-baselines: $(GUEST_DEPS) resnet50 zoo
+	@$(PY) scripts/bench.py --guest-baselines
+
 shell: $(GUEST_DEPS)
 	@$(GUEST) shell
 
@@ -122,6 +148,17 @@ guest-run: $(GUEST_DEPS)
 
 clean:
 	rm -rf build
+
+# The proof that `make demo` works on a new machine: a clean Debian root
+# (debootstrap; cached, copied afresh each time), this working tree copied
+# in, an empty cache, `make demo` in a chroot (about 30 min). FRESH_RELEASE:
+# bookworm, trixie or auto (this host's release); FRESH_ARGS=--head checks
+# the last commit instead. Results: build/fresh-check-<release>.{log,json}.
+# See scripts/fresh-check.sh (also: its key, and its ci mode).
+FRESH_RELEASE ?= auto
+FRESH_ARGS ?=
+fresh-check:
+	@bash scripts/fresh-check.sh $(FRESH_ARGS) $(FRESH_RELEASE)
 
 # Coverage-guided fuzzing of the device model (docs/fuzzing.md; not part of
 # make test): QEMU's libFuzzer binary with ASan and UBSan

@@ -468,6 +468,12 @@ MemTxResult npu_dma_write(NpuState *s, const char *what, uint64_t addr,
                           const void *buf, uint64_t len);
 uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                       uint64_t len);
+/*
+ * A command's parameter block, read as npu_mem_read() reads operands but
+ * neither counted in the performance counters nor logged as a transfer.
+ */
+uint32_t npu_mem_read_params(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                             uint64_t len);
 uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
                        uint64_t len);
 uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,

@@ -20,6 +20,10 @@
  * exceed NPU_DNNL_SCRATCH_MAX) is remembered as declined, and the caller
  * runs im2col + BLAS instead.
  *
+ * It builds against oneDNN 2 (Debian 12) and 3 (Debian 13): the few calls
+ * whose form differs between them are behind the npu_dnnl_md_* and
+ * npu_dnnl_*_pd helpers below, which make the same primitives either way.
+ *
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
@@ -48,6 +52,30 @@ typedef struct NpuDnnlKey {
 enum { NPU_DNNL_CONV, NPU_DNNL_MM };
 
 /*
+ * A memory descriptor, owned by whoever holds the NpuDnnlMd: in oneDNN 2 a
+ * plain struct, copied by value; in oneDNN 3 a handle that must be
+ * destroyed (npu_dnnl_md_free()). All zero on either: none (nothing to
+ * free). The API takes either as an NpuDnnlMdRef: npu_dnnl_md().
+ */
+#if DNNL_VERSION_MAJOR >= 3
+typedef dnnl_memory_desc_t NpuDnnlMd;
+typedef const_dnnl_memory_desc_t NpuDnnlMdRef;
+
+static NpuDnnlMdRef npu_dnnl_md(const NpuDnnlMd *md)
+{
+    return *md;
+}
+#else
+typedef dnnl_memory_desc_t NpuDnnlMd;
+typedef const dnnl_memory_desc_t *NpuDnnlMdRef;
+
+static NpuDnnlMdRef npu_dnnl_md(const NpuDnnlMd *md)
+{
+    return md;
+}
+#endif
+
+/*
  * A cached primitive: a convolution with its reorders, or a matmul on the
  * operands' own layouts (user[0..2]: a, b, c; no reorders).
  */
@@ -57,9 +85,9 @@ struct NpuDnnlPrim {
     bool declined;
     dnnl_primitive_t prim;
     dnnl_primitive_t reorder[3];    /* src, weights, dst; NULL: same layout */
-    dnnl_memory_desc_t user[4];     /* src, weights, dst, bias */
-    dnnl_memory_desc_t inner[3];    /* the convolution's src, weights, dst */
-    dnnl_memory_desc_t scratch_md;
+    NpuDnnlMd user[4];              /* src, weights, dst, bias */
+    NpuDnnlMd inner[3];             /* the convolution's src, weights, dst */
+    NpuDnnlMd scratch_md;
     size_t off[4];                  /* in the scratch: src, weights, dst, own */
     size_t scratch;
 };
@@ -95,6 +123,69 @@ static gboolean npu_dnnl_shape_equal(gconstpointer a, gconstpointer b)
     return !memcmp(a, b, sizeof(NpuDnnlKey));
 }
 
+/*
+ * A descriptor of @dims in the layout @tag (npu_dnnl_md_tag) or @strides
+ * (npu_dnnl_md_strides) into @md; false on error.
+ */
+static bool npu_dnnl_md_tag(NpuDnnlMd *md, int ndims, const dnnl_dims_t dims,
+                            dnnl_data_type_t dt, dnnl_format_tag_t tag)
+{
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_memory_desc_create_with_tag(md, ndims, dims, dt, tag) ==
+           dnnl_success;
+#else
+    return dnnl_memory_desc_init_by_tag(md, ndims, dims, dt, tag) ==
+           dnnl_success;
+#endif
+}
+
+static bool npu_dnnl_md_strides(NpuDnnlMd *md, int ndims,
+                                const dnnl_dims_t dims, dnnl_data_type_t dt,
+                                const dnnl_dims_t strides)
+{
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_memory_desc_create_with_strides(md, ndims, dims, dt,
+                                                strides) == dnnl_success;
+#else
+    return dnnl_memory_desc_init_by_strides(md, ndims, dims, dt, strides) ==
+           dnnl_success;
+#endif
+}
+
+/* A copy of @from (NULL: a failed query) into @md; false on error. */
+static bool npu_dnnl_md_copy(NpuDnnlMd *md, NpuDnnlMdRef from)
+{
+    if (!from) {
+        return false;
+    }
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_memory_desc_clone(md, from) == dnnl_success;
+#else
+    *md = *from;
+    return true;
+#endif
+}
+
+/* A copy of @pd's descriptor @what into @md; false on error. */
+static bool npu_dnnl_md_query(NpuDnnlMd *md, const_dnnl_primitive_desc_t pd,
+                              dnnl_query_t what)
+{
+    return npu_dnnl_md_copy(md, dnnl_primitive_desc_query_md(pd, what, 0));
+}
+
+/* Free @md's descriptor, if any: it then holds none. */
+static void npu_dnnl_md_free(NpuDnnlMd *md)
+{
+#if DNNL_VERSION_MAJOR >= 3
+    if (*md) {
+        dnnl_memory_desc_destroy(*md);
+        *md = NULL;
+    }
+#else
+    memset(md, 0, sizeof(*md));
+#endif
+}
+
 static void npu_dnnl_prim_free(NpuDnnlPrim *c)
 {
     int i;
@@ -106,7 +197,12 @@ static void npu_dnnl_prim_free(NpuDnnlPrim *c)
         if (c->reorder[i]) {
             dnnl_primitive_destroy(c->reorder[i]);
         }
+        npu_dnnl_md_free(&c->inner[i]);
     }
+    for (i = 0; i < 4; i++) {
+        npu_dnnl_md_free(&c->user[i]);
+    }
+    npu_dnnl_md_free(&c->scratch_md);
     g_free(c);
 }
 
@@ -205,17 +301,67 @@ static dnnl_primitive_attr_t npu_dnnl_attr(void)
     return attr;
 }
 
+/* The inference convolution on these descriptors, with @attr, into @pd. */
+static dnnl_status_t npu_dnnl_conv_pd(dnnl_primitive_desc_t *pd,
+                                      NpuDnnlMdRef src, NpuDnnlMdRef wt,
+                                      NpuDnnlMdRef bias, NpuDnnlMdRef dst,
+                                      const dnnl_dims_t strides,
+                                      const dnnl_dims_t dil,
+                                      const dnnl_dims_t pad_l,
+                                      const dnnl_dims_t pad_r,
+                                      const_dnnl_primitive_attr_t attr)
+{
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_convolution_forward_primitive_desc_create(
+        pd, npu_dnnl.engine, dnnl_forward_inference, dnnl_convolution_direct,
+        src, wt, bias, dst, strides, dil, pad_l, pad_r, attr);
+#else
+    dnnl_convolution_desc_t cd;
+    dnnl_status_t st;
+
+    st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
+                                                    dnnl_convolution_direct,
+                                                    src, wt, bias, dst,
+                                                    strides, dil, pad_l,
+                                                    pad_r);
+    if (st != dnnl_success) {
+        return st;
+    }
+    return dnnl_primitive_desc_create(pd, &cd, attr, npu_dnnl.engine, NULL);
+#endif
+}
+
+/* The matmul @src @ @wt into @dst (no bias), with @attr, into @pd. */
+static dnnl_status_t npu_dnnl_mm_pd(dnnl_primitive_desc_t *pd,
+                                    NpuDnnlMdRef src, NpuDnnlMdRef wt,
+                                    NpuDnnlMdRef dst,
+                                    const_dnnl_primitive_attr_t attr)
+{
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl_matmul_primitive_desc_create(pd, npu_dnnl.engine, src, wt,
+                                             NULL, dst, attr);
+#else
+    dnnl_matmul_desc_t md;
+    dnnl_status_t st;
+
+    st = dnnl_matmul_desc_init(&md, src, wt, NULL, dst);
+    if (st != dnnl_success) {
+        return st;
+    }
+    return dnnl_primitive_desc_create(pd, &md, attr, npu_dnnl.engine, NULL);
+#endif
+}
+
 /*
  * The reorder from @from to @to, if the layouts differ; false on failure.
  * Its scratchpad must be empty (no reorder between these layouts needs one).
  */
-static bool npu_dnnl_reorder(dnnl_primitive_t *out,
-                             const dnnl_memory_desc_t *from,
-                             const dnnl_memory_desc_t *to)
+static bool npu_dnnl_reorder(dnnl_primitive_t *out, NpuDnnlMdRef from,
+                             NpuDnnlMdRef to)
 {
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t pd;
-    const dnnl_memory_desc_t *sp;
+    NpuDnnlMdRef sp;
     dnnl_status_t st;
 
     *out = NULL;
@@ -248,9 +394,10 @@ static bool npu_dnnl_scratch_plan(NpuDnnlPrim *c)
     int i;
 
     for (i = 0; i < 3; i++) {
-        sz[i] = c->reorder[i] ? dnnl_memory_desc_get_size(&c->inner[i]) : 0;
+        sz[i] = c->reorder[i] ?
+                dnnl_memory_desc_get_size(npu_dnnl_md(&c->inner[i])) : 0;
     }
-    sz[3] = dnnl_memory_desc_get_size(&c->scratch_md);
+    sz[3] = dnnl_memory_desc_get_size(npu_dnnl_md(&c->scratch_md));
     for (i = 0; i < 4; i++) {
         c->off[i] = total;
         total += ROUND_UP(sz[i], NPU_DNNL_ALIGN);
@@ -280,82 +427,74 @@ static bool npu_dnnl_build_conv(NpuDnnlPrim *c)
         (int64_t)(k->w + k->pw),
     };
     dnnl_data_type_t dt = k->dtype == NPU_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
-    dnnl_memory_desc_t any[3];
-    dnnl_convolution_desc_t cd;
+    NpuDnnlMd any[3] = {};      /* the convolution's: layouts left to it */
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t pd;
     dnnl_status_t st;
+    bool ok = false;
+    int i;
 
     if (pad_r[0] < 0 || pad_r[1] < 0) {
         return false;       /* trailing input rows unused: not expressible */
     }
-    if (dnnl_memory_desc_init_by_strides(&c->user[NPU_DNNL_SRC], 4, src, dt,
-                                         sst) ||
-        dnnl_memory_desc_init_by_tag(&c->user[NPU_DNNL_DST], 4, dst, dnnl_f32,
-                                     dnnl_nchw) ||
-        dnnl_memory_desc_init_by_tag(&c->user[NPU_DNNL_BIAS], 1, bias,
-                                     dnnl_f32, dnnl_x) ||
-        (k->g == 1 ?
-         dnnl_memory_desc_init_by_tag(&c->user[NPU_DNNL_WT], 4, wt4, dt,
-                                      dnnl_oihw) :
-         dnnl_memory_desc_init_by_tag(&c->user[NPU_DNNL_WT], 5, wt5, dt,
-                                      dnnl_goihw)) ||
-        dnnl_memory_desc_init_by_tag(&any[0], 4, src, dt,
-                                     dnnl_format_tag_any) ||
-        dnnl_memory_desc_init_by_tag(&any[2], 4, dst, dnnl_f32,
-                                     dnnl_format_tag_any) ||
-        (k->g == 1 ?
-         dnnl_memory_desc_init_by_tag(&any[1], 4, wt4, dt,
-                                      dnnl_format_tag_any) :
-         dnnl_memory_desc_init_by_tag(&any[1], 5, wt5, dt,
-                                      dnnl_format_tag_any))) {
-        return false;
-    }
-    if (dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                   dnnl_convolution_direct,
-                                                   &any[0], &any[1],
-                                                   &c->user[NPU_DNNL_BIAS],
-                                                   &any[2], strides, dil,
-                                                   pad_l, pad_r)) {
-        return false;
+    if (!npu_dnnl_md_strides(&c->user[NPU_DNNL_SRC], 4, src, dt, sst) ||
+        !npu_dnnl_md_tag(&c->user[NPU_DNNL_DST], 4, dst, dnnl_f32,
+                         dnnl_nchw) ||
+        !npu_dnnl_md_tag(&c->user[NPU_DNNL_BIAS], 1, bias, dnnl_f32,
+                         dnnl_x) ||
+        !(k->g == 1 ?
+          npu_dnnl_md_tag(&c->user[NPU_DNNL_WT], 4, wt4, dt, dnnl_oihw) :
+          npu_dnnl_md_tag(&c->user[NPU_DNNL_WT], 5, wt5, dt, dnnl_goihw)) ||
+        !npu_dnnl_md_tag(&any[0], 4, src, dt, dnnl_format_tag_any) ||
+        !npu_dnnl_md_tag(&any[2], 4, dst, dnnl_f32, dnnl_format_tag_any) ||
+        !(k->g == 1 ?
+          npu_dnnl_md_tag(&any[1], 4, wt4, dt, dnnl_format_tag_any) :
+          npu_dnnl_md_tag(&any[1], 5, wt5, dt, dnnl_format_tag_any))) {
+        goto out;
     }
     attr = npu_dnnl_attr();
     if (!attr) {
-        return false;
+        goto out;
     }
-    st = dnnl_primitive_desc_create(&pd, &cd, attr, npu_dnnl.engine, NULL);
+    st = npu_dnnl_conv_pd(&pd, npu_dnnl_md(&any[0]), npu_dnnl_md(&any[1]),
+                          npu_dnnl_md(&c->user[NPU_DNNL_BIAS]),
+                          npu_dnnl_md(&any[2]), strides, dil, pad_l, pad_r,
+                          attr);
     dnnl_primitive_attr_destroy(attr);
     if (st != dnnl_success) {
-        return false;
+        goto out;
     }
-    c->inner[0] = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-    c->inner[1] = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    c->inner[2] = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    c->scratch_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md,
-                                                  0);
+    if (!npu_dnnl_md_query(&c->inner[0], pd, dnnl_query_src_md) ||
+        !npu_dnnl_md_query(&c->inner[1], pd, dnnl_query_weights_md) ||
+        !npu_dnnl_md_query(&c->inner[2], pd, dnnl_query_dst_md) ||
+        !npu_dnnl_md_query(&c->scratch_md, pd, dnnl_query_scratchpad_md)) {
+        dnnl_primitive_desc_destroy(pd);
+        goto out;
+    }
     c->prim = npu_dnnl_make(pd);
-    if (!c->prim ||
-        !npu_dnnl_reorder(&c->reorder[0], &c->user[NPU_DNNL_SRC],
-                          &c->inner[0]) ||
-        !npu_dnnl_reorder(&c->reorder[1], &c->user[NPU_DNNL_WT],
-                          &c->inner[1]) ||
-        !npu_dnnl_reorder(&c->reorder[2], &c->inner[2],
-                          &c->user[NPU_DNNL_DST])) {
-        return false;
+    ok = c->prim &&
+         npu_dnnl_reorder(&c->reorder[0], npu_dnnl_md(&c->user[NPU_DNNL_SRC]),
+                          npu_dnnl_md(&c->inner[0])) &&
+         npu_dnnl_reorder(&c->reorder[1], npu_dnnl_md(&c->user[NPU_DNNL_WT]),
+                          npu_dnnl_md(&c->inner[1])) &&
+         npu_dnnl_reorder(&c->reorder[2], npu_dnnl_md(&c->inner[2]),
+                          npu_dnnl_md(&c->user[NPU_DNNL_DST])) &&
+         npu_dnnl_scratch_plan(c);
+out:
+    for (i = 0; i < 3; i++) {
+        npu_dnnl_md_free(&any[i]);
     }
-    return npu_dnnl_scratch_plan(c);
+    return ok;
 }
 
 /* A 2-D descriptor of @rows x @cols with strides @rs, @cs (0: dense). */
-static bool npu_dnnl_matrix(dnnl_memory_desc_t *md, uint64_t rows,
-                            uint64_t cols, uint64_t rs, uint64_t cs,
-                            dnnl_data_type_t dt)
+static bool npu_dnnl_matrix(NpuDnnlMd *md, uint64_t rows, uint64_t cols,
+                            uint64_t rs, uint64_t cs, dnnl_data_type_t dt)
 {
     dnnl_dims_t dims = { rows, cols };
     dnnl_dims_t strides = { rs ? rs : cols * (cs ? cs : 1), cs ? cs : 1 };
 
-    return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides) ==
-           dnnl_success;
+    return npu_dnnl_md_strides(md, 2, dims, dt, strides);
 }
 
 /*
@@ -379,7 +518,6 @@ static bool npu_dnnl_build_mm(NpuDnnlPrim *c)
     const NpuDnnlMmShape *k = &c->key.mm;
     bool quant = k->dtype == NPU_DTYPE_INT8;
     dnnl_data_type_t dt = quant ? dnnl_s8 : dnnl_bf16;
-    dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t pd;
     dnnl_status_t st;
@@ -388,25 +526,28 @@ static bool npu_dnnl_build_mm(NpuDnnlPrim *c)
         !npu_dnnl_matrix(&c->user[0], k->m, k->k, k->as[0], k->as[1], dt) ||
         !npu_dnnl_matrix(&c->user[1], k->k, k->n, k->bs[0], k->bs[1], dt) ||
         !npu_dnnl_matrix(&c->user[2], k->m, k->n, 0, 0,
-                         quant ? dnnl_s32 : dnnl_f32) ||
-        dnnl_matmul_desc_init(&md, &c->user[0], &c->user[1], NULL,
-                              &c->user[2]) != dnnl_success) {
+                         quant ? dnnl_s32 : dnnl_f32)) {
         return false;
     }
     attr = npu_dnnl_attr();
     if (!attr) {
         return false;
     }
-    st = dnnl_primitive_desc_create(&pd, &md, attr, npu_dnnl.engine, NULL);
+    st = npu_dnnl_mm_pd(&pd, npu_dnnl_md(&c->user[0]),
+                        npu_dnnl_md(&c->user[1]), npu_dnnl_md(&c->user[2]),
+                        attr);
     dnnl_primitive_attr_destroy(attr);
     if (st != dnnl_success) {
         return false;
     }
-    c->scratch_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md,
-                                                  0);
-    c->inner[0] = c->user[0];       /* no reorders: the operands' layouts */
-    c->inner[1] = c->user[1];
-    c->inner[2] = c->user[2];
+    /* No reorders: the operands' layouts. */
+    if (!npu_dnnl_md_query(&c->scratch_md, pd, dnnl_query_scratchpad_md) ||
+        !npu_dnnl_md_copy(&c->inner[0], npu_dnnl_md(&c->user[0])) ||
+        !npu_dnnl_md_copy(&c->inner[1], npu_dnnl_md(&c->user[1])) ||
+        !npu_dnnl_md_copy(&c->inner[2], npu_dnnl_md(&c->user[2]))) {
+        dnnl_primitive_desc_destroy(pd);
+        return false;
+    }
     c->prim = npu_dnnl_make(pd);
     return c->prim && npu_dnnl_scratch_plan(c);
 }
@@ -510,19 +651,20 @@ static bool npu_dnnl_run(NpuDnnlPrim *c, NpuCore *core, const void **user)
         return false;
     }
     for (i = 0; i < nuser; i++) {
-        if (dnnl_memory_create(&m[i], &c->user[i], npu_dnnl.engine,
-                               (void *)user[i])) {
+        if (dnnl_memory_create(&m[i], npu_dnnl_md(&c->user[i]),
+                               npu_dnnl.engine, (void *)user[i])) {
             goto out;
         }
     }
     for (i = 0; i < 3; i++) {
-        if (dnnl_memory_create(&inner[i], &c->inner[i], npu_dnnl.engine,
+        if (dnnl_memory_create(&inner[i], npu_dnnl_md(&c->inner[i]),
+                               npu_dnnl.engine,
                                c->reorder[i] ? scratch + c->off[i] :
                                (void *)user[i])) {
             goto out;
         }
     }
-    if (dnnl_memory_create(&sp, &c->scratch_md, npu_dnnl.engine,
+    if (dnnl_memory_create(&sp, npu_dnnl_md(&c->scratch_md), npu_dnnl.engine,
                            scratch + c->off[3])) {
         goto out;
     }

@@ -360,9 +360,12 @@ static void npu_count_bytes(NpuWalk *w, uint64_t n, bool write)
 /*
  * Move @len bytes between device VA @va and @buf, in either direction, in
  * pieces of at most NPU_XFER_QUANTUM with a control point between two.
+ * @operand: the bytes are a command's operands, which the performance
+ * counters count (not a parameter block: docs/npu-spec.md 4.7).
  */
 static uint32_t npu_mem_rw_run(NpuState *s, NpuWalk *w, uint64_t va,
-                               void *buf, uint64_t len, bool write)
+                               void *buf, uint64_t len, bool write,
+                               bool operand)
 {
     uint8_t *p = buf;
     bool first = true;
@@ -391,7 +394,9 @@ static uint32_t npu_mem_rw_run(NpuState *s, NpuWalk *w, uint64_t va,
             } else {
                 memcpy(p, s->mem_ptr + pa, run);
             }
-            npu_count_bytes(w, run, write);
+            if (operand) {
+                npu_count_bytes(w, run, write);
+            }
             va += run;
             p += run;
             len -= run;
@@ -404,7 +409,9 @@ static uint32_t npu_mem_rw_run(NpuState *s, NpuWalk *w, uint64_t va,
                           " failed\n", write ? "write" : "read", pa);
             return NPU_ST_DMA_ERROR;
         }
-        npu_count_bytes(w, run, write);
+        if (operand) {
+            npu_count_bytes(w, run, write);
+        }
         va += run;
         p += run;
         len -= run;
@@ -419,7 +426,7 @@ static uint32_t npu_mem_rw(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
     uint32_t st;
 
     npu_trace(s, NPU_TR_DMA_START, write, len);
-    st = npu_mem_rw_run(s, w, va, buf, len, write);
+    st = npu_mem_rw_run(s, w, va, buf, len, write, true);
     npu_trace(s, NPU_TR_DMA_END, write, len);
     return st;
 }
@@ -428,6 +435,12 @@ uint32_t npu_mem_read(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
                       uint64_t len)
 {
     return npu_mem_rw(s, w, va, buf, len, false);
+}
+
+uint32_t npu_mem_read_params(NpuState *s, NpuWalk *w, uint64_t va, void *buf,
+                             uint64_t len)
+{
+    return npu_mem_rw_run(s, w, va, buf, len, false, false);
 }
 
 uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,

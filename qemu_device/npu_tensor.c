@@ -1095,7 +1095,7 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     }
     st = npu_check_range("tensor params", pva, sizeof(p));
     if (st == NPU_ST_OK) {
-        st = npu_mem_read(s, w, pva, &p, sizeof(p));
+        st = npu_mem_read_params(s, w, pva, &p, sizeof(p));
     }
     if (st != NPU_ST_OK) {
         return st;

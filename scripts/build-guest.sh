@@ -63,7 +63,10 @@ if [ ! -f "$top/.done" ]; then
 	chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' \
 		"linux-image-$kver" python3-numpy python3-onnx python3-onnxruntime \
 		python3-torch libopenblas0-pthread python3 >"$top/versions"
-	readlink -f "$root/etc/alternatives/libblas.so.3-x86_64-linux-gnu" >"$top/blas"
+	# Resolved inside the guest root: the link's absolute target names a
+	# guest path, which the host may not have (or have from another package).
+	chroot "$root" readlink -e /etc/alternatives/libblas.so.3-x86_64-linux-gnu >"$top/blas" ||
+		die "the guest's libblas.so.3 alternative does not resolve inside the guest"
 
 	log "guest: making the ext4 image"
 	mke2fs -q -t ext4 -L npuroot -d "$root" "$top/rootfs.ext4" 4G

@@ -9,6 +9,10 @@
 # copied to build/module/<kernel release>/ (kbuild builds in the source
 # directory, and one copy per kernel keeps both builds incremental), so
 # the guest loads /mnt/npu/build/module/$(uname -r)/npu.ko.
+#
+# For the debug kernel (CONFIG_GCOV_KERNEL) the module is built with
+# GCOV_PROFILE=y: the debug pass of make test reads its line coverage
+# (scripts/npu_coverage.py).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/common.sh
@@ -25,6 +29,7 @@ debug)
 	[ -f "$NPU_CACHE/kernel-debug/current/kver" ] || die "no debug kernel (make kernel-debug)"
 	kver=$(cat "$NPU_CACHE/kernel-debug/current/kver")
 	kdir="/cache/kernel-debug/$(readlink "$NPU_CACHE/kernel-debug/current")/build"
+	set -- GCOV_PROFILE=y "$@"
 	;;
 *) die "unknown kernel '$kind' (distro or debug)" ;;
 esac

@@ -40,7 +40,19 @@ src_version=$(src_suite_version)
 [ -n "$src_version" ] || { add_suite_src "$GUEST_SUITE"; src_version=$(src_suite_version); }
 [ -n "$src_version" ] || die "apt-cache showsrc qemu found no $GUEST_SUITE source package"
 
-key=$( { echo "$src_version"; echo "$dev_files"; cat "$here/build-qemu.sh"; } | sha256sum | cut -c1-16)
+# The host's release, compiler and the development packages the device
+# builds against (oneDNN 2.x on Debian 12, 3.x on Debian 13: the device
+# builds with either): a build is reused only where it would be made the
+# same way.
+host_facts() {
+	(. /etc/os-release && echo "$ID $VERSION_ID")
+	gcc -dumpfullversion 2>/dev/null || echo "no gcc"
+	# shellcheck disable=SC2016 # dpkg-query's format, not the shell's
+	dpkg-query -W -f='${Package} ${Version}\n' libdnnl-dev libglib2.0-dev libpixman-1-dev \
+		libfdt-dev 2>/dev/null || true
+}
+key=$( { echo "$src_version"; echo "$dev_files"; host_facts; cat "$here/build-qemu.sh"; } |
+	sha256sum | cut -c1-16)
 [ $print_key = 1 ] && { echo "qemu-$variant $key"; exit 0; }
 top="$NPU_CACHE/qemu/$key"
 src="$top/src"

@@ -99,8 +99,10 @@ guest_chroot() {
 # debian_mirror: the Debian mirror URI the host's apt already uses.
 debian_mirror() {
 	local uri
+	# No *.sources file (a host with /etc/apt/sources.list only) is no error:
+	# under pipefail, grep's failure would end the caller without a word.
 	uri=$(grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null |
-		awk '{print $2}' | grep -v -- '-security' | grep -i debian | head -n1)
+		awk '{print $2}' | grep -v -- '-security' | grep -i debian | head -n1 || true)
 	if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
 		uri=$(awk '$1 == "deb" && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' \
 			/etc/apt/sources.list)

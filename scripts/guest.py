@@ -48,6 +48,7 @@ import argparse
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import os
 import re
 import shlex
@@ -58,6 +59,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 NPU_CACHE = Path(os.environ.get("NPU_CACHE") or Path.home() / ".cache" / "npu-stack")
@@ -75,15 +77,22 @@ READY_LINE = "npu-init: ready"
 # Commands of the project tree for the guest's shell (guest/bin: npu-smi).
 GUEST_BIN = f"{GUEST_ROOT}/guest/bin"
 
+
+def _load_reports() -> Any:
+    """tests/kernel_reports.py: the one pattern list of the host's and the
+    in-guest kernel-log gates."""
+    spec = importlib.util.spec_from_file_location(
+        "npu_kernel_reports", ROOT / "tests" / "kernel_reports.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # Kernel log lines that fail a test. The unsigned/out-of-tree module taint
 # messages do not match.
-BAD_DMESG_RE = re.compile(
-    r"Oops|BUG:|WARNING:|general protection|kernel BUG|"
-    r"KASAN|UBSAN|KFENCE|"
-    r"possible circular locking|inconsistent lock state|possible recursive locking|"
-    r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called|"
-    r"trying to register non-static key|turning off the locking correctness validator"
-)
+BAD_DMESG_RE: re.Pattern[str] = _load_reports().BAD_KMSG_RE
 # The guest tty turns LF into CRLF and QEMU's stdio adds another CR.
 _CRLF_RE = re.compile(r"\r+\n")
 
@@ -186,9 +195,12 @@ def check_prerequisites(need_module: bool = False, kernel: GuestKernel | None = 
 
 
 def qemu_argv(
-    extra_cmdline: str = "", console_args: list | None = None, kernel: GuestKernel | None = None
+    extra_cmdline: str = "",
+    console_args: list | None = None,
+    kernel: GuestKernel | None = None,
+    smp: int | None = None,
 ) -> list:
-    """The QEMU command line (argv[0] included)."""
+    """The QEMU command line (argv[0] included); smp overrides NPU_SMP."""
     kvm = os.environ.get("NPU_KVM", "") == "1"
     cmdline = f"{KERNEL_CMDLINE} modprobe.blacklist={BOOT_BLACKLIST}"
     for extra in (os.environ.get("NPU_CMDLINE_EXTRA", ""), extra_cmdline):
@@ -214,7 +226,7 @@ def qemu_argv(
         "-m",
         os.environ.get("NPU_MEM", "") or "2G",
         "-smp",
-        str(_env_int("NPU_SMP", 1)),
+        str(smp or _env_int("NPU_SMP", 1)),
         "-nodefaults",
         "-display",
         "none",
@@ -263,6 +275,7 @@ def _kill_all() -> None:
 
 
 def bad_dmesg_lines(lines: list) -> list:
+    """The kernel reports among dmesg lines (tests/kernel_reports.py)."""
     return [ln for ln in lines if BAD_DMESG_RE.search(ln)]
 
 
@@ -275,8 +288,10 @@ class Guest:
         boot_timeout: float | None = None,
         extra_cmdline: str = "",
         kernel: str | None = None,
+        smp: int | None = None,
     ):
         self.kernel = GuestKernel(kernel)
+        self.smp = smp  # guest CPUs; None: NPU_SMP (default 1)
         self.log_path = Path(
             log_path or os.environ.get("NPU_GUEST_LOG") or ROOT / "build" / "guest-console.log"
         )
@@ -308,7 +323,7 @@ class Guest:
         check_prerequisites(kernel=self.kernel)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
-        argv = qemu_argv(self.extra_cmdline, kernel=self.kernel)
+        argv = qemu_argv(self.extra_cmdline, kernel=self.kernel, smp=self.smp)
         self._log.write("[guest.py] " + shlex.join(argv) + "\n")
         self._log.flush()
         t0 = time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.guest)
     # Stable: host tests keep their order, after the guest files.
     items.sort(key=lambda it: FILE_ORDER.get(it.path.name, 2))
+
+
+_SESSION_T0 = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_SESSION_T0] = time.time()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Every case of the guest runs of this session becomes a report of its
+    own (tests/guest_cases.py), in the controlling process only."""
+    if IN_GUEST or hasattr(session.config, "workerinput"):
+        return
+    import guest_cases
+
+    t0 = session.config.stash[_SESSION_T0]
+    failed = False
+    cases = 0
+    for path, label in guest_cases.written_since(t0):
+        for case in guest_cases.read_cases(path, label):
+            session.config.hook.pytest_runtest_logreport(report=guest_cases.to_report(case))
+            failed |= case.outcome == "failed"
+            cases += 1
+    if failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    guest_cases.write_times(time.time() - t0, session.testscollected, cases, session.exitstatus)
 
 
 def _guest_module():

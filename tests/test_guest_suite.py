@@ -22,13 +22,21 @@ GUEST_FILES = sorted(p.name for p in GUEST_TESTS.glob("test_*.py"))
 JUNIT_HOST = ROOT / "build" / "guest-junit.xml"
 JUNIT_GUEST = "/mnt/npu/build/guest-junit.xml"
 SUITE_TIMEOUT = float(os.environ.get("NPU_GUEST_SUITE_TIMEOUT", "") or 3600)
+# The soak loops' size (tests/guest/guest_util.py: soak_cycles): short in
+# make test, full in make stress.
+SCALE = os.environ.get("NPU_STRESS_SCALE", "").strip() or "short"
+# Passed through to the guest: the per-test timeout (tests/guest/conftest.py).
+PASS_ENV = ("NPU_TEST_TIMEOUT",)
 
 
-def suite_cmd(junit_guest: str) -> str:
-    """The in-guest pytest command writing its junit XML to junit_guest."""
+def suite_cmd(junit_guest: str, files: list[str] | None = None) -> str:
+    """The in-guest pytest command over tests/guest (or the given files of
+    it) writing its junit XML to junit_guest."""
+    env = " ".join(f"{k}={float(os.environ[k])}" for k in PASS_ENV if os.environ.get(k, ""))
+    paths = " ".join(f"tests/guest/{f}" for f in files) if files else "tests/guest"
     return (
-        "python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/guest "
-        f"tests/guest --junitxml={junit_guest}"
+        f"NPU_STRESS_SCALE={SCALE} {env} python3 -m pytest -q -p no:cacheprovider "
+        f"--confcutdir=tests/guest {paths} --junitxml={junit_guest}"
     )
 
 
@@ -81,7 +89,8 @@ def run_suite(
     g, gm, junit_host: Path, junit_guest: str, cmd: str | None = None
 ) -> tuple[SuiteRun, list]:
     """Run tests/guest (or `cmd`, a pytest command line with a ``{junit}``
-    field) in the booted guest g; (the run, its new kernel log lines)."""
+    field, or suite_cmd() of some files) in the booted guest g; (the run,
+    its new kernel log lines)."""
     run = SuiteRun()
     junit_host.parent.mkdir(parents=True, exist_ok=True)
     junit_host.unlink(missing_ok=True)  # never read a stale result

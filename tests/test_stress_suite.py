@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -37,7 +39,6 @@ SCALE = os.environ.get("NPU_STRESS_SCALE", "") or "short"
 TIMEOUT = float(os.environ.get("NPU_STRESS_TIMEOUT", "") or (7200 if SCALE == "full" else 900))
 # Passed through to the guest: sizes, seed.
 PASS_ENV = (
-    "NPU_STRESS_SEED",
     "NPU_STRESS_KILLS",
     "NPU_STRESS_MODULE_CYCLES",
     "NPU_STRESS_FUZZ_CALLS",
@@ -51,6 +52,25 @@ PASS_ENV = (
 DISTRO_FUZZ_CALLS = 10_000
 
 pytestmark = pytest.mark.guest
+
+
+def stress_seed() -> int:
+    """The seed the guest's stress tests use, chosen here so that every
+    failure message can name it: NPU_STRESS_SEED if set, else the fixed
+    seed of the short scale (make test: two runs test the same calls) or a
+    new one at the full scale (make stress)."""
+    v = os.environ.get("NPU_STRESS_SEED", "").strip()
+    if v:
+        return int(v)
+    return FIXED_SEED if SCALE == "short" else random.SystemRandom().randrange(2**32)
+
+
+# tests/stress/stress_util.py's fixed seed, read without importing it
+# (it needs the guest's driver ABI at import).
+FIXED_SEED = int(
+    re.search(r"^FIXED_SEED = (\d+)$", (STRESS_TESTS / "stress_util.py").read_text(), re.M).group(1)  # type: ignore[union-attr]
+)
+SEED = stress_seed()
 
 
 def _figures(path: Path) -> dict[str, str]:
@@ -71,6 +91,7 @@ def stress_suite(guest_holder) -> SuiteRun:
     JUNIT_HOST.parent.mkdir(parents=True, exist_ok=True)
     JUNIT_HOST.unlink(missing_ok=True)
     env = " ".join(f"{k}={int(os.environ[k])}" for k in PASS_ENV if os.environ.get(k, "").strip())
+    env += f" NPU_STRESS_SEED={SEED}"
     if SCALE == "short" and not os.environ.get("NPU_STRESS_FUZZ_CALLS", "").strip():
         env += f" NPU_STRESS_FUZZ_CALLS={DISTRO_FUZZ_CALLS}"
     cmd = (
@@ -85,7 +106,9 @@ def stress_suite(guest_holder) -> SuiteRun:
     except gm.GuestError as e:
         run.error = f"{e}\n{getattr(e, 'output', '')[-4000:]}"
     run.seconds = time.monotonic() - t0
-    sys.stderr.write(f"\n[stress] {SCALE} suite ran {run.seconds:.0f} s in the guest\n")
+    sys.stderr.write(
+        f"\n[stress] {SCALE} suite ran {run.seconds:.0f} s in the guest (NPU_STRESS_SEED={SEED})\n"
+    )
     if g.alive:
         run.bad_dmesg = gm.bad_dmesg_lines(g.new_dmesg(mark))
         # Later tests expect the driver loaded, whatever the suite did.
@@ -122,7 +145,8 @@ def test_stress_file(stress_suite, fname):
     cases = [c for cls, c in stress_suite.cases if stem in cls.split(".")]
     bad = [c for c in cases if c.outcome in ("failed", "error")]
     assert not bad, (
-        f"{len(bad)} of {len(cases)} cases in tests/stress/{fname} failed:\n\n"
+        f"{len(bad)} of {len(cases)} cases in tests/stress/{fname} failed "
+        f"(NPU_STRESS_SEED={SEED} replays them):\n\n"
         + "\n\n".join(f"{c.name} [{c.outcome}]\n{c.message}" for c in bad)
         + "\n\n"
         + _tail(stress_suite.output, 40)

@@ -1,9 +1,11 @@
 """Run the onnx package's backend test data through an inference engine.
 
-Usage (in the guest, where ``npu`` and the data are)::
+Usage (in the guest, where ``npu`` and the data are, or on the host with
+``--device cpu``: the runtime's CPU backend)::
 
     python3 tests/conformance/onnx_suite.py DATA_DIR --out results.json \
-        [--engine npu|cpu|ort] [--kinds node,simple,...] [--only SUBSTRING]
+        [--engine npu|cpu|ort] [--device cpu] [--where all|host|guest] \
+        [--kinds node,simple,...] [--only SUBSTRING]
 
 DATA_DIR is ``onnx/backend/test/data`` of the same onnx version as the
 guest's (the suite's expected outputs are onnx's reference results). Each
@@ -28,9 +30,19 @@ Every case gets one verdict:
   shape, dtype and values inside the distribution's support (Bernoulli: 0
   or 1) instead; a failure there is ``wrong``.
 
-For the NPU engines the result also says how many of the model's nodes
-ran on the NPU (``npu_nodes`` of ``nodes``). The JSON written is
+For the runtime's engines the result also says where the model's nodes
+ran (after the session's rewrites; folded constants are gone): ``nodes``
+in all, ``npu_nodes`` on the NPU, ``numpy_nodes`` on the CPU provider's
+numpy kernels and ``reference_nodes`` on its ``onnx.reference`` fallback
+(the library that also computed the expected outputs). A case refused at
+load has no counts. The JSON written is
 ``{"meta": {...}, "cases": {"node/test_abs": {"verdict": ..., ...}}}``.
+
+``--where`` picks the cases by the placement the committed list
+(``--expected``, tests/conformance/expected.json) records: ``host`` the
+cases with no NPU node (run on the host with ``--device cpu``), ``guest``
+the others, cases the list does not have and the :data:`GUEST_ONLY` ones;
+``all`` every case.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +66,30 @@ from onnx import numpy_helper
 
 KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 120
+EXPECTED = Path(__file__).resolve().parent / "expected.json"
+
+#: Cases that stay in the guest whatever their placement, by name prefix: why.
+GUEST_ONLY = {
+    "node/test_regex_full_match_": "onnx.reference's RegexFullMatch imports re2: "
+    "the guest's Python has it, the host venv does not",
+}
+
+
+def load_expected(path: Path = EXPECTED) -> dict[str, dict[str, Any]]:
+    """The committed list: case name -> ``{"verdict", "npu", "numpy", "reference"}``.
+
+    An entry of the older form (a bare verdict) has no placement.
+    """
+    cases = json.loads(path.read_text())["cases"]
+    return {k: v if isinstance(v, dict) else {"verdict": v} for k, v in cases.items()}
+
+
+def runs_on_host(name: str, entry: Mapping[str, Any] | None) -> bool:
+    """Whether a case belongs to the host run: its listed placement has no
+    NPU node (a case not listed, or without a placement, runs in the guest)."""
+    if entry is None or entry.get("npu") != 0:
+        return False
+    return not any(name.startswith(prefix) for prefix in GUEST_ONLY)
 
 
 class CaseTimeout(Exception):
@@ -134,12 +171,15 @@ def compare(want: Any, got: Any, rtol: float, atol: float, where: str) -> str | 
 class Engine:
     """One way of running a model: the NPU runtime (both providers or CPU only) or ORT."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str | None = None) -> None:
         self.name = name
+        self.device = device
         if name in ("npu", "cpu"):
             import npu
+            from npu.inference.cpu import numpy_kernel_ok
 
             self.npu = npu
+            self.numpy_kernel_ok = numpy_kernel_ok
             self.load_errors: tuple[type[BaseException], ...] = (npu.ModelError,)
         else:
             import onnxruntime as ort
@@ -150,7 +190,7 @@ class Engine:
 
     def load(self, path: Path) -> Any:
         if self.name == "npu":
-            return self.npu.InferenceSession(str(path))
+            return self.npu.InferenceSession(str(path), device=self.device)
         if self.name == "cpu":
             return self.npu.InferenceSession(str(path), providers=["CPU"])
         opts = self.ort.SessionOptions()
@@ -158,16 +198,31 @@ class Engine:
         return self.ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
     def placement(self, sess: Any, model: onnx.ModelProto) -> dict[str, int]:
-        nodes = len(model.graph.node)
-        if self.name != "npu":
-            return {"nodes": nodes, "npu_nodes": 0}
+        if self.name == "ort":
+            return {"nodes": len(model.graph.node)}
         # The nodes that run, after the session's rewrites (folded constants
-        # are gone), and where each ran.
+        # are gone), and where each ran. A CPU node runs a numpy kernel when
+        # the CPU provider has one that covers it, else onnx.reference: the
+        # test cpu_kernel makes (npu.inference.cpu).
         placement = sess.placement
+        graph = sess.graph
+        cpu = [n for n in graph.nodes if placement.get(n.name) == "CPU"]
+        numpy_nodes = sum(1 for n in cpu if self.numpy_kernel_ok(n, graph))
         return {
             "nodes": len(placement),
             "npu_nodes": sum(1 for p in placement.values() if p == "NPU"),
+            "numpy_nodes": numpy_nodes,
+            "reference_nodes": len(cpu) - numpy_nodes,
         }
+
+    def describe(self) -> dict[str, Any]:
+        """The device the NPU engine ran on: its name and capability bits."""
+        if self.name != "npu":
+            return {}
+        from npu.core.device import resolve_device
+
+        dev = resolve_device(self.device)
+        return {"device": dev.name, "caps": hex(int(dev.info.caps))}
 
 
 #: onnx's tolerances for its light models (backend/test/case/model/__init__.py).
@@ -312,11 +367,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("data_dir", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--engine", choices=("npu", "cpu", "ort"), default="npu")
+    ap.add_argument(
+        "--device", default=None, help="the npu engine's device (default: npu's default; cpu)"
+    )
+    ap.add_argument("--where", choices=("all", "host", "guest"), default="all")
+    ap.add_argument("--expected", type=Path, default=EXPECTED, help="the list --where reads")
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--only", default="", help="run only cases whose name contains this")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    engine = Engine(args.engine)
+    engine = Engine(args.engine, args.device)
+    expected = load_expected(args.expected) if args.where != "all" else {}
     signal.signal(signal.SIGALRM, _on_alarm)
     cases: dict[str, Any] = {}
     t0 = time.monotonic()
@@ -329,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         for case in found:
             name = f"{kind}/{case.stem if kind == 'light' else case.name}"
             if args.only and args.only not in name:
+                continue
+            if args.where != "all" and runs_on_host(name, expected.get(name)) != (
+                args.where == "host"
+            ):
                 continue
             signal.alarm(CASE_TIMEOUT_S)
             t = time.monotonic()
@@ -347,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
         counts[res["verdict"]] = counts.get(res["verdict"], 0) + 1
     meta = {
         "engine": args.engine,
+        **engine.describe(),
+        "where": args.where,
         "onnx": onnx.__version__,
+        "numpy": np.__version__,
         "python": platform.python_version(),
         "seconds": round(time.monotonic() - t0, 1),
         "counts": counts,

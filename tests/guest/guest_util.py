@@ -12,6 +12,17 @@ DEV_PATH = "/dev/npu0"
 MODULE = f"/mnt/npu/build/module/{os.uname().release}/npu.ko"
 
 
+def soak_cycles(full: int) -> int:
+    """The cycle count of a soak loop: ``full`` under NPU_STRESS_SCALE=full
+    (make stress), a tenth of it otherwise (make test's short scale, the
+    default). Leak and recycle checks hold at either size; the full size
+    only runs them longer."""
+    scale = os.environ.get("NPU_STRESS_SCALE", "").strip() or "short"
+    if scale not in ("full", "short"):
+        raise ValueError(f"NPU_STRESS_SCALE={scale!r}: full or short")
+    return full if scale == "full" else max(1, full // 10)
+
+
 def load_driver() -> str | None:
     """insmod npu.ko unless it is loaded, and wait for /dev/npu0; None, or
     what went wrong."""

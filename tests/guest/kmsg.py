@@ -2,17 +2,17 @@
 
 ``checked()`` wraps one test: it reads /dev/kmsg from the end before the
 test and the records added after it, and fails the test (pytest.fail) if
-one matches BAD_KMSG_RE: an oops, BUG, WARNING, a KASAN, UBSAN or KFENCE
-report, a lockdep complaint (circular, inconsistent or recursive locking,
-suspicious RCU usage), a DMA-API debug warning, sleeping in atomic context,
-refcount or list corruption. The debug kernel (NPU_KERNEL=debug) is what
-makes most of these fire.
+one matches BAD_KMSG_RE, the pattern list of tests/kernel_reports.py that
+the host's gate shares (oopses, sanitizer and lockdep reports, DMA-API
+warnings, hung tasks, soft lockups, RCU stalls...). The debug kernel
+(NPU_KERNEL=debug) is what makes most of these fire.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import os
 import re
 from collections.abc import Iterator
@@ -23,14 +23,21 @@ KMEMLEAK = "/sys/kernel/debug/kmemleak"
 # A kmemleak backtrace frame in the driver: "    [<...>] npu_bo_create+0x9a/0x1f0 [npu]"
 NPU_FRAME_RE = re.compile(r"\[npu\]")
 
-BAD_KMSG_RE = re.compile(
-    r"Oops|BUG:|WARNING:|general protection|kernel BUG|"
-    r"KASAN|UBSAN|KFENCE|"
-    r"possible circular locking|inconsistent lock state|possible recursive locking|"
-    r"suspicious RCU usage|DMA-API: (?!preallocated|debugging)|sleeping function called|"
-    r"trying to register non-static key|turning off the locking correctness validator|"
-    r"refcount_t:|list_(add|del) corruption|Unable to handle|page allocation failure"
-)
+
+def _load_reports():  # type: ignore[no-untyped-def]
+    """tests/kernel_reports.py, the one pattern list of both gates."""
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernel_reports.py"
+    )
+    spec = importlib.util.spec_from_file_location("npu_kernel_reports", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_reports = _load_reports()
+BAD_KMSG_RE: re.Pattern[str] = _reports.BAD_KMSG_RE
 
 
 def kmsg_open() -> int:
@@ -75,9 +82,9 @@ KNOWN_REPORTS = {
     ],
 }
 
-# What injected allocation failures print by design (warn_alloc and its
-# dump): expected in the fault-injection suite, an error everywhere else.
-ALLOC_FAILURE_RE = re.compile(r"page allocation failure|FAULT_INJECTION")
+# What injected allocation failures print by design: expected in the
+# fault-injection suite, an error everywhere else.
+ALLOC_FAILURE_RE: re.Pattern[str] = _reports.ALLOC_FAILURE_RE
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from guest_util import wait_until
+from guest_util import soak_cycles, wait_until
 
 import npu
 from npu import _abi, ops
@@ -502,11 +502,12 @@ def test_a_process_faulting_on_another_processs_memory_leaves_it_running(dev_pat
 
 
 # --------------------------------------------------------------------------
-# Address space reuse: nothing leaks across 10,000 buffer objects
+# Address space reuse: nothing leaks across a soak of buffer objects
+# (10,000 at NPU_STRESS_SCALE=full, a tenth in make test)
 # --------------------------------------------------------------------------
 
 
-def test_ten_thousand_bo_cycles_reuse_the_address_space_and_leave_the_counters_at_baseline(
+def test_bo_cycles_reuse_the_address_space_and_leave_the_counters_at_baseline(
     dev: npu.Device,
 ) -> None:
     """Raw BO_CREATE/BO_DESTROY on a file with a user queue: the VAs are
@@ -517,7 +518,7 @@ def test_ten_thousand_bo_cycles_reuse_the_address_space_and_leave_the_counters_a
     file_before = fdinfo(fd)
     q = dev.create_queue(16)
     vas = set()
-    for i in range(10_000):
+    for i in range(soak_cycles(10_000)):
         size = PAGE * (1 + i % 8)
         arg = _abi.NpuBoCreate(size=size)
         fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from guest_util import soak_cycles
 
 import npu
 from npu import _abi, ops
@@ -402,7 +403,7 @@ def test_bo_destroy_racing_the_create_of_a_predictable_handle_frees_each_bo_once
     thread = threading.Thread(target=destroyer)
     thread.start()
     try:
-        for _ in range(2000):
+        for _ in range(soak_cycles(2000)):
             arg = _abi.NpuBoCreate(size=PAGE)
             fcntl.ioctl(fd, _abi.DRM_IOCTL_NPU_BO_CREATE, arg, True)
             created.append(int(arg.handle))

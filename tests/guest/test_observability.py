@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from perf_util import device_awake, settle
 
 import npu
 from npu import ops
@@ -151,19 +152,30 @@ def test_tracing_stops_on_the_device_when_the_event_is_disabled(
     assert read(f"{DEBUGFS}/fwtrace").startswith("on=0")
 
 
-def test_perf_counts_the_commands_the_device_completed(dev: npu.Device) -> None:
+@pytest.fixture
+def awake() -> Iterator[None]:
+    """The device held awake, so that each perf read is a fresh snapshot, not
+    the one the driver kept when the device last went to sleep (perf_util.py)."""
+    with device_awake():
+        settle()
+        yield
+
+
+def test_perf_counts_the_commands_the_device_completed(dev: npu.Device, awake: None) -> None:
     before = perf()["queue=0"]["cmds"]
     dev.wait(dev.submit([ops.nop()] * 5), timeout_s=10)
+    settle()  # the device counts a command just after its fence (6.3 steps 7, 8)
     after = perf()
     assert after["queue=0"]["cmds"] - before == 5
     assert "core=0" in after and after["time"]["time_ns"] > 0
 
 
-def test_perf_counts_the_bytes_a_copy_moves(dev: npu.Device) -> None:
+def test_perf_counts_the_bytes_a_copy_moves(dev: npu.Device, awake: None) -> None:
     size = 1 << 20
     with dev.alloc(size) as a, dev.alloc(size) as b:
         before = perf()["queue=0"]
         dev.wait(dev.submit([ops.copy(a, b, size)]), timeout_s=10)
+        settle()
         after = perf()["queue=0"]
     assert after["read_bytes"] - before["read_bytes"] == size
     assert after["write_bytes"] - before["write_bytes"] == size
@@ -208,7 +220,9 @@ def test_sysfs_names_the_devices_timing_model() -> None:
     assert read(f"{SYSFS}/timing").strip() == "native"
 
 
-def test_a_long_burst_loses_no_device_record(dev: npu.Device, trace: str) -> None:
+def test_a_long_burst_loses_no_device_record(dev: npu.Device, trace: str, awake: None) -> None:
+    # Awake: reading the burst's records takes longer than the autosuspend
+    # delay, and a suspended device's fwtrace shows no drop count.
     fences = [dev.submit([ops.nop()] * 200) for _ in range(20)]
     dev.wait(fences[-1], timeout_s=120)
     fetched = [f for e, f in events(trace) if e == "npu_fw_event" and f["kind"] == "fetch"]

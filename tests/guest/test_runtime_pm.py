@@ -190,10 +190,7 @@ def test_a_user_queue_keeps_the_device_awake_until_it_is_destroyed(fd) -> None:
 
 
 def test_a_device_memory_mapping_keeps_the_device_awake(fd) -> None:
-    try:
-        bo = Bo(fd, 64 * PAGE, _abi.NPU_BO_DEVICE)
-    except OSError as e:
-        pytest.skip(f"no device memory: {e}")
+    bo = Bo(fd, 64 * PAGE, _abi.NPU_BO_DEVICE)  # the device always has BAR2 memory
     m = bo.map()
     m[:20] = b"kept in self-refresh"
     time.sleep(5 * DELAY_MS / 1000)

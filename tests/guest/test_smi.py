@@ -46,10 +46,14 @@ WRAPPER = "/mnt/npu/guest/bin/npu-smi"
 DEVICE = "/sys/class/accel/accel0/device"
 DEBUGFS = bench_diag.DEBUGFS
 
-needs_diag = pytest.mark.skipif(
-    not (os.path.exists(f"{DEBUGFS}/queues") and os.path.exists(f"{DEBUGFS}/watchdog")),
-    reason="driver without debugfs queues/watchdog (npu-smi diag)",
-)
+
+@pytest.fixture
+def needs_diag() -> None:
+    """npu-smi diag reads the driver's debugfs queues and pauses its
+    watchdog: both are part of the driver, so their absence is a failure,
+    not a reason to skip."""
+    for name in ("queues", "watchdog"):
+        assert os.path.exists(f"{DEBUGFS}/{name}"), f"the driver has no debugfs {name}"
 
 
 def fences() -> tuple[int, int]:
@@ -66,8 +70,7 @@ def dismiss_dumps() -> None:
 @pytest.fixture(scope="module")
 def hang_timeout() -> Iterator[None]:
     """hang_timeout_ms = 300 for this module (the hang's recovery is quick), restored after."""
-    if not os.path.exists(bench_diag.TIMEOUT_PARAM):
-        pytest.skip("driver without hang detection")
+    assert os.path.exists(bench_diag.TIMEOUT_PARAM), "the driver has no hang_timeout_ms"
     with bench_diag.hang_timeout():
         yield
 
@@ -122,8 +125,9 @@ def test_npu_smi_json_lists_npu0_and_this_process_holding_it(dev: npu.Device) ->
 
 
 def test_npu_smi_is_on_the_guest_shells_path() -> None:
-    if "/mnt/npu/guest/bin" not in os.environ.get("PATH", "").split(":"):
-        pytest.skip("not run through scripts/guest.py (it puts guest/bin on PATH)")
+    assert "/mnt/npu/guest/bin" in os.environ.get("PATH", "").split(":"), (
+        "guest/bin is not on PATH (scripts/guest.py puts it there)"
+    )
     r = subprocess.run(["npu-smi", "-i", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "PCI address" in r.stdout and os.path.basename(os.path.realpath(DEVICE)) in r.stdout
@@ -134,7 +138,7 @@ def test_npu_smi_is_on_the_guest_shells_path() -> None:
 # --------------------------------------------------------------------------
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_of_an_open_device_with_nothing_submitted_is_idle(
     dev: npu.Device, quiet: None
 ) -> None:
@@ -145,7 +149,7 @@ def test_diag_of_an_open_device_with_nothing_submitted_is_idle(
     assert d["firmware"]["state"] == "RUNNING" and d["firmware"]["heartbeat_moving"] is not False
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_says_host_for_a_wait_on_a_point_nobody_submitted(
     dev: npu.Device, quiet: None
 ) -> None:
@@ -157,7 +161,7 @@ def test_diag_says_host_for_a_wait_on_a_point_nobody_submitted(
     assert d.queues == ()
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_says_firmware_for_a_job_a_crashed_firmware_never_took(
     dev: npu.Device, quiet: None
 ) -> None:
@@ -171,7 +175,7 @@ def test_diag_says_firmware_for_a_job_a_crashed_firmware_never_took(
     assert "submitted but not taken by the firmware" in q.explanation
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_says_engine_for_a_taken_job_that_never_finishes(dev: npu.Device, quiet: None) -> None:
     rc, doc = bench_diag.case_engine(dev, diag_json)
     assert (rc, doc["verdict"]) == (1, "engine"), doc
@@ -182,7 +186,7 @@ def test_diag_says_engine_for_a_taken_job_that_never_finishes(dev: npu.Device, q
     assert d["watchdog"] is False, "the state was held by a paused watchdog"
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_says_interrupt_for_a_finished_job_whose_interrupt_was_lost(
     dev: npu.Device, quiet: None
 ) -> None:
@@ -194,7 +198,7 @@ def test_diag_says_interrupt_for_a_finished_job_whose_interrupt_was_lost(
     assert "finished but its interrupt not handled" in q.explanation
 
 
-@needs_diag
+@pytest.mark.usefixtures("needs_diag")
 def test_diag_reports_the_coredump_a_recovered_hang_left(dev: npu.Device, quiet: None) -> None:
     bench_diag.case_engine(dev, bench_diag.diagnose)
     assert wait_until(lambda: bool(coredump.find_dumps()), 10), "no coredump after the hang"

@@ -12,11 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import pytest
+import numpy as np
 
 from qtest import hw
-
-np = pytest.importorskip("numpy")
 
 FP32, FP16, BF16, INT8, INT32 = (hw.DTYPE_FP32, hw.DTYPE_FP16, hw.DTYPE_BF16,
                                  hw.DTYPE_INT8, hw.DTYPE_INT32)  # fmt: skip

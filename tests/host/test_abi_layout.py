@@ -162,7 +162,7 @@ def _c_program() -> str:
 def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], int]:
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed (scripts/deps.sh installs build-essential)")
     work = tmp_path_factory.mktemp("abi")
     src, exe = work / "layout.c", work / "layout"
     src.write_text(_c_program())
@@ -219,7 +219,7 @@ def test_uapi_layout_is_the_same_for_32_bit_callers(
     keeps its x86-64 size and offset, and so every ioctl its number."""
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed (scripts/deps.sh installs build-essential)")
     (tmp_path / "linux").mkdir()
     (tmp_path / "linux" / "types.h").write_text(_I386_TYPES)
     (tmp_path / "linux" / "ioctl.h").write_text("#include <asm-generic/ioctl.h>\n")

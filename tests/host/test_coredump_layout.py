@@ -61,7 +61,7 @@ def header_constants() -> list[str]:
 def _gcc() -> str:
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed (scripts/deps.sh installs build-essential)")
     return gcc
 
 

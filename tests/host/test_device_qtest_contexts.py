@@ -17,12 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from qtest import BAR0_BASE, DATA, QEMU, U32, Completion, Npu, cmd, copy, fill, hw, nop
+from qtest import BAR0_BASE, DATA, U32, Completion, Npu, cmd, copy, fill, hw, nop
 from test_device_qtest_concurrent import concurrent
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
-)
 
 BASE = DATA + (32 << 20)
 CTX_TABLE = BASE  # the context table: up to NPU_MMU_MAX_CTX entries of 16 bytes

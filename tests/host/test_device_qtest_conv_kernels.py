@@ -19,9 +19,10 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from qtest import QEMU, Npu, hw, tensor_params
+from qtest import Npu, hw, tensor_params
 from qtest_tensor_ref import BF16, FP16, FP32, INT8, INT32, assert_matches, encode, round_to
 from test_device_qtest_quant import i8_operand, run_int_mm
 from test_device_qtest_tensor import (
@@ -37,12 +38,6 @@ from test_device_qtest_tensor import (
     run_conv,
     run_mm,
     run_pool,
-)
-
-np = pytest.importorskip("numpy")
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
 )
 
 # (N, C, H, W, O, KH, KW, stride, pad, dilation, groups)

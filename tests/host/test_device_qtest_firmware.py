@@ -32,11 +32,7 @@ from typing import Any
 
 import pytest
 
-from qtest import BAR0_BASE, DATA, QEMU, REPO, U32, U64, Npu, copy, fill, hw, nop
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
-)
+from qtest import BAR0_BASE, DATA, REPO, U32, U64, Npu, copy, fill, hw, nop
 
 
 def _load_mkfw() -> ModuleType:

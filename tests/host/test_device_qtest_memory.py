@@ -20,12 +20,12 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qtest import (
     BAR2_BASE,
     DATA,
-    QEMU,
     U32,
     Npu,
     QTestError,
@@ -38,12 +38,6 @@ from qtest import (
     tensor_params,
 )
 from qtest_tensor_ref import FP32, MM_REL, TINY
-
-np = pytest.importorskip("numpy")
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
-)
 
 MEM_SIZE = 512 << 20  # the mem-size default
 PAGE = 0x1000

@@ -21,6 +21,7 @@ from test_device_qtest_concurrent import concurrent
 from test_device_qtest_engine import runaway_pool, wait_active
 from test_device_qtest_firmware import system_reset
 from test_device_qtest_sync import SYNC, put_u64, signal, wait
+from test_device_qtest_tensor import Operand, Rig
 
 COUNTERS = ("CMDS", "BUSY_NS", "MACS", "READ_BYTES", "WRITE_BYTES", "WALKS", "WALK_HITS", "WAIT_NS")
 
@@ -105,6 +106,18 @@ def test_a_gemm_counts_its_multiply_adds_and_operand_bytes(npu: Npu) -> None:
     assert got["MACS"] == m * n * k
     assert got["READ_BYTES"] == (m * k + k * n) * 4
     assert got["WRITE_BYTES"] == m * n * 4
+
+
+def test_a_tensor_op_counts_its_operands_not_its_parameter_block(npu: Npu) -> None:
+    """READ_BYTES are operand bytes (spec 4.7): the 256-byte parameter block
+    a tensor op reads first is control, like a descriptor (the device
+    counted it until issue 34)."""
+    rig = Rig(npu)
+    x = Operand(hw.DTYPE_FP32, (1024,), buf=np.linspace(-1, 1, 1024, dtype=np.float32))
+    out = Operand(hw.DTYPE_FP32, (1024,))
+    rig.run(hw.OP_UNARY, hw.UNARY_RELU, [x, out])
+    got = snapshot(npu)
+    assert (got["READ_BYTES"], got["WRITE_BYTES"]) == (4096, 4096)
 
 
 def test_copy_and_fill_count_the_bytes_they_move(npu: Npu) -> None:

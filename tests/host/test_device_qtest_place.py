@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 
-from qtest import QEMU, hw, tensor_params
+from qtest import hw, tensor_params
 from qtest_tensor_ref import BF16, BOOL, FP16, FP32, INT8, INT32, SIZE, decode, encode, gather
 from test_device_qtest_tensor import GUARD, HEAP, Operand, Rig, operand_from, rig, shared_npu
-
-np = pytest.importorskip("numpy")
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
-)
 
 __all__ = ["rig", "shared_npu"]  # fixtures used here
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
-from qtest import QEMU, hw, tensor_params
+from qtest import hw, tensor_params
 from qtest_tensor_ref import FP16, FP32, INT8, INT32, wrap
 from test_device_qtest_tensor import (
     A_VA,
@@ -36,12 +37,6 @@ from test_device_qtest_tensor import (
     rig,
     shared_npu,
     t,
-)
-
-np = pytest.importorskip("numpy")
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
 )
 
 __all__ = ["rig", "shared_npu"]  # fixtures used here

@@ -15,7 +15,6 @@ from qtest import (
     CMD_SIZE,
     CPL_SIZE,
     DATA,
-    QEMU,
     U32,
     Completion,
     Npu,
@@ -30,10 +29,6 @@ from qtest import queue_cpl as cpl
 from qtest import queue_ring as ring
 
 FILL_BYTES = 1 << 20  # about 0.1 ms of device work per FILL
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
-)
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from qtest import (
     CMD_SIZE,
     CPL_SIZE,
     DATA,
-    QEMU,
     U32,
     U64,
     Completion,
@@ -51,10 +50,6 @@ from qtest import (
 )
 from qtest import (
     queue_ring as ring,
-)
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
 )
 
 # Queue q's ring, completions and fence write-back: qtest.queue_ring() and after.

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qtest import (
     DATA,
-    QEMU,
     TENSOR_PARAMS_SIZE,
     TENSOR_SIZE,
     Npu,
@@ -56,12 +56,6 @@ from qtest_tensor_ref import (
     ref_convert,
     round_to,
     wrap,
-)
-
-np = pytest.importorskip("numpy")
-
-pytestmark = pytest.mark.skipif(
-    not QEMU.is_file(), reason=f"QEMU binary {QEMU} is not built (`make qemu` builds it)"
 )
 
 DTYPES = {"fp32": FP32, "fp16": FP16, "bf16": BF16, "int8": INT8, "int32": INT32}

@@ -46,6 +46,15 @@ KERNEL_REPORTS = [
     "WARNING: CPU: 0 PID: 311 at drivers/npu/npu_job.c:88 npu_job_done+0x1/0x2 [npu]",
     "INFO: trying to register non-static key.",
     "turning off the locking correctness validator.",
+    "refcount_t: underflow; use-after-free.",
+    "list_del corruption. prev->next should be ffff888003a1c0a8, but was dead000000000100",
+    "INFO: task python3:312 blocked for more than 61 seconds.",
+    "watchdog: BUG: soft lockup - CPU#1 stuck for 26s! [python3:301]",
+    "rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:",
+    "rcu: INFO: rcu_preempt self-detected stall on CPU",
+    "rcu: rcu_preempt kthread starved for 10502 jiffies! g1234 f0x0 RCU_GP_WAIT_FQS(5)",
+    "BUG: workqueue lockup - pool cpus=0 node=0 flags=0x0 nice=0 stuck for 33s!",
+    "NMI watchdog: Watchdog detected hard LOCKUP on cpu 1",
 ]
 HARMLESS = [
     "npu 0000:00:02.0: NPU 1.0, ABI 1, 8 queues, 2 cores, 512 MiB device memory: /dev/npu0",
@@ -53,6 +62,9 @@ HARMLESS = [
     "DMA-API: debugging enabled by kernel config",
     "npu: loading out-of-tree module taints kernel.",
     "kasan: KernelAddressSanitizer initialized",
+    "rcu: \tRCU CPU stall warnings timeout set to 60 (rcu_cpu_stall_timeout).",
+    "watchdog: Disabling watchdog on nohz_full cores by default",
+    "khungtaskd: hung_task_timeout_secs is 60",
 ]
 
 
@@ -70,6 +82,10 @@ def test_the_host_dmesg_gate_catches_a_report(line: str) -> None:
 def test_the_kernel_log_gates_let_ordinary_lines_through(line: str) -> None:
     assert not kmsg.BAD_KMSG_RE.search(line)
     assert not guest.bad_dmesg_lines([line])
+
+
+def test_both_gates_read_one_pattern_list() -> None:
+    assert kmsg.BAD_KMSG_RE.pattern == guest.BAD_DMESG_RE.pattern
 
 
 def test_the_fault_injection_gate_expects_allocation_failure_warnings() -> None:

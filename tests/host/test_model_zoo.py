@@ -26,10 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-onnx = pytest.importorskip("onnx")
-
-import npu  # noqa: E402
-from npu.hal import CpuBackend  # noqa: E402
+import npu
+from npu.hal import CpuBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "models"))

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 import pytest
-
-onnx = pytest.importorskip("onnx")
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx.reference import ReferenceEvaluator
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 DIGITS = ("digits_mlp.onnx", "digits_cnn.onnx")

@@ -194,7 +194,7 @@ def _c_check(params: list[tuple[int, int, bytes]]) -> list[int]:
     """npu_tensor_op_check of (opcode, kind, npu_tensor_params bytes), compiled from the header."""
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed (scripts/deps.sh installs build-essential)")
     src = r"""
 #include <stdio.h>
 #include <linux/types.h>

@@ -235,7 +235,7 @@ def test_python_check_agrees_with_the_header_for_conv2d_and_pool2d() -> None:
 def test_tensor_op_supported_agrees_with_the_header() -> None:
     gcc = shutil.which("gcc")
     if gcc is None:
-        pytest.skip("gcc is not installed")
+        pytest.fail("gcc is not installed (scripts/deps.sh installs build-essential)")
     src = r"""
 #include <stdio.h>
 #include <linux/types.h>

@@ -43,6 +43,21 @@ def scale() -> str:
     return s
 
 
+# make test's seed (NPU_STRESS_SCALE=short): two runs of one commit test the
+# same calls. make stress (full) draws a new one from the clock each run.
+FIXED_SEED = 20261206
+
+
+def seed() -> int:
+    """NPU_STRESS_SEED if set; else the fixed seed at the short scale (make
+    test) and a new one from the clock at the full scale (make stress).
+    Tests print it, and a failure names it, so any run can be replayed."""
+    v = os.environ.get("NPU_STRESS_SEED", "").strip()
+    if v:
+        return int(v)
+    return FIXED_SEED if scale() == "short" else time.time_ns() % 2**32
+
+
 def size(name: str) -> int:
     """NPU_STRESS_<name> if set, else the full or short default."""
     v = os.environ.get(f"NPU_STRESS_{name}", "").strip()

@@ -105,7 +105,7 @@ def test_ioctl_fuzzer_no_oops_only_documented_errnos_then_clean_unload(record_pr
     t_test = time.monotonic()
     n_calls = su.size("FUZZ_CALLS")
     threads = int(os.environ.get("NPU_STRESS_FUZZ_THREADS", "") or fm.THREADS)
-    seed = int(os.environ.get("NPU_STRESS_SEED", "") or time.time_ns() % 2**32)
+    seed = su.seed()
     print(
         f"fuzz: {n_calls} calls, {threads} threads, seed {seed} "
         f"(NPU_STRESS_SEED={seed} repeats each thread's choices)"

@@ -139,7 +139,7 @@ def _pct(values: list[float], p: float) -> float:
 
 def test_hang_recovery_cycles_with_another_files_work_verified(record_property):
     cycles = su.size("HANG_CYCLES")
-    seed = int(os.environ.get("NPU_STRESS_SEED", "") or time.time_ns() % 2**32)
+    seed = su.seed()
     print(f"hang cycles: {cycles} cycles, hang_timeout_ms={HANG_TIMEOUT_MS}, seed {seed}")
     if not os.path.exists(INJECT) or not os.path.exists(TIMEOUT_PARAM):
         pytest.skip("driver without hang injection or hang_timeout_ms")

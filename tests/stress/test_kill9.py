@@ -129,7 +129,7 @@ def _gemm_still_correct() -> None:
 
 def test_kill9_with_work_in_flight_leaks_nothing(record_property):
     kills = su.size("KILLS")
-    seed = int(os.environ.get("NPU_STRESS_SEED", "") or time.time_ns() % 2**32)
+    seed = su.seed()
     print(f"kill -9 stress: {kills} kills, seed {seed}")
     rng = random.Random(seed)
     su.wait_idle()

@@ -127,7 +127,7 @@ def _child(w: int, idx: int, jobs: int, seed: int) -> None:
 
 def test_processes_times_jobs_all_results_verified(record_property):
     procs, jobs = su.size("PROCS"), su.size("JOBS")
-    seed = int(os.environ.get("NPU_STRESS_SEED", "") or time.time_ns() % 2**32)
+    seed = su.seed()
     print(f"jobs: {procs} processes x {jobs} jobs, seed {seed}")
     su.wait_idle()
     base = su.bo_counters()
