@@ -73,7 +73,7 @@ set -eEuo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # set -e ends the script; say where (in the script's own shell, not in subshells).
 trap '[ "$BASHPID" != $$ ] || echo "fresh-check: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-# shellcheck source=scripts/common.sh
+# shellcheck source=scripts/common.sh disable=SC1091 # followed with shellcheck -x (make lint)
 . "$here/common.sh"
 
 # What the fresh root has besides debootstrap's default variant.
@@ -129,6 +129,7 @@ fresh_key() {
 
 # host_release: this host's Debian codename.
 host_release() {
+	# shellcheck disable=SC1091 # the host's file
 	(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 }
 
@@ -314,19 +315,23 @@ export_tree() {
 	fi
 }
 
-# run_in_root ROOT: `make demo` in the root, as the README says; returns its
-# status (124 when it timed out).
+# run_in_root ROOT: `make demo` in the root, as the README says; its status
+# (124 when it timed out). Run it in the background (`run_in_root ROOT &`):
+# it execs, so that its process is this script's child.
 run_in_root() {
 	local r=$1
-	# Namespaces: mount (the binds vanish with it) and PID (the chroot's
-	# shell is its init; when it ends, or when unshare dies, every process
-	# in it is killed). setpriv --pdeathsig: timeout dies with this script
-	# and unshare with timeout, however they die.
+	# The root is bound onto itself: on a real machine / is a mount point
+	# (unshare --propagation, as scripts/common.sh's guest_chroot does, fails
+	# on a / that is not). Namespaces: mount (the binds vanish with it) and
+	# PID (the chroot's shell is its init; when it ends, or when unshare
+	# dies, every process in it is killed). setpriv --pdeathsig: timeout
+	# dies with this script and unshare with timeout, however they die.
 	# shellcheck disable=SC2016 # expanded by the inner shells
-	setpriv --pdeathsig KILL -- timeout --kill-after=60 "${FRESH_TIMEOUT:-14400}" \
+	exec setpriv --pdeathsig KILL -- timeout --kill-after=60 "${FRESH_TIMEOUT:-14400}" \
 		setpriv --pdeathsig KILL -- \
 		unshare --mount --propagation private --pid --fork --kill-child -- sh -c '
 		r=$1
+		mount --bind "$r" "$r" &&
 		mount -t proc proc "$r/proc" &&
 		mount --rbind /dev "$r/dev" &&
 		mount --rbind /sys "$r/sys" &&
@@ -344,26 +349,58 @@ run_in_root() {
 	' sh "$r" </dev/null
 }
 
-# stages_json LOG: the "[HH:MM:SS] what" lines from the make demo marker on,
-# as a JSON list of {"at": seconds since the start, "seconds", "what"}.
+# follow LOG PID TIMES T0: while PID runs, the build scripts' progress lines
+# of LOG to stderr, and LOG's landmark lines with the time they came (seconds
+# since T0) into TIMES: the build scripts' "[HH:MM:SS] what" lines, the
+# firmware, ResNet-50 made, the guest booted, make's errors.
+follow() {
+	local log=$1 pid=$2 times=$3 t0=$4 raw line
+	tail -n +1 -F --pid="$pid" "$log" 2>/dev/null | while IFS= read -r raw; do
+		# Plain text for JSON: no control characters, quotes or backslashes.
+		line=${raw//[[:cntrl:]]/}
+		line=${line//\\//}
+		line=${line//\"/\'}
+		case "$line" in
+		\[[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\]\ *)
+			printf '%s\n' "$raw" >&2
+			printf '%d\t%s\n' $((SECONDS - t0)) "${line:11}" >>"$times"
+			;;
+		"mkfw: "* | "resnet50.onnx: "* | "guest.py: booted"* | "make: ***"*)
+			printf '%d\t%s\n' $((SECONDS - t0)) "$line" >>"$times"
+			;;
+		esac
+	done
+}
+
+# stages_json TIMES: those lines as a JSON list of {"at": seconds since
+# make demo started, "seconds": until the next one, "what"}.
 stages_json() {
-	awk '
-	function esc(s) { gsub(/\\/, "\\\\", s); gsub(/"/, "\\\"", s); gsub(/\t/, " ", s); return s }
-	/^\[[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\] / {
-		t = substr($0, 2, 2) * 3600 + substr($0, 5, 2) * 60 + substr($0, 8, 2)
-		what = substr($0, 12)
-		if (what ~ /^fresh-check: make demo$/) { n = 0; t0 = t; started = 1 }
-		if (!started) next
-		n++; at[n] = (t - t0 + 86400) % 86400; w[n] = what
-	}
+	[ -f "$1" ] || { printf '[]'; return 0; }
+	awk -F '\t' '
+	{ n++; at[n] = $1; w[n] = $2 }
 	END {
 		printf "["
 		for (i = 1; i <= n; i++) {
 			d = (i < n) ? at[i + 1] - at[i] : 0
-			printf "%s{\"at\": %d, \"seconds\": %d, \"what\": \"%s\"}", (i > 1 ? ", " : ""), at[i], d, esc(w[i])
+			printf "%s{\"at\": %d, \"seconds\": %d, \"what\": \"%s\"}", (i > 1 ? ", " : ""), at[i], d, w[i]
 		}
 		printf "]"
 	}' "$1"
+}
+
+# discard DIR: DIR (a run) out of the way at once, deleted in the background
+# (many small files: minutes). The run's mount namespace ended with its
+# processes; a directory that still has a mount under it is left alone.
+discard() {
+	local d=$1 trash="$NPU_CACHE/fresh-runs/.trash"
+	if findmnt -rn -o TARGET | grep -qF "$d/"; then
+		log "fresh-check: $d has mounts; left alone"
+		return 0
+	fi
+	mkdir -p "$trash"
+	mv "$d" "$trash/${d##*/}.$$"
+	rm -f "$d.lock"
+	(setsid rm -rf --one-file-system "$trash" </dev/null >/dev/null 2>&1 &)
 }
 
 # check RELEASE: the whole check; exits with its result.
@@ -376,19 +413,15 @@ check() {
 	json="$src/build/fresh-check-$release.json"
 
 	# Earlier runs of this release that no check is using (a failed one is
-	# kept for a look inside until now). The mount namespaces are gone with
-	# their processes; refuse to delete anything still mounted all the same.
+	# kept for a look inside until now) are deleted in the background.
 	runs="$NPU_CACHE/fresh-runs"
 	mkdir -p "$runs"
 	for d in "$runs/$release".*/; do
 		[ -d "$d" ] || continue
 		d=${d%/}
 		if flock -n "$d.lock" true 2>/dev/null; then
-			if findmnt -rn -o TARGET | grep -qF "$d/"; then
-				log "fresh-check: $d has mounts; left alone"
-			else
-				rm -rf --one-file-system "$d" "$d.lock"
-			fi
+			log "fresh-check: deleting the earlier run $d"
+			discard "$d"
 		fi
 	done
 	run=$(mktemp -d "$runs/$release.XXXXXX")
@@ -409,8 +442,7 @@ check() {
 	t0=$SECONDS
 	run_in_root "$r" >"$log" 2>&1 &
 	pid=$!
-	# The build scripts' progress lines, live (tail ends with the run).
-	tail -n +1 -F --pid="$pid" "$log" 2>/dev/null | grep --line-buffered -E '^\[[0-9:]{8}\] ' >&2 &
+	follow "$log" "$pid" "$run/times" "$t0" &
 	tailpid=$!
 	# shellcheck disable=SC2064 # the pid is known now
 	trap "kill $pid 2>/dev/null; wait $pid; exit 130" INT TERM
@@ -425,12 +457,12 @@ check() {
 	[ "$rc" = 0 ] && ok=true
 	printf '{"release": "%s", "key": "%s", "seconds": %d, "ok": %s, "rc": %d, "source": "%s", "root_seconds": %d, "root_cached": %s, "copy_seconds": %d, "finished": "%s", "stages": %s}\n' \
 		"$release" "$key" "$seconds" "$ok" "$rc" "$label" "$root_seconds" "$root_cached" \
-		"$copy_seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(stages_json "$log")" >"$json"
+		"$copy_seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(stages_json "$run/times")" >"$json"
 	if [ "$ok" = true ]; then
 		mkdir -p "$NPU_CACHE/stamps"
 		touch "$NPU_CACHE/stamps/fresh-check-$release-$key"
-		[ "$keep" = 1 ] || rm -rf --one-file-system "$run"
-		rm -f "$run.lock"
+		exec 7>&-
+		[ "$keep" = 1 ] || discard "$run"
 		log "fresh-check: $release passed in ${seconds}s (key $key; $json)"
 		return 0
 	fi
@@ -473,14 +505,14 @@ ci)
 	key=$(fresh_key "$src")
 	if [ "${2:-auto}" = auto ]; then
 		release=$(turn_release "$key")
-		why="its turn for key $key (last hex digit ${key: -1}: even bookworm, odd trixie)"
+		why="its turn: the key's last hex digit ${key: -1} is $([ "$release" = bookworm ] && echo even || echo odd)"
 	else
 		release=$(resolve_release "$2")
 		why="asked for"
 	fi
 	stamp="$NPU_CACHE/stamps/fresh-check-$release-$key"
 	if [ -f "$stamp" ]; then
-		log "fresh-check: skipped: key $key already passed on $release on this machine ($(date -r "$stamp" '+%F %T'); $stamp)"
+		log "fresh-check: skipped: $release ($why) already passed for key $key on this machine ($(date -r "$stamp" '+%F %T'); $stamp)"
 		exit 0
 	fi
 	log "fresh-check: $release ($why) has no pass for key $key on this machine: checking"

@@ -8,7 +8,7 @@ Run from the project root in the guest (/mnt/npu)::
   records matching kmsg.BAD_KMSG_RE fail the test (error in its teardown);
 - every test file, on a kernel with kmemleak (the debug kernel): a scan
   after the file; an object leaked from npu.ko fails it;
-- every test: a timeout (NPU_TEST_TIMEOUT seconds, default 300; 0 for
+- every test: a timeout (NPU_TEST_TIMEOUT seconds, default 600; 0 for
   none): SIGALRM fails the test where it hangs, with every thread's stack;
   a test still alive at twice that (stuck where no signal reaches Python)
   ends the process, so one hang never costs the host's whole-suite timeout;
@@ -20,15 +20,14 @@ Run from the project root in the guest (/mnt/npu)::
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import os
-import signal
 import sys
-from collections.abc import Iterator
 
+import guest_timeout
 import guest_util
 import kmsg  # tests/guest/kmsg.py: the kernel-log gate
 import pytest
+from guest_timeout import pytest_runtest_protocol  # noqa: F401 (the per-test timeout hook)
 
 DEV_PATH = guest_util.DEV_PATH
 RUNTIME = "/mnt/npu/runtime_py"
@@ -38,36 +37,13 @@ if RUNTIME not in sys.path and os.path.isdir(RUNTIME):
 
 
 def pytest_configure(config):
+    guest_timeout.pytest_configure(config)
     config.addinivalue_line(
         "markers",
         "known_kernel_report(lines, reason, when=None): a strict xfail for a kernel report "
         "the test is known to cause (lines: regexes of its lines; when: a path that exists "
         "only on kernels that report it)",
     )
-
-
-TEST_TIMEOUT = float(os.environ.get("NPU_TEST_TIMEOUT", "") or 300)
-
-
-def _timed_out(signum: int, frame: object) -> None:
-    faulthandler.dump_traceback(all_threads=True)
-    pytest.fail(f"the test timed out after {TEST_TIMEOUT:.0f} s (NPU_TEST_TIMEOUT)")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """The per-test timeout, over setup, call and teardown together."""
-    if TEST_TIMEOUT <= 0:
-        return (yield)
-    old = signal.signal(signal.SIGALRM, _timed_out)
-    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
-    faulthandler.dump_traceback_later(2 * TEST_TIMEOUT, exit=True)
-    try:
-        return (yield)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        faulthandler.cancel_dump_traceback_later()
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(autouse=True)
