@@ -63,7 +63,9 @@ module-debug: kernel-debug firmware
 # The firmware image; the guest installs it into /lib/firmware/npu/ at boot.
 firmware: build/firmware/npu/npu_fw.bin
 
-build/firmware/npu/npu_fw.bin: firmware/npu_fw.json scripts/mkfw.py include/npu_hw.h include/npu_fw.h
+# deps first (order only): on a new machine python3 comes with it, and
+# make -j2 would otherwise start mkfw.py before it is there.
+build/firmware/npu/npu_fw.bin: firmware/npu_fw.json scripts/mkfw.py include/npu_hw.h include/npu_fw.h | deps
 	@python3 scripts/mkfw.py $< -o $@
 
 demo: $(GUEST_DEPS) resnet50

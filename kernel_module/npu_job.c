@@ -374,6 +374,7 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	struct dma_fence *done;
 	struct npu_cmd *cmds;
 	struct npu_job *job;
+	u64 first, last;
 	u32 i, n, slots;
 	bool tensor;
 	void *ops;
@@ -457,17 +458,23 @@ int npu_ioctl_submit(struct npu_context *ctx, void *data)
 	}
 	WRITE_ONCE(ctx->last_fence, job->last_fence);
 	kref_get(&ctx->ref);
-	/* The job may retire as soon as it is listed: keep its fence. */
+	/*
+	 * The job may retire, and be freed by the IRQ thread on another CPU,
+	 * as soon as it is listed: keep its fence and fence numbers, and touch
+	 * the job no more after the list lock is dropped.
+	 */
 	done = dma_fence_get(job->done);
+	first = job->first_fence;
+	last = job->last_fence;
 	npu_job_arm_deps(job);
 	job->submit_ns = ktime_get_ns();
 	spin_lock(&q->job_lock);
 	list_add_tail(&job->node, &q->jobs);
-	WRITE_ONCE(q->next_fence, job->last_fence);
+	WRITE_ONCE(q->next_fence, last);
 	spin_unlock(&q->job_lock);
-	trace_npu_submit(q->index, job->first_fence, job->last_fence);
+	trace_npu_submit(q->index, first, last);
 	npu_queue_kick(q);
-	args->fence = job->last_fence;
+	args->fence = last;
 	mutex_unlock(&q->submit_lock);
 
 	npu_out_sync_signal(&out, done);

@@ -29,27 +29,32 @@
 # ($NPU_CACHE/fresh-roots/<release>-<hash of BASE_PKGS and make_root>) and
 # copied afresh (cp -a) for every check, so each check starts pristine.
 #
-# In the copy: the host's Debian mirror as /etc/apt/sources.list.d/
+# In the copy, what the administrator of a new machine of this kind has
+# set up: the host's Debian mirror as /etc/apt/sources.list.d/
 # debian.sources (deb822; plus the host's security mirror if it has one),
 # the host's apt Acquire:: settings (how this machine reaches its mirror),
-# the host's pip index if it is an http(s) one (otherwise pip's default,
-# PyPI), /etc/resolv.conf, and the project at /root/npu without .git (the
-# build does not use git). NPU_CACHE is left to its default,
-# /root/.cache/npu-stack, empty. `make demo` then runs in a chroot with
-# /proc, /dev (with /dev/pts and /dev/shm) and /sys, in private mount and
-# PID namespaces: every mount and every process of the check goes away with
-# it, however it ends (the namespace's init is killed when this script
-# dies). The environment is only PATH, HOME=/root and
-# DEBIAN_FRONTEND=noninteractive; stdin is /dev/null. No /dev/kvm is needed
-# (the guest runs under TCG).
+# the certificate authorities the host trusts beyond Debian's own (a
+# TLS-inspecting proxy's, say; in /usr/local/share/ca-certificates), pip's
+# index if the host's is an http(s) one (otherwise pip's default, PyPI)
+# and pip's `cert` setting, and /etc/resolv.conf. Then the project, at
+# /root/npu, without .git (the build does not use git). NPU_CACHE is left
+# to its default, /root/.cache/npu-stack, empty. `make demo` then runs in
+# a chroot with /proc, /dev (with /dev/pts and /dev/shm) and /sys, in
+# private mount and PID namespaces: every mount and every process of the
+# check goes away with it, however it ends (the namespace's init is killed
+# when this script dies). The environment is only PATH, HOME=/root and
+# DEBIAN_FRONTEND=noninteractive; stdin is /dev/null. No /dev/kvm is
+# needed (the guest runs under TCG).
 #
 # Results: build/fresh-check-<release>.log (the whole output) and
 # build/fresh-check-<release>.json (release, key, seconds = make demo's wall
-# time, ok; also the root's creation time and the build scripts' stage
-# times parsed from their "[HH:MM:SS] ..." lines). On a pass, the stamp
-# $NPU_CACHE/stamps/fresh-check-<release>-<key>. The run's root is under
-# $NPU_CACHE/fresh-runs/; it is deleted on a pass, kept on a failure (for a
-# look inside) until the next check of that release.
+# time, ok; also the root's creation time, and "stages": when each
+# landmark line came (the build scripts' "[HH:MM:SS] ..." lines, the
+# firmware, ResNet-50, the guest's boot, make's errors) and how long until
+# the next). On a pass, the stamp $NPU_CACHE/stamps/fresh-check-<release>-
+# <key>. The run's root is under $NPU_CACHE/fresh-runs/; it is deleted (in
+# the background) on a pass, kept on a failure (for a look inside) until
+# the next check of that release.
 #
 # The key hashes what decides how things are built and installed, by
 # content and by path relative to the tree (a clone in another folder gets
@@ -445,7 +450,7 @@ check() {
 	follow "$log" "$pid" "$run/times" "$t0" &
 	tailpid=$!
 	# shellcheck disable=SC2064 # the pid is known now
-	trap "kill $pid 2>/dev/null; wait $pid; exit 130" INT TERM
+	trap "trap - ERR; kill $pid 2>/dev/null; wait $pid || true; log 'fresh-check: interrupted'; exit 130" INT TERM
 	rc=0
 	wait "$pid" || rc=$?
 	trap - INT TERM
