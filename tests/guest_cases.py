@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
