@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from test_cache_keys import copy_of_the_tree
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,19 +46,7 @@ def key(tree: Path, *args: str, cache: Path | None = None, script: Path | None =
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's files (tracked and new, not ignored), copied once."""
-    dst = tmp_path_factory.mktemp("base") / "npu"
-    names = subprocess.run(
-        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for name in filter(None, names):
-        src = ROOT / name.decode()
-        if src.is_file():
-            (dst / name.decode()).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / name.decode())
-    return dst
+    return copy_of_the_tree(tmp_path_factory.mktemp("base") / "npu")
 
 
 @pytest.fixture
