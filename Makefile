@@ -88,7 +88,9 @@ test: qemu qemu-asan guest module module-debug resnet50 zoo
 coverage-debug-full: qemu guest module-debug resnet50
 	@NPU_DEBUG_PASS=full $(PY) -m pytest tests/test_guest_debug.py
 
-test-host: deps qemu-asan zoo
+# The host tests; the guest's root tree (make guest) is where the ONNX
+# conformance suite's host part runs (in a chroot: the guest's own Python).
+test-host: deps qemu-asan guest zoo
 	@$(PY) -m pytest tests/host
 
 test-guest: $(GUEST_DEPS) resnet50
@@ -155,7 +157,8 @@ clean:
 # (debootstrap; cached, copied afresh each time), this working tree copied
 # in, an empty cache, `make demo` in a chroot (about 30 min). FRESH_RELEASE:
 # bookworm, trixie or auto (this host's release); FRESH_ARGS=--head checks
-# the last commit instead. Results: build/fresh-check-<release>.{log,json}.
+# the last commit instead, FRESH_ARGS=--test runs make test there too (about
+# an hour more). Results: build/fresh-check-<release>.{log,json}.
 # See scripts/fresh-check.sh (also: its key, and its ci mode).
 FRESH_RELEASE ?= auto
 FRESH_ARGS ?=

@@ -827,7 +827,10 @@ enum npu_status {
 	NPU_ST_MMU_FAULT	= 9,	/* a translation missed or was not writable */
 	NPU_ST_BAD_QUANT	= 10,	/* zero point outside int8, scale not finite > 0 */
 	NPU_ST_HW_ERROR		= 11,	/* uncorrectable device error (ECC) */
-	/* Never written by the device: the driver's status for an op that hung */
+	/*
+	 * Past the cmd-budget-ms property, stopped at a control point; the
+	 * driver also reports it for a command its recovery reset dropped.
+	 */
 	NPU_ST_TIMEOUT		= 12,
 	NPU_ST_COUNT,
 };

@@ -163,18 +163,64 @@ static void npu_queue_error_locked(NpuState *s, int qi, uint32_t err)
     npu_raise_locked(s, NPU_IRQ_ERROR);
 }
 
+/* Waiting for the engine ----------------------------------------------- */
+
+typedef bool NpuEngineDone(NpuState *s, int arg);
+
+/*
+ * Wait on @cond, with the lock held, until @done(s, arg). Whoever waits
+ * for the engine under the BQL (a reset, a power-state write, VM stop,
+ * unplug, a queue disable: all run under it) lets the BQL go while it
+ * waits and takes it back, before the device lock, when done. So nothing
+ * that may need the BQL (vCPUs, iothreads, the vIOMMU reporting a fault
+ * for an engine access) ever waits behind the engine, and the lock order
+ * stays the BQL, then the device lock; the engine itself never takes the
+ * BQL (npu_mmu.c). The device's state may change while the locks are
+ * down: callers look at it again afterwards (docs/npu-spec.md 9).
+ */
+static void npu_wait_engine_locked(NpuState *s, const char *what,
+                                   QemuCond *cond, NpuEngineDone *done,
+                                   int arg)
+{
+    int64_t t0;
+    bool bql;
+
+    if (done(s, arg)) {
+        return;
+    }
+    t0 = get_clock();
+    bql = bql_locked();
+    if (bql) {
+        qemu_mutex_unlock(&s->lock);
+        bql_unlock();
+        qemu_mutex_lock(&s->lock);
+    }
+    while (!done(s, arg)) {
+        qemu_cond_wait(cond, &s->lock);
+    }
+    if (bql) {
+        qemu_mutex_unlock(&s->lock);
+        bql_lock();
+        qemu_mutex_lock(&s->lock);
+    }
+    trace_npu_engine_wait(what, (get_clock() - t0) / SCALE_US, bql);
+}
+
 /* Soft reset ----------------------------------------------------------- */
+
+static bool npu_cpl_quiet(NpuState *s, int qi)
+{
+    return !s->q[qi].cpl_writing;
+}
 
 /*
  * Wait until no completion of queue @qi is being written: after this, and
  * a generation bump, nothing of the queue's old configuration is written.
- * The writer is the engine, which needs no lock but ours to finish.
  */
 static void npu_queue_quiesce_locked(NpuState *s, int qi)
 {
-    while (s->q[qi].cpl_writing) {
-        qemu_cond_wait(&s->cpl_done, &s->lock);
-    }
+    npu_wait_engine_locked(s, "completion write", &s->cpl_done,
+                           npu_cpl_quiet, qi);
 }
 
 /* Disable queue @qi and clear its state (no command of it runs). */
@@ -229,6 +275,11 @@ static void npu_reset_state_locked(NpuState *s)
     s->mmu_ctx_count = 0;
 }
 
+static bool npu_reset_done(NpuState *s, int arg)
+{
+    return !s->reset_pending || s->stop;    /* no worker resets after stop */
+}
+
 /*
  * Ask the worker to reset the device. The running command is aborted at
  * its next control point (never in the middle of a DMA transfer), so the
@@ -242,8 +293,8 @@ static void npu_request_reset(NpuState *s, bool wait)
     qatomic_set(&s->abort, true);   /* the running command stops at once */
     qemu_cond_broadcast(&s->cond);
     qemu_cond_broadcast(&s->resume);
-    while (wait && s->reset_pending) {
-        qemu_cond_wait(&s->reset_done, &s->lock);
+    if (wait) {
+        npu_wait_engine_locked(s, "reset", &s->reset_done, npu_reset_done, 0);
     }
     qemu_mutex_unlock(&s->lock);
 }
@@ -981,14 +1032,19 @@ static bool npu_ring_config_ok(NpuState *s, NpuQueue *q)
         !q->cpl_base || (q->cpl_base & 31) || (q->fence_addr & 15)) {
         return false;
     }
-    /* Rings and write-back never wrap and never hit the device's BARs. */
+    /*
+     * Rings and write-back never wrap, never hit the device's BARs and are
+     * RAM: the completion ring and the fence writable RAM.
+     */
     return npu_dma_range_ok_locked(s, q->ring_base,
-                                   (uint64_t)n * sizeof(struct npu_cmd)) &&
+                                   (uint64_t)n * sizeof(struct npu_cmd),
+                                   false) &&
            npu_dma_range_ok_locked(s, q->cpl_base,
-                                   (uint64_t)n * sizeof(struct npu_cpl)) &&
+                                   (uint64_t)n * sizeof(struct npu_cpl),
+                                   true) &&
            (!q->fence_addr ||
             npu_dma_range_ok_locked(s, q->fence_addr,
-                                    sizeof(struct npu_fence_wb)));
+                                    sizeof(struct npu_fence_wb), true));
 }
 
 static void npu_doorbell_locked(NpuState *s, int qi, uint32_t tail)
@@ -1487,6 +1543,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
 static void npu_exit(PCIDevice *pdev)
 {
     NpuState *s = NPU_PCI(pdev);
+    bool bql;
     int i;
 
     /* The running command stops at its next control point: never long. */
@@ -1496,8 +1553,16 @@ static void npu_exit(PCIDevice *pdev)
     qemu_cond_broadcast(&s->cond);
     qemu_cond_broadcast(&s->resume);
     qemu_mutex_unlock(&s->lock);
+    /* The engine stops without the BQL; others may need it meanwhile. */
+    bql = bql_locked();
+    if (bql) {
+        bql_unlock();
+    }
     qemu_thread_join(&s->thread);
     npu_cores_fini(s);
+    if (bql) {
+        bql_lock();
+    }
     npu_perf_fini(s);
     npu_trace_fini(s);
     npu_budget_reap(s);
@@ -1580,9 +1645,19 @@ static void npu_config_write(PCIDevice *pdev, uint32_t addr, uint32_t val,
 }
 
 /*
+ * Every busy engine thread parked or gone. An aborted command's threads
+ * (a reset pending) do not park; they leave, so the wait ends as soon and
+ * the engine writes nothing into a stopped VM meanwhile.
+ */
+static bool npu_engine_parked(NpuState *s, int arg)
+{
+    return s->parked >= s->busy;
+}
+
+/*
  * The VM stops or runs again (BQL). A stopped VM gets no DMA and no
  * interrupt from the device: the engine parks at its next control point
- * and this waits until it has (the engine never needs the BQL); interrupts
+ * and this waits until it has, with the BQL released; interrupts
  * wait in irq_fire. The time stopped is not charged to a command's budget.
  */
 static void npu_vm_state_change(void *opaque, bool running, RunState state)
@@ -1594,9 +1669,8 @@ static void npu_vm_state_change(void *opaque, bool running, RunState state)
     if (!running) {
         qatomic_set(&s->paused, true);
         s->paused_at_ns = now;
-        while (s->parked < s->busy && !qatomic_read(&s->abort)) {
-            qemu_cond_wait(&s->parked_cond, &s->lock);
-        }
+        npu_wait_engine_locked(s, "VM stop", &s->parked_cond,
+                               npu_engine_parked, 0);
         trace_npu_vm_state(running, s->busy);
     } else if (s->paused) {
         int64_t d = qatomic_read(&s->deadline_ns);

@@ -461,7 +461,8 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi);
 uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx);
 void npu_bars_update(NpuState *s);
 bool npu_hits_own_bar(const NpuBars *bars, uint64_t addr, uint64_t len);
-bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len);
+bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len,
+                             bool write);
 MemTxResult npu_dma_read(NpuState *s, const char *what, uint64_t addr,
                          void *buf, uint64_t len);
 MemTxResult npu_dma_write(NpuState *s, const char *what, uint64_t addr,

@@ -79,7 +79,7 @@ bool npu_fw_log_config_ok(NpuState *s)
     return !(s->fw_log_base & 7) && is_power_of_2(n) &&
            n >= NPU_FW_LOG_MIN && n <= NPU_FW_LOG_MAX &&
            npu_dma_range_ok_locked(s, s->fw_log_base,
-                                   sizeof(struct npu_fw_log) + n);
+                                   sizeof(struct npu_fw_log) + n, true);
 }
 
 static uint32_t npu_fw_parse(NpuState *s, const uint8_t *p, uint32_t len,
@@ -206,7 +206,7 @@ void npu_fw_boot(NpuState *s)
     qemu_mutex_lock(&s->lock);
     addr = s->fw_addr;
     size = s->fw_size;
-    in_range = npu_dma_range_ok_locked(s, addr, size);
+    in_range = npu_dma_range_ok_locked(s, addr, size, false);
     qemu_mutex_unlock(&s->lock);
 
     img = NULL;

@@ -17,25 +17,93 @@
 
 /*
  * Every engine access to guest memory - descriptors, completions, fences,
- * page tables, the firmware image and log, tensor data - is a PCI DMA
- * transaction restricted to RAM: a target in MMIO, in PCI configuration
- * space (the ECAM window) or in any device's BAR other than RAM fails with
- * MEMTX_ACCESS_ERROR and reaches no register. So no command can reset a
- * bus, power off a slot, ring a doorbell or unplug this very device.
+ * page tables, the firmware image and log, trace records, tensor data - is
+ * a PCI DMA transaction (through the vIOMMU, if any) to RAM the host can
+ * access directly, and nothing else. The target is translated, checked and
+ * referenced within one RCU section and copied while referenced, so a
+ * memory map that changes meanwhile (a BAR moving, PAM or SMRAM toggled on
+ * another vCPU) can neither swap in a bounce buffer nor free the RAM under
+ * the copy. ROM and read-only RAM are read, never written; MMIO (any
+ * device's registers, PCI configuration space through ECAM), RAM device
+ * regions (VFIO BARs), ROM devices out of ROMD mode and unassigned space
+ * are refused without being touched. QEMU takes the BQL for every access
+ * that is not direct, so the engine thread never needs it, and a vCPU that
+ * waits for the engine cannot deadlock with it (docs/npu-spec.md 9). No
+ * command can reset a bus, power off a slot, ring a doorbell or unplug
+ * this very device. RAM-backed BARs (another NPU's device memory) stay
+ * reachable; this device's own BARs are refused by the callers.
  */
 static const MemTxAttrs npu_dma_attrs = { .memory = 1 };
+
+/*
+ * Map the run of at most *plen bytes at address @addr of @as if it is RAM
+ * the engine may access directly for @write; *plen is then the run's
+ * length (never 0) and the region holds a reference until npu_ram_unmap().
+ * Returns NULL when it is not (*plen: the length of the refused run).
+ */
+static void *npu_ram_map(AddressSpace *as, uint64_t addr, hwaddr *plen,
+                         bool write)
+{
+    MemoryRegion *mr;
+    hwaddr xlat;
+
+    RCU_READ_LOCK_GUARD();
+    mr = address_space_translate(as, addr, &xlat, plen, write,
+                                 npu_dma_attrs);
+    if (!*plen || !memory_access_is_direct(mr, write, npu_dma_attrs)) {
+        *plen = MAX(*plen, 1);
+        return NULL;
+    }
+    memory_region_ref(mr);
+    return (uint8_t *)memory_region_get_ram_ptr(mr) + xlat;
+}
+
+/*
+ * Drop a npu_ram_map() mapping: for a write, the first @done bytes are
+ * marked dirty (migration, display) and any translated guest code in them
+ * is invalidated, as QEMU's own DMA does.
+ */
+static void npu_ram_unmap(AddressSpace *as, void *p, hwaddr len, bool write,
+                          hwaddr done)
+{
+    address_space_unmap(as, p, len, write, write ? done : 0);
+}
 
 static MemTxResult npu_dma_rw(NpuState *s, const char *what, uint64_t addr,
                               void *buf, uint64_t len, bool write)
 {
-    MemTxResult r = pci_dma_rw(&s->parent_obj, addr, buf, len,
-                               write ? DMA_DIRECTION_FROM_DEVICE :
-                               DMA_DIRECTION_TO_DEVICE, npu_dma_attrs);
+    AddressSpace *as = pci_get_address_space(&s->parent_obj);
+    uint8_t *b = buf;
+    uint64_t end;
 
-    if (r != MEMTX_OK) {
-        trace_npu_dma_error(what, addr, len, write, r);
+    if (uadd64_overflow(addr, len, &end)) {
+        trace_npu_dma_error(what, addr, len, write, MEMTX_DECODE_ERROR);
+        return MEMTX_DECODE_ERROR;
     }
-    return r;
+    smp_mb();   /* as dma_barrier(): what the engine did before, first */
+    while (len) {
+        hwaddr l = len;
+        void *p = npu_ram_map(as, addr, &l, write);
+
+        if (!p) {
+            qemu_log_mask(LOG_GUEST_ERROR, "npu: %s DMA %s 0x%" PRIx64
+                          " refused: not RAM the device may %s\n", what,
+                          write ? "to" : "from", addr,
+                          write ? "write" : "read");
+            trace_npu_dma_error(what, addr, len, write, MEMTX_ACCESS_ERROR);
+            return MEMTX_ACCESS_ERROR;
+        }
+        if (write) {
+            memcpy(p, b, l);
+        } else {
+            memcpy(b, p, l);
+        }
+        npu_ram_unmap(as, p, l, write, l);
+        addr += l;
+        b += l;
+        len -= l;
+    }
+    return MEMTX_OK;
 }
 
 MemTxResult npu_dma_read(NpuState *s, const char *what, uint64_t addr,
@@ -97,13 +165,47 @@ static bool npu_range_sane(uint64_t addr, uint64_t len)
 }
 
 /*
- * May the device DMA to [addr, addr + len)? Not if the range wraps or
- * overlaps one of its own BARs (BAR2 is RAM, so the DMA attributes alone
- * would let it through). Called with the lock.
+ * Is [addr, addr + len) RAM the engine may access for @write as the memory
+ * map stands now? Checked when the guest programs a ring or a log, and
+ * again on every access (npu_dma_rw()), since the map may change between.
+ * Behind a vIOMMU a bus address means nothing until it is used (and
+ * translating it now could report a fault the guest never caused), so
+ * there only the use checks.
  */
-bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len)
+static bool npu_ram_range_ok(NpuState *s, uint64_t addr, uint64_t len,
+                             bool write)
 {
-    return npu_range_sane(addr, len) && !npu_hits_own_bar(&s->bars, addr, len);
+    AddressSpace *as = pci_device_iommu_address_space(&s->parent_obj);
+
+    if (as != &address_space_memory) {
+        return true;
+    }
+    while (len) {
+        hwaddr l = len;
+        void *p = npu_ram_map(as, addr, &l, write);
+
+        if (!p) {
+            return false;
+        }
+        npu_ram_unmap(as, p, l, false, 0);
+        addr += l;
+        len -= l;
+    }
+    return true;
+}
+
+/*
+ * May the device DMA to [addr, addr + len) (@write: into it)? Not if the
+ * range wraps, overlaps one of its own BARs (BAR2 is RAM, so the RAM rule
+ * alone would let it through) or is not RAM the engine may access so.
+ * Called with the lock.
+ */
+bool npu_dma_range_ok_locked(NpuState *s, uint64_t addr, uint64_t len,
+                             bool write)
+{
+    return npu_range_sane(addr, len) &&
+           !npu_hits_own_bar(&s->bars, addr, len) &&
+           npu_ram_range_ok(s, addr, len, write);
 }
 
 /* The same check against a command's snapshot, outside the lock. */
@@ -455,18 +557,17 @@ uint32_t npu_mem_write(NpuState *s, NpuWalk *w, uint64_t va, const void *buf,
  * translated as npu_mem_rw() does) and return a host pointer to it, its
  * length in *plen. Returns NULL with NPU_ST_OK in *st
  * when the run is not RAM the device may access in place (MMIO, ROM for a
- * write, bus mastering off): *plen is then the length the caller should
- * move with npu_mem_read()/npu_mem_write(), which report any error.
+ * write, bus mastering off, its own BARs): *plen is then the length the
+ * caller should move with npu_mem_read()/npu_mem_write(), which refuse it
+ * with the status a copy gets (NPU_ST_DMA_ERROR, or NPU_ST_BAD_ADDR for
+ * the device's own BARs).
  */
 void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
                   bool write, uint64_t *plen, uint32_t *st)
 {
-    PCIDevice *pdev = &s->parent_obj;
-    AddressSpace *as = pci_get_address_space(pdev);
     uint64_t pa, run;
-    dma_addr_t mlen;
-    hwaddr xlat, l;
-    bool direct, local;
+    bool local;
+    hwaddr l;
     void *p;
 
     *plen = 0;
@@ -489,23 +590,10 @@ void *npu_mem_map(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
         return NULL;
     }
     l = run;
-    WITH_RCU_READ_LOCK_GUARD() {
-        MemoryRegion *mr = address_space_translate(as, pa, &xlat, &l, write,
-                                                   npu_dma_attrs);
-
-        direct = memory_region_is_ram(mr) &&
-                 memory_access_is_direct(mr, write, npu_dma_attrs);
-    }
-    if (!direct) {
-        *plen = MAX(MIN(run, l), 1);
-        return NULL;
-    }
-    mlen = run;
-    p = dma_memory_map(as, pa, &mlen, write ? DMA_DIRECTION_FROM_DEVICE :
-                       DMA_DIRECTION_TO_DEVICE, npu_dma_attrs);
-    *plen = p ? mlen : run;
+    p = npu_ram_map(pci_get_address_space(&s->parent_obj), pa, &l, write);
+    *plen = MIN(l, run);
     if (p) {
-        npu_count_bytes(w, mlen, write);
+        npu_count_bytes(w, *plen, write);
     }
     return p;
 }
@@ -519,6 +607,6 @@ void npu_mem_unmap(NpuState *s, void *p, uint64_t len, bool write,
     if (s->mem_ptr && b >= s->mem_ptr && b < s->mem_ptr + s->mem_size) {
         return;     /* device memory: nothing was mapped */
     }
-    pci_dma_unmap(&s->parent_obj, p, len, write ? DMA_DIRECTION_FROM_DEVICE :
-                  DMA_DIRECTION_TO_DEVICE, done);
+    npu_ram_unmap(pci_get_address_space(&s->parent_obj), p, len, write,
+                  done);
 }

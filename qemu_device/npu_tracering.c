@@ -211,8 +211,8 @@ static bool npu_trace_ring_ok(NpuState *s)
         trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
         return false;
     }
-    if (s->trace_base % 32 || !npu_dma_range_ok_locked(s, s->trace_base,
-                                                       bytes)) {
+    if (s->trace_base % 32 ||
+        !npu_dma_range_ok_locked(s, s->trace_base, bytes, true)) {
         qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring at 0x%" PRIx64
                       " is misaligned or not in RAM\n", s->trace_base);
         trace_npu_trace_bad_ring(s->trace_base, s->trace_size);

@@ -8,8 +8,9 @@ Keys (null when the run that makes a figure has not happened here):
 - ``ci_fresh_demo_s``: ``make demo`` in a new Debian root with an empty
   cache (``make fresh-check``: build/fresh-check-<release>.json), per
   release under ``ci_fresh_demo_s_<release>``, the slowest as the key;
-- ``ci_fresh_test_s``: ``make test`` on a new machine, when
-  ``make fresh-check FRESH_TARGET=test`` measured it;
+- ``ci_fresh_test_s``: ``make test`` on a new machine, after its
+  ``make demo``, when ``make fresh-check FRESH_ARGS=--test`` measured it
+  (build/fresh-check-<release>-test.json), the slowest release;
 - ``ci_cached_test_s``: ``make test``'s pytest wall time with every build
   cached (build/test-times.json, written under make test);
 - ``debug_pass_s``: the debug-kernel pass, boot to the fuzzer's end

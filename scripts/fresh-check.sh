@@ -16,6 +16,8 @@
 #               --exclude-standard`: tracked and new files, not ignored ones),
 #               so that a change can be checked before it is committed
 #   --keep      keep the run's root even when the check passes
+#   --test      then the README's `make test` in the same root, once make
+#               demo passed (results: build/fresh-check-<release>-test.json)
 #
 # auto is the release of this host when it is bookworm or trixie (a new
 # machine of this kind), bookworm otherwise.
@@ -51,10 +53,12 @@
 # time, ok; also the root's creation time, and "stages": when each
 # landmark line came (the build scripts' "[HH:MM:SS] ..." lines, the
 # firmware, ResNet-50, the guest's boot, make's errors) and how long until
-# the next). On a pass, the stamp $NPU_CACHE/stamps/fresh-check-<release>-
-# <key>. The run's root is under $NPU_CACHE/fresh-runs/; it is deleted (in
-# the background) on a pass, kept on a failure (for a look inside) until
-# the next check of that release.
+# the next); with --test, build/fresh-check-<release>-test.json (release,
+# key, seconds = make test's wall time, ok). On a pass of make demo, the
+# stamp $NPU_CACHE/stamps/fresh-check-<release>-<key>. The run's root is
+# under $NPU_CACHE/fresh-runs/; it is deleted (in the background) on a
+# pass, kept on a failure (for a look inside) until the next check of that
+# release.
 #
 # The key hashes what decides how things are built and installed, by
 # content and by path relative to the tree (a clone in another folder gets
@@ -320,11 +324,13 @@ export_tree() {
 	fi
 }
 
-# run_in_root ROOT: `make demo` in the root, as the README says; its status
-# (124 when it timed out). Run it in the background (`run_in_root ROOT &`):
-# it execs, so that its process is this script's child.
+# run_in_root ROOT TEST: `make demo` in the root, as the README says, then
+# with TEST=1 `make test`; its status (124 when it timed out). Each make
+# ends with a line "fresh-check: make X exited with RC after N s". Run it in
+# the background (`run_in_root ROOT TEST &`): it execs, so that its process
+# is this script's child.
 run_in_root() {
-	local r=$1
+	local r=$1 test=$2
 	# The root is bound onto itself: on a real machine / is a mount point
 	# (unshare --propagation, as scripts/common.sh's guest_chroot does, fails
 	# on a / that is not). Namespaces: mount (the binds vanish with it) and
@@ -335,7 +341,7 @@ run_in_root() {
 	exec setpriv --pdeathsig KILL -- timeout --kill-after=60 "${FRESH_TIMEOUT:-14400}" \
 		setpriv --pdeathsig KILL -- \
 		unshare --mount --propagation private --pid --fork --kill-child -- sh -c '
-		r=$1
+		r=$1 test=$2
 		mount --bind "$r" "$r" &&
 		mount -t proc proc "$r/proc" &&
 		mount --rbind /dev "$r/dev" &&
@@ -345,13 +351,16 @@ run_in_root() {
 			HOME=/root DEBIAN_FRONTEND=noninteractive \
 			/bin/bash -c "
 				cd /root/npu || exit 1
-				echo \"[\$(date +%T)] fresh-check: make demo\"
-				make demo
-				rc=\$?
-				echo \"[\$(date +%T)] fresh-check: make demo exited with \$rc\"
-				exit \$rc
+				for target in demo \$([ $test = 1 ] && echo test); do
+					t=\$SECONDS
+					echo \"[\$(date +%T)] fresh-check: make \$target\"
+					make \$target
+					rc=\$?
+					echo \"[\$(date +%T)] fresh-check: make \$target exited with \$rc after \$((SECONDS - t)) s\"
+					[ \$rc = 0 ] || exit \$rc
+				done
 			"
-	' sh "$r" </dev/null
+	' sh "$r" "$test" </dev/null
 }
 
 # follow LOG PID TIMES T0: while PID runs, the build scripts' progress lines
@@ -408,6 +417,12 @@ discard() {
 	(setsid rm -rf --one-file-system "$trash" </dev/null >/dev/null 2>&1 &)
 }
 
+# exited TARGET FIELD LOG: make TARGET's exit status (FIELD 1) or seconds
+# (FIELD 2) from its "exited with" line in LOG; nothing if it never ended.
+exited() {
+	sed -n "s/.*fresh-check: make $1 exited with \([0-9]*\) after \([0-9]*\) s.*/\\$2/p" "$3" | tail -n1
+}
+
 # check RELEASE: the whole check; exits with its result.
 check() {
 	local release=$1 runs run r key log json rc t0 seconds ok d tailpid label
@@ -445,7 +460,7 @@ check() {
 
 	: >"$log"
 	t0=$SECONDS
-	run_in_root "$r" >"$log" 2>&1 &
+	run_in_root "$r" "$test" >"$log" 2>&1 &
 	pid=$!
 	follow "$log" "$pid" "$run/times" "$t0" &
 	tailpid=$!
@@ -458,14 +473,29 @@ check() {
 	wait "$tailpid" 2>/dev/null || true
 	[ "$rc" != 124 ] || echo "fresh-check: make demo timed out after ${FRESH_TIMEOUT:-14400}s" >>"$log"
 
+	# make demo's own status and time (the whole run's when it never ended).
+	demo_rc=$(exited demo 1 "$log")
+	demo_rc=${demo_rc:-$rc}
+	demo_s=$(exited demo 2 "$log")
 	ok=false
-	[ "$rc" = 0 ] && ok=true
+	[ "$demo_rc" = 0 ] && ok=true
 	printf '{"release": "%s", "key": "%s", "seconds": %d, "ok": %s, "rc": %d, "source": "%s", "root_seconds": %d, "root_cached": %s, "copy_seconds": %d, "finished": "%s", "stages": %s}\n' \
-		"$release" "$key" "$seconds" "$ok" "$rc" "$label" "$root_seconds" "$root_cached" \
+		"$release" "$key" "${demo_s:-$seconds}" "$ok" "$demo_rc" "$label" "$root_seconds" "$root_cached" \
 		"$copy_seconds" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(stages_json "$run/times")" >"$json"
+	if [ "$test" = 1 ] && [ "$ok" = true ]; then
+		test_rc=$(exited test 1 "$log")
+		test_rc=${test_rc:-$rc}
+		test_s=$(exited test 2 "$log")
+		printf '{"release": "%s", "key": "%s", "seconds": %d, "ok": %s, "rc": %d, "source": "%s", "finished": "%s"}\n' \
+			"$release" "$key" "${test_s:-$((seconds - ${demo_s:-0}))}" \
+			"$([ "$test_rc" = 0 ] && echo true || echo false)" "$test_rc" "$label" \
+			"$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$src/build/fresh-check-$release-test.json"
+	fi
 	if [ "$ok" = true ]; then
 		mkdir -p "$NPU_CACHE/stamps"
 		touch "$NPU_CACHE/stamps/fresh-check-$release-$key"
+	fi
+	if [ "$ok" = true ] && [ "$rc" = 0 ]; then
 		exec 7>&-
 		[ "$keep" = 1 ] || discard "$run"
 		log "fresh-check: $release passed in ${seconds}s (key $key; $json)"
@@ -480,12 +510,14 @@ check() {
 src=$NPU_ROOT
 head=0
 keep=0
+test=0
 args=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--src) src=$(cd "${2:?--src needs a directory}" && pwd) && shift ;;
 	--head) head=1 ;;
 	--keep) keep=1 ;;
+	--test) test=1 ;;
 	-h | --help) usage ;;
 	-*) usage ;;
 	*) args+=("$1") ;;

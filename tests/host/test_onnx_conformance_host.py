@@ -5,9 +5,12 @@ verdict and placement (nodes on the NPU, on the CPU provider's numpy
 kernels, on its onnx.reference fallback). The cases it places wholly off
 the NPU run here, not in the guest (tests/test_onnx_conformance.py runs
 the others): tests/conformance/onnx_suite.py ``--where host --device cpu``
-in a subprocess, with the host venv's onnx (the guest's version; its
-backend test data) and numpy, judged as the guest part is
-(scripts/onnx_conformance.py's judge: same tolerances, same failures).
+in the guest's own userspace on the host's CPU (a chroot of the guest
+image's root tree, scripts/common.sh's guest_chroot: Debian 13's python3,
+python3-onnx and numpy, as in the guest part), on the test data of the
+list's onnx version (scripts/onnx_suite_data.py), judged as the guest part
+is (scripts/onnx_conformance.py's judge: same tolerances, same failures).
+So the host's own Python and packages (Debian 12's or 13's) decide nothing.
 
 The session's planner runs against the CPU backend, which reports the
 device's op capabilities (``npu.hal.CPU_CAPS``: the device's CAPS less
@@ -23,7 +26,6 @@ The judge and the list's format are tested here too, on made-up runs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -38,35 +40,34 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import onnx_conformance as oc  # noqa: E402
-from onnx_suite_data import host_data  # noqa: E402
+from onnx_suite_data import CHROOT_DATA, ensure_data  # noqa: E402
 
-RUNNER = ROOT / "tests" / "conformance" / "onnx_suite.py"
+RUNNER = "/src/tests/conformance/onnx_suite.py"  # the tree in the chroot
+RUN_OUT = "build/onnx-conformance-host-run.json"
 TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    data_dir, version = host_data()
-    listed = json.loads(oc.EXPECTED.read_text())["onnx"]
-    assert version == listed, f"the host has onnx {version}, the list is of onnx {listed}"
-    out = tmp_path_factory.mktemp("onnx") / "host.json"
-    path = [str(ROOT / "runtime_py"), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
-    env.pop("NPU_BACKEND", None)
+def results() -> dict[str, Any]:
+    _, version = ensure_data()
+    out = ROOT / RUN_OUT
+    out.unlink(missing_ok=True)
     t0 = time.monotonic()
-    args = ["--out", str(out), "--where", "host", "--device", "cpu"]
+    script = (
+        f'. "{ROOT}/scripts/common.sh" && guest_chroot env PYTHONPATH=/src/runtime_py '
+        f"PYTHONDONTWRITEBYTECODE=1 python3 {RUNNER} {CHROOT_DATA} --out /src/{RUN_OUT} "
+        "--where host --device cpu"
+    )
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(data_dir), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
+        ["bash", "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S, check=False
     )
     assert proc.returncode == 0 and out.is_file(), (
         f"the suite runner exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     )
     data: dict[str, Any] = json.loads(out.read_text())
+    assert data["meta"]["onnx"] == version, (
+        f"the guest root has onnx {data['meta']['onnx']}, the list is of onnx {version}"
+    )
     oc.write_part("host", data)
     sys.stderr.write(
         f"\n[onnx] host part ({len(data['cases'])} cases, {time.monotonic() - t0:.1f} s): "
