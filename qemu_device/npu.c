@@ -338,15 +338,15 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
         inject = 0;
     }
     if (cmd->flags & ~NPU_CMD_F_MASK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown descriptor flags 0x%x\n",
-                      cmd->flags);
+        npu_guest_error("npu: unknown descriptor flags 0x%x\n",
+                        cmd->flags);
         status = NPU_ST_BAD_FLAGS;
     } else if (cmd->rsvd0) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: descriptor reserved field set\n");
+        npu_guest_error("npu: descriptor reserved field set\n");
         status = NPU_ST_BAD_RESERVED;
     } else if (cmd->opcode < 32 && !(s->fw_opcodes & (1u << cmd->opcode))) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u is not in the"
-                      " firmware\n", cmd->opcode);
+        npu_guest_error("npu: opcode %u is not in the"
+                        " firmware\n", cmd->opcode);
         status = NPU_ST_BAD_OPCODE;
     } else if (inject) {
         trace_npu_inject(qi, inject);
@@ -381,9 +381,9 @@ static void npu_member_exec(NpuState *s, int qi, NpuMember *m)
     npu_trace(s, NPU_TR_CMD_END, status, end_arg);
     npu_trace_leave(saved);
     if (status == NPU_ST_TIMEOUT) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d fence %" PRIu64 " ran"
-                      " past its budget of %u ms\n", qi, (uint64_t)cmd->fence,
-                      s->cmd_budget_ms);
+        npu_guest_error("npu: queue %d fence %" PRIu64 " ran"
+                        " past its budget of %u ms\n", qi, (uint64_t)cmd->fence,
+                        s->cmd_budget_ms);
         trace_npu_cmd_timeout(qi, cmd->fence, s->cmd_budget_ms);
     }
 }
@@ -488,8 +488,8 @@ static bool npu_retire_locked(NpuState *s, int qi, uint32_t gen,
         (fence_addr &&
          npu_dma_write(s, "fence", fence_addr, &wb, sizeof(wb)) !=
          MEMTX_OK)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d completion write"
-                      " failed\n", qi);
+        npu_guest_error("npu: queue %d completion write"
+                        " failed\n", qi);
         qemu_mutex_lock(&s->lock);
         q->cpl_writing = false;
         qemu_cond_broadcast(&s->cpl_done);
@@ -543,8 +543,8 @@ static void npu_process_one_locked(NpuState *s, int qi)
     uint32_t inject, n, max, k;
 
     if (q->tail - q->head > q->ring_size) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d tail %u overruns head %u"
-                      " (ring of %u)\n", qi, q->tail, q->head, q->ring_size);
+        npu_guest_error("npu: queue %d tail %u overruns head %u"
+                        " (ring of %u)\n", qi, q->tail, q->head, q->ring_size);
         npu_queue_error_locked(s, qi, NPU_ERR_RING_OVERRUN);
         return;
     }
@@ -569,8 +569,8 @@ static void npu_process_one_locked(NpuState *s, int qi)
     qemu_mutex_unlock(&s->lock);
 
     if (!npu_fetch(s, qi, ring, ring_size, idx, &m[0], &m[0].walk)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d descriptor fetch at"
-                      " 0x%" PRIx64 " failed\n", qi, ring);
+        npu_guest_error("npu: queue %d descriptor fetch at"
+                        " 0x%" PRIx64 " failed\n", qi, ring);
         qemu_mutex_lock(&s->lock);
         q->status &= ~NPU_QSTAT_ACTIVE;
         if (!s->reset_pending && q->gen == gen) {
@@ -826,8 +826,8 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
     case NPU_Q_MMU_L1_ENTRIES:
         return q->mmu_l1_entries;
     default:
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown queue register"
-                      " 0x%" HWADDR_PRIx "\n", reg);
+        npu_guest_error("npu: read of unknown queue register"
+                        " 0x%" HWADDR_PRIx "\n", reg);
         return 0;
     }
 }
@@ -1013,8 +1013,8 @@ static uint64_t npu_mmio_read(void *opaque, hwaddr addr, unsigned size)
                    addr < NPU_TRACE_BASE + NPU_TRACE_SIZE) {
             val = npu_trace_read_locked(s, addr - NPU_TRACE_BASE);
         } else {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register"
-                          " 0x%" HWADDR_PRIx "\n", addr);
+            npu_guest_error("npu: read of unknown register"
+                            " 0x%" HWADDR_PRIx "\n", addr);
         }
         break;
     }
@@ -1074,8 +1074,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
     case NPU_Q_MMU_L1_HI:
     case NPU_Q_MMU_L1_ENTRIES:
         if (enabled) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d register 0x%"
-                          HWADDR_PRIx " written while enabled\n", qi, reg);
+            npu_guest_error("npu: queue %d register 0x%"
+                            HWADDR_PRIx " written while enabled\n", qi, reg);
             return;
         }
         break;
@@ -1107,8 +1107,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_MMU_L1_LO:
         if (val & (NPU_PAGE_SIZE - 1)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d MMU L1 table 0x%x"
-                          " is not page aligned\n", qi, val);
+            npu_guest_error("npu: queue %d MMU L1 table 0x%x"
+                            " is not page aligned\n", qi, val);
         }
         q->mmu_l1_base = deposit64(q->mmu_l1_base, 0, 32,
                                    val & ~(NPU_PAGE_SIZE - 1));
@@ -1118,20 +1118,20 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_MMU_L1_ENTRIES:
         if (val > NPU_MMU_MAX_L1) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d MMU L1 size %u"
-                          " clamped to %u\n", qi, val, NPU_MMU_MAX_L1);
+            npu_guest_error("npu: queue %d MMU L1 size %u"
+                            " clamped to %u\n", qi, val, NPU_MMU_MAX_L1);
         }
         q->mmu_l1_entries = MIN(val, NPU_MMU_MAX_L1);
         break;
     case NPU_Q_CONTROL:
         if (val & ~NPU_QCTL_ENABLE) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d control 0x%x has"
-                          " unknown bits\n", qi, val);
+            npu_guest_error("npu: queue %d control 0x%x has"
+                            " unknown bits\n", qi, val);
         }
         if ((val & NPU_QCTL_ENABLE) && !enabled) {
             if (!npu_ring_config_ok(s, q)) {
-                qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d enabled with an"
-                              " invalid ring configuration\n", qi);
+                npu_guest_error("npu: queue %d enabled with an"
+                                " invalid ring configuration\n", qi);
                 npu_queue_error_locked(s, qi, NPU_ERR_BAD_RING);
                 return;
             }
@@ -1155,8 +1155,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
     case NPU_Q_HEAD:
         /* Where the next enable starts the ring (a driver's restart). */
         if (enabled) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d head written while"
-                          " enabled\n", qi);
+            npu_guest_error("npu: queue %d head written while"
+                            " enabled\n", qi);
             break;
         }
         q->head_restore = val;
@@ -1164,8 +1164,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         break;
     case NPU_Q_PRIORITY:
         if (val > NPU_Q_PRIORITY_MAX) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d priority %u is above"
-                          " %u; ignored\n", qi, val, NPU_Q_PRIORITY_MAX);
+            npu_guest_error("npu: queue %d priority %u is above"
+                            " %u; ignored\n", qi, val, NPU_Q_PRIORITY_MAX);
             break;
         }
         q->priority = val;      /* takes effect at the next command */
@@ -1175,9 +1175,9 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
     case NPU_Q_IRQ_DELAY:
         if (val > (reg == NPU_Q_IRQ_COUNT ? NPU_IRQ_COUNT_MAX :
                    NPU_IRQ_DELAY_MAX)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: queue %d moderation register"
-                          " 0x%" HWADDR_PRIx " value %u too large; ignored\n",
-                          qi, reg, val);
+            npu_guest_error("npu: queue %d moderation register"
+                            " 0x%" HWADDR_PRIx " value %u too large; ignored\n",
+                            qi, reg, val);
             break;
         }
         if (reg == NPU_Q_IRQ_COUNT) {
@@ -1190,8 +1190,8 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
         }
         break;
     default:
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or unknown"
-                      " queue register 0x%" HWADDR_PRIx "\n", reg);
+        npu_guest_error("npu: write to read-only or unknown"
+                        " queue register 0x%" HWADDR_PRIx "\n", reg);
         break;
     }
 }
@@ -1199,22 +1199,22 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
 static void npu_mmu_write_locked(NpuState *s, hwaddr addr, uint32_t val)
 {
     if (s->control & NPU_CONTROL_ENABLE) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU register 0x%" HWADDR_PRIx
-                      " written while the device is enabled\n", addr);
+        npu_guest_error("npu: MMU register 0x%" HWADDR_PRIx
+                        " written while the device is enabled\n", addr);
         return;
     }
     switch (addr) {
     case NPU_REG_MMU_CONTROL:
         if (val & ~NPU_MMU_ENABLE) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU control 0x%x has"
-                          " unknown bits\n", val);
+            npu_guest_error("npu: MMU control 0x%x has"
+                            " unknown bits\n", val);
         }
         s->mmu_control = val & NPU_MMU_ENABLE;
         break;
     case NPU_REG_MMU_L1_LO:
         if (val & (NPU_PAGE_SIZE - 1)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 table 0x%x is not"
-                          " page aligned\n", val);
+            npu_guest_error("npu: MMU L1 table 0x%x is not"
+                            " page aligned\n", val);
         }
         s->mmu_l1_base = deposit64(s->mmu_l1_base, 0, 32,
                                    val & ~(NPU_PAGE_SIZE - 1));
@@ -1224,15 +1224,15 @@ static void npu_mmu_write_locked(NpuState *s, hwaddr addr, uint32_t val)
         break;
     case NPU_REG_MMU_L1_ENTRIES:
         if (val > NPU_MMU_MAX_L1) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 size %u clamped to"
-                          " %u\n", val, NPU_MMU_MAX_L1);
+            npu_guest_error("npu: MMU L1 size %u clamped to"
+                            " %u\n", val, NPU_MMU_MAX_L1);
         }
         s->mmu_l1_entries = MIN(val, NPU_MMU_MAX_L1);
         break;
     case NPU_REG_MMU_CTX_LO:
         if (val & (NPU_PAGE_SIZE - 1)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: context table 0x%x is not"
-                          " page aligned\n", val);
+            npu_guest_error("npu: context table 0x%x is not"
+                            " page aligned\n", val);
         }
         s->mmu_ctx_base = deposit64(s->mmu_ctx_base, 0, 32,
                                     val & ~(NPU_PAGE_SIZE - 1));
@@ -1242,8 +1242,8 @@ static void npu_mmu_write_locked(NpuState *s, hwaddr addr, uint32_t val)
         break;
     case NPU_REG_MMU_CTX_COUNT:
         if (val > NPU_MMU_MAX_CTX) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: context table size %u"
-                          " clamped to %u\n", val, NPU_MMU_MAX_CTX);
+            npu_guest_error("npu: context table size %u"
+                            " clamped to %u\n", val, NPU_MMU_MAX_CTX);
         }
         s->mmu_ctx_count = MIN(val, NPU_MMU_MAX_CTX);
         break;
@@ -1259,16 +1259,16 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     trace_npu_mmio_write(addr, size, val);
     qemu_mutex_lock(&s->lock);
     if (s->reset_pending) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: write to 0x%" HWADDR_PRIx
-                      " during reset ignored\n", addr);
+        npu_guest_error("npu: write to 0x%" HWADDR_PRIx
+                        " during reset ignored\n", addr);
         qemu_mutex_unlock(&s->lock);
         return;
     }
     switch (addr) {
     case NPU_REG_CONTROL:
         if (val & ~(uint64_t)(NPU_CONTROL_ENABLE | NPU_CONTROL_RESET)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: control 0x%" PRIx64
-                          " has unknown bits\n", val);
+            npu_guest_error("npu: control 0x%" PRIx64
+                            " has unknown bits\n", val);
         }
         if (val & NPU_CONTROL_RESET) {
             reset = true;
@@ -1296,8 +1296,8 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case NPU_REG_INJECT:
         if (val & ~NPU_INJECT_MASK) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: inject 0x%x has unknown"
-                          " bits\n", (uint32_t)val);
+            npu_guest_error("npu: inject 0x%x has unknown"
+                            " bits\n", (uint32_t)val);
         }
         s->inject |= val & NPU_INJECT_MASK & ~NPU_INJECT_FW_CRASH;
         if (val & NPU_INJECT_FW_CRASH) {
@@ -1308,8 +1308,8 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     case NPU_REG_FW_ADDR_HI:
     case NPU_REG_FW_SIZE:
         if (s->fw_state == NPU_FW_RUNNING) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware register 0x%"
-                          HWADDR_PRIx " written while it runs\n", addr);
+            npu_guest_error("npu: firmware register 0x%"
+                            HWADDR_PRIx " written while it runs\n", addr);
         } else if (addr == NPU_REG_FW_SIZE) {
             s->fw_size = val;
         } else {
@@ -1320,8 +1320,8 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case NPU_REG_FW_CONTROL:
         if (val & ~(uint64_t)(NPU_FW_BOOT | NPU_FW_STOP)) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware control 0x%x has"
-                          " unknown bits\n", (uint32_t)val);
+            npu_guest_error("npu: firmware control 0x%x has"
+                            " unknown bits\n", (uint32_t)val);
         }
         if (val & NPU_FW_STOP) {
             s->fw_state = NPU_FW_OFF;
@@ -1329,7 +1329,7 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
             s->fw_opcodes = 0;
             s->fw_queues = 0;
         } else if ((val & NPU_FW_BOOT) && s->fw_state == NPU_FW_RUNNING) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware already runs\n");
+            npu_guest_error("npu: firmware already runs\n");
         } else {
             boot = val & NPU_FW_BOOT;
         }
@@ -1387,8 +1387,8 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                    addr < NPU_TRACE_BASE + NPU_TRACE_SIZE) {
             npu_trace_write_locked(s, addr - NPU_TRACE_BASE, val);
         } else {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: write to read-only or"
-                          " unknown register 0x%" HWADDR_PRIx "\n", addr);
+            npu_guest_error("npu: write to read-only or"
+                            " unknown register 0x%" HWADDR_PRIx "\n", addr);
         }
         break;
     }
@@ -1457,6 +1457,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
         error_setg(errp, "npu: mem-budget must be at least 16 MiB");
         return;
     }
+    npu_dnnl_init();
     if (s->mem_size && (!is_power_of_2(s->mem_size) || s->mem_size < MiB ||
                         s->mem_size > 64 * GiB)) {
         error_setg(errp, "npu: mem-size must be 0 or a power of two from"
@@ -1607,7 +1608,16 @@ static void npu_reset_hold(Object *obj, ResetType type)
     npu_perf_reset_locked(s);
     qemu_mutex_unlock(&s->lock);
     npu_trace_reset(s);
-    npu_bars_update(s);
+}
+
+/*
+ * Exit: every hold phase is done, the PCI core's (which clears COMMAND and
+ * unmaps the BARs, after its devices') included, so the snapshot of the
+ * BARs is the reset one.
+ */
+static void npu_reset_exit(Object *obj, ResetType type)
+{
+    npu_bars_update(NPU_PCI(obj));
 }
 
 static uint16_t npu_pm_state(PCIDevice *pdev)
@@ -1725,10 +1735,10 @@ static void npu_class_init(ObjectClass *klass, void *data)
     dc->desc = "Emulated NPU (neural processing unit)";
     rc->phases.enter = npu_reset_enter;
     rc->phases.hold = npu_reset_hold;
+    rc->phases.exit = npu_reset_exit;
     dc->vmsd = &npu_vmstate;
     device_class_set_props(dc, npu_properties);
     set_bit(DEVICE_CATEGORY_MISC, dc->categories);
-    npu_dnnl_init();
 }
 
 static const TypeInfo npu_types[] = {

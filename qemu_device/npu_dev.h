@@ -385,6 +385,21 @@ uint32_t npu_engine_poll(NpuState *s);
 uint32_t npu_engine_work(NpuCore *core, uint64_t work);
 void *npu_core_scratch(NpuCore *core, size_t size);
 void npu_dnnl_init(void);
+
+/*
+ * A guest error: logged with LOG_GUEST_ERROR (-d guest_errors) and traced
+ * (trace event npu_guest_error), formatted only when one of them is on.
+ */
+#define npu_guest_error(fmt, ...)                                          \
+    do {                                                                   \
+        if (qemu_loglevel_mask(LOG_GUEST_ERROR) ||                         \
+            trace_event_get_state_backends(TRACE_NPU_GUEST_ERROR)) {      \
+            g_autofree char *npu_msg_ = g_strdup_printf(fmt, ##__VA_ARGS__); \
+                                                                           \
+            qemu_log_mask(LOG_GUEST_ERROR, "%s", npu_msg_);                \
+            trace_npu_guest_error(g_strchomp(npu_msg_));                   \
+        }                                                                  \
+    } while (0)
 /* npu_dnnl.c: c [m, n] = op(a) @ op(b), row major, fp32 (any thread). */
 void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
                const float *a, uint64_t lda, const float *b, uint64_t ldb,

@@ -219,9 +219,19 @@ static void npu_dnnl_cache_value_free(gpointer p)
     npu_dnnl_unref_locked(p);
 }
 
-/* Once, before any device exists (class init). */
+/*
+ * The shared primitive cache, made by the first device realized (BQL
+ * held), not when the type is registered: listing devices allocates
+ * nothing.
+ */
 void npu_dnnl_init(void)
 {
+    static bool done;
+
+    if (done) {
+        return;
+    }
+    done = true;
     qemu_mutex_init(&npu_dnnl.lock);
     npu_dnnl.cache = g_hash_table_new_full(npu_dnnl_shape_hash,
                                            npu_dnnl_shape_equal, NULL,

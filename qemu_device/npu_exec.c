@@ -26,13 +26,13 @@ uint32_t npu_check_range(const char *what, uint64_t addr, uint64_t len)
     uint64_t end;
 
     if (len == 0 || len > NPU_MAX_XFER) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s length %" PRIu64
-                      " out of range\n", what, len);
+        npu_guest_error("npu: %s length %" PRIu64
+                        " out of range\n", what, len);
         return NPU_ST_BAD_ARGS;
     }
     if (uadd64_overflow(addr, len, &end)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: %s range 0x%" PRIx64 "+0x%"
-                      PRIx64 " wraps around\n", what, addr, len);
+        npu_guest_error("npu: %s range 0x%" PRIx64 "+0x%"
+                        PRIx64 " wraps around\n", what, addr, len);
         return NPU_ST_BAD_ADDR;
     }
     return NPU_ST_OK;
@@ -55,10 +55,10 @@ void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero)
     if (used > s->mem_budget || used < bytes) {
         qatomic_sub(&s->mem_used, bytes);
         trace_npu_budget(bytes, used - bytes, s->mem_budget);
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: %" PRIu64 " bytes of host"
-                      " memory exceed the device's budget (%" PRIu64
-                      " of %" PRIu64 " in use)\n", bytes, used - bytes,
-                      s->mem_budget);
+        npu_guest_error("npu: %" PRIu64 " bytes of host"
+                        " memory exceed the device's budget (%" PRIu64
+                        " of %" PRIu64 " in use)\n", bytes, used - bytes,
+                        s->mem_budget);
         return NULL;
     }
     p = zero ? g_try_malloc0(bytes) : g_try_malloc(bytes);
@@ -174,8 +174,8 @@ static uint32_t npu_exec_copy(NpuState *s, NpuWalk *w,
         return st;
     }
     if (job.src < job.dst + len && job.dst < job.src + len) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: copy source and destination"
-                      " overlap\n");
+        npu_guest_error("npu: copy source and destination"
+                        " overlap\n");
         return NPU_ST_BAD_ARGS;
     }
     return npu_run_tiles(s, npu_copy_tile, &job, len, NPU_TILE_BYTES);
@@ -195,7 +195,7 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
     size_t i;
 
     if (cmd->fill.rsvd) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: fill reserved field set\n");
+        npu_guest_error("npu: fill reserved field set\n");
         return NPU_ST_BAD_RESERVED;
     }
     st = npu_check_range("fill destination", job.dst, len);
@@ -203,8 +203,8 @@ static uint32_t npu_exec_fill(NpuState *s, NpuWalk *w,
         return st;
     }
     if (len % 4) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: fill length %" PRIu64
-                      " is not a multiple of 4\n", len);
+        npu_guest_error("npu: fill length %" PRIu64
+                        " is not a multiple of 4\n", len);
         return NPU_ST_BAD_ARGS;
     }
     /* The pattern chunk is written here, then only read by the tiles. */
@@ -236,9 +236,9 @@ typedef struct NpuMatrix {
 static uint32_t npu_matrix_check(NpuMatrix *mat)
 {
     if (mat->ld < mat->cols || mat->ld > NPU_MAX_LD) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm %s stride %u is outside"
-                      " [%u, %u]\n", mat->name, mat->ld, mat->cols,
-                      NPU_MAX_LD);
+        npu_guest_error("npu: gemm %s stride %u is outside"
+                        " [%u, %u]\n", mat->name, mat->ld, mat->cols,
+                        NPU_MAX_LD);
         return NPU_ST_BAD_ARGS;
     }
     mat->bytes = npu_matrix_bytes(mat->rows, mat->cols, mat->ld);
@@ -337,19 +337,19 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
     uint32_t st;
 
     if (le32_to_cpu(cmd->gemm.dtype) != NPU_DTYPE_FP32) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm dtype %u unsupported\n",
-                      le32_to_cpu(cmd->gemm.dtype));
+        npu_guest_error("npu: gemm dtype %u unsupported\n",
+                        le32_to_cpu(cmd->gemm.dtype));
         return NPU_ST_BAD_ARGS;
     }
     if (flags & ~NPU_GEMM_F_MASK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm flags 0x%x unknown\n",
-                      flags);
+        npu_guest_error("npu: gemm flags 0x%x unknown\n",
+                        flags);
         return NPU_ST_BAD_FLAGS;
     }
     if (!m || !n || !k || m > NPU_MAX_DIM || n > NPU_MAX_DIM ||
         k > NPU_MAX_DIM) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm shape %ux%ux%u out of"
-                      " range\n", m, n, k);
+        npu_guest_error("npu: gemm shape %ux%ux%u out of"
+                        " range\n", m, n, k);
         return NPU_ST_BAD_ARGS;
     }
     st = npu_matrix_check(&a);
@@ -371,8 +371,8 @@ static uint32_t npu_exec_gemm(NpuState *s, NpuWalk *w,
     /* Zeroed: no stale host memory can ever reach the guest. */
     c.data = npu_budget_alloc(s, csz, true);
     if (!a.data || !b.data || !c.data) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: gemm of %" PRIu64 " bytes: out"
-                      " of device memory\n", asz + bsz + csz);
+        npu_guest_error("npu: gemm of %" PRIu64 " bytes: out"
+                        " of device memory\n", asz + bsz + csz);
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
@@ -446,8 +446,8 @@ static uint32_t npu_exec_signal(NpuState *s, NpuWalk *w,
     uint64_t v = cpu_to_le64(le64_to_cpu(cmd->sync.value));
 
     if (va & 7) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: SIGNAL address 0x%" PRIx64
-                      " is not 8-byte aligned\n", va);
+        npu_guest_error("npu: SIGNAL address 0x%" PRIx64
+                        " is not 8-byte aligned\n", va);
         return NPU_ST_BAD_ARGS;
     }
     return npu_mem_write(s, w, va, &v, sizeof(v));
@@ -466,8 +466,8 @@ uint32_t npu_wait_ready(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd,
 
     *ready = false;
     if (va & 7) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: WAIT address 0x%" PRIx64
-                      " is not 8-byte aligned\n", va);
+        npu_guest_error("npu: WAIT address 0x%" PRIx64
+                        " is not 8-byte aligned\n", va);
         return NPU_ST_BAD_ARGS;
     }
     st = npu_mem_read(s, w, va, &v, sizeof(v));
@@ -481,8 +481,8 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         !buffer_is_zero((const uint8_t *)cmd->raw +
                         npu_payload_used[cmd->opcode],
                         sizeof(cmd->raw) - npu_payload_used[cmd->opcode])) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: opcode %u descriptor has"
-                      " non-zero unused bytes\n", cmd->opcode);
+        npu_guest_error("npu: opcode %u descriptor has"
+                        " non-zero unused bytes\n", cmd->opcode);
         return NPU_ST_BAD_RESERVED;
     }
 
@@ -513,8 +513,8 @@ uint32_t npu_exec_cmd(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     case NPU_OP_WAIT:
         return NPU_ST_OK;   /* npu_process_one_locked() waited for it */
     default:
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown opcode %u\n",
-                      cmd->opcode);
+        npu_guest_error("npu: unknown opcode %u\n",
+                        cmd->opcode);
         return NPU_ST_BAD_OPCODE;
     }
 }

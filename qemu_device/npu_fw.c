@@ -245,8 +245,8 @@ void npu_fw_boot(NpuState *s)
     }
     qemu_mutex_unlock(&s->lock);
     if (err) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: firmware image rejected"
-                      " (error %u)\n", err);
+        npu_guest_error("npu: firmware image rejected"
+                        " (error %u)\n", err);
         return;
     }
     npu_fw_log(s, 1, "npu-fw %u.%u booted: opcodes 0x%x heartbeat %u us%s%s",
@@ -284,8 +284,8 @@ void npu_fw_mbox(NpuState *s)
     qemu_mutex_lock(&s->lock);
     if (s->fw_state != NPU_FW_RUNNING) {
         qemu_mutex_unlock(&s->lock);
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: mailbox request with no"
-                      " firmware running\n");
+        npu_guest_error("npu: mailbox request with no"
+                        " firmware running\n");
         return;     /* nobody answers */
     }
     cmd = s->mbox_cmd;

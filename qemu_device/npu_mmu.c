@@ -86,10 +86,10 @@ static MemTxResult npu_dma_rw(NpuState *s, const char *what, uint64_t addr,
         void *p = npu_ram_map(as, addr, &l, write);
 
         if (!p) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: %s DMA %s 0x%" PRIx64
-                          " refused: not RAM the device may %s\n", what,
-                          write ? "to" : "from", addr,
-                          write ? "write" : "read");
+            npu_guest_error("npu: %s DMA %s 0x%" PRIx64
+                            " refused: not RAM the device may %s\n", what,
+                            write ? "to" : "from", addr,
+                            write ? "write" : "read");
             trace_npu_dma_error(what, addr, len, write, MEMTX_ACCESS_ERROR);
             return MEMTX_ACCESS_ERROR;
         }
@@ -251,9 +251,9 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
 static uint32_t npu_fault(NpuState *s, const NpuWalk *w, uint64_t va,
                           uint32_t info)
 {
-    qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU fault at VA 0x%" PRIx64
-                  " (info 0x%x, queue %d, ctx %u)\n", va, info, w->queue,
-                  w->ctx);
+    npu_guest_error("npu: MMU fault at VA 0x%" PRIx64
+                    " (info 0x%x, queue %d, ctx %u)\n", va, info, w->queue,
+                    w->ctx);
     trace_npu_mmu_fault(w->queue, w->ctx, va, info);
     qemu_mutex_lock(&s->lock);
     s->mmu_fault_addr = va;
@@ -287,7 +287,7 @@ uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx)
     addr = w->ctx_base + (uint64_t)ctx * sizeof(e);
     if (!npu_walk_range_ok(w, addr, sizeof(e)) ||
         npu_dma_read(s, "context entry", addr, &e, sizeof(e)) != MEMTX_OK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: context table read failed\n");
+        npu_guest_error("npu: context table read failed\n");
         return NPU_ST_DMA_ERROR;
     }
     e.l1 = le64_to_cpu(e.l1);
@@ -335,7 +335,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         if (!npu_walk_range_ok(w, w->l1_base + l1i * 8, 8) ||
             npu_dma_read(s, "MMU L1", w->l1_base + l1i * 8, &l1e,
                          sizeof(l1e)) != MEMTX_OK) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L1 read failed\n");
+            npu_guest_error("npu: MMU L1 read failed\n");
             return NPU_ST_DMA_ERROR;
         }
         l1e = le64_to_cpu(l1e);
@@ -349,7 +349,7 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
         if (!npu_walk_range_ok(w, l2, sizeof(w->l2[way])) ||
             npu_dma_read(s, "MMU L2", l2, w->l2[way], sizeof(w->l2[way])) !=
             MEMTX_OK) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: MMU L2 read failed\n");
+            npu_guest_error("npu: MMU L2 read failed\n");
             return NPU_ST_DMA_ERROR;
         }
         w->cached_l1[way] = l1i;
@@ -420,8 +420,8 @@ static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
     if (st == NPU_ST_OK && *local) {
         *run = MIN(*run, s->mem_size - *pa);
     } else if (st == NPU_ST_OK && npu_hits_own_bar(&w->bars, *pa, *run)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA to 0x%" PRIx64
-                      " targets the device's own BAR\n", *pa);
+        npu_guest_error("npu: DMA to 0x%" PRIx64
+                        " targets the device's own BAR\n", *pa);
         st = NPU_ST_BAD_ADDR;
     }
     return st;
@@ -507,8 +507,8 @@ static uint32_t npu_mem_rw_run(NpuState *s, NpuWalk *w, uint64_t va,
         r = write ? npu_dma_write(s, "tensor", pa, p, run)
                   : npu_dma_read(s, "tensor", pa, p, run);
         if (r != MEMTX_OK) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: DMA %s at 0x%" PRIx64
-                          " failed\n", write ? "write" : "read", pa);
+            npu_guest_error("npu: DMA %s at 0x%" PRIx64
+                            " failed\n", write ? "write" : "read", pa);
             return NPU_ST_DMA_ERROR;
         }
         if (operand) {

@@ -13,6 +13,7 @@
 #include "qemu/atomic.h"
 #include "qemu/units.h"
 #include "qemu/log.h"
+#include "hw/misc/trace.h"
 #include "npu_tensor_int.h"
 
 /* ---------------------------------------------------------------------- */
@@ -427,8 +428,8 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
     g_free(itile);
     g_free(csum);
     if (st != NPU_ST_OK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: matmul %" PRIu64 "x%" PRIu64
-                      "x%" PRIu64 ": out of device memory\n", job->m, k, n);
+        npu_guest_error("npu: matmul %" PRIu64 "x%" PRIu64
+                        "x%" PRIu64 ": out of device memory\n", job->m, k, n);
         return st;
     }
     return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
@@ -763,7 +764,7 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
 
     if (!col || !(job->direct_out || cbuf) || (job->quant && !ibuf) ||
         (job->acc && !obuf)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        npu_guest_error("npu: conv2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
@@ -851,8 +852,7 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
     if (job->acc) {
         obuf = g_try_malloc(job->ob * job->ohw * sizeof(float));
         if (!obuf) {
-            qemu_log_mask(LOG_GUEST_ERROR,
-                          "npu: conv2d: out of device memory\n");
+            npu_guest_error("npu: conv2d: out of device memory\n");
             return NPU_ST_NO_MEMORY;
         }
     }
@@ -879,8 +879,7 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
                                        (const uint8_t *)job->dwt +
                                        oc0 * job->kk * job->size,
                                        job->bias + oc0, dst)) {
-            qemu_log_mask(LOG_GUEST_ERROR,
-                          "npu: conv2d: out of device memory\n");
+            npu_guest_error("npu: conv2d: out of device memory\n");
             st = NPU_ST_NO_MEMORY;
             break;
         }
@@ -1052,7 +1051,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         job.wt = wpack;
     }
     if (!bias || !job.wt || (job.quant && !ibias)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: conv2d: out of device memory\n");
+        npu_guest_error("npu: conv2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
@@ -1211,7 +1210,7 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
     uint32_t st = NPU_ST_OK;
 
     if (!tmp || !m || !acc) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: pool2d: out of device memory\n");
+        npu_guest_error("npu: pool2d: out of device memory\n");
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
@@ -1496,8 +1495,8 @@ uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
             rest /= sc->shape[d];
         }
         if (!npu_f32_bits_positive_finite(ldl_le_p(bufs[1] + off * 4))) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: requant: scale element %"
-                          PRIu64 " is not a finite fp32 above zero\n", i);
+            npu_guest_error("npu: requant: scale element %"
+                            PRIu64 " is not a finite fp32 above zero\n", i);
             return NPU_ST_BAD_QUANT;
         }
     }

@@ -105,8 +105,8 @@ uint32_t npu_perf_read_locked(NpuState *s, hwaddr off)
         return npu_perf_half(s->perf_snap_core[(off - NPU_PERF_CORE_BASE) / 8],
                              off);
     }
-    qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register 0x%"
-                  HWADDR_PRIx "\n", NPU_PERF_BASE + off);
+    npu_guest_error("npu: read of unknown register 0x%"
+                    HWADDR_PRIx "\n", NPU_PERF_BASE + off);
     return 0;
 }
 
@@ -114,9 +114,9 @@ void npu_perf_write_locked(NpuState *s, hwaddr off, uint32_t val)
 {
     if (off != NPU_PERF_CONTROL ||
         (val & ~(NPU_PERF_SNAPSHOT | NPU_PERF_RESET))) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: write of 0x%x to read-only or"
-                      " unknown register 0x%" HWADDR_PRIx "\n", val,
-                      NPU_PERF_BASE + off);
+        npu_guest_error("npu: write of 0x%x to read-only or"
+                        " unknown register 0x%" HWADDR_PRIx "\n", val,
+                        NPU_PERF_BASE + off);
         return;
     }
     /* Both bits: the snapshot has the counts up to the reset. */

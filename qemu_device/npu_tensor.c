@@ -1049,9 +1049,9 @@ static bool npu_scratch_get(NpuState *s, uint32_t n, const uint64_t *sizes,
         if (used > s->mem_budget) {
             qatomic_sub(&s->mem_used, total);
             trace_npu_budget(total, used - total, s->mem_budget);
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: %" PRIu64 " bytes of"
-                          " operands exceed the device's host memory"
-                          " budget\n", total);
+            npu_guest_error("npu: %" PRIu64 " bytes of"
+                            " operands exceed the device's host memory"
+                            " budget\n", total);
             return false;
         }
         /* Huge pages: a transpose touches a new 4 KiB page per element. */
@@ -1085,12 +1085,12 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     bool place;
 
     if (cmd->tensor.rsvd) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op reserved field set\n");
+        npu_guest_error("npu: tensor op reserved field set\n");
         return NPU_ST_BAD_RESERVED;
     }
     if (pva % 64) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor params at 0x%" PRIx64
-                      " not 64-byte aligned\n", pva);
+        npu_guest_error("npu: tensor params at 0x%" PRIx64
+                        " not 64-byte aligned\n", pva);
         return NPU_ST_BAD_ARGS;
     }
     st = npu_check_range("tensor params", pva, sizeof(p));
@@ -1103,8 +1103,8 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
     npu_tensor_params_to_cpu(&p);
     st = npu_tensor_op_check(opcode, kind, &p);
     if (st != NPU_ST_OK) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op %u kind %u: invalid"
-                      " parameter block (status %u)\n", opcode, kind, st);
+        npu_guest_error("npu: tensor op %u kind %u: invalid"
+                        " parameter block (status %u)\n", opcode, kind, st);
         return st;
     }
 
@@ -1145,8 +1145,8 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         sizes[job.nin] = numel * job.osize;
     }
     if (nbuf && !npu_scratch_get(s, nbuf, sizes, bufs)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: tensor op of %" PRIu64
-                      " elements: out of device memory\n", numel);
+        npu_guest_error("npu: tensor op of %" PRIu64
+                        " elements: out of device memory\n", numel);
         return NPU_ST_NO_MEMORY;
     }
     /*

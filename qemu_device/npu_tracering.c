@@ -137,8 +137,8 @@ void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
         if (!--s->trace_writing) {
             if (s->trace_failed) {
                 /* The batch is not published: its slots may hold anything. */
-                qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring write failed;"
-                              " tracing off\n");
+                npu_guest_error("npu: trace ring write failed;"
+                                " tracing off\n");
                 trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
                 s->trace_dropped += s->trace_reserved - s->trace_head;
                 s->trace_reserved = s->trace_head;
@@ -190,8 +190,8 @@ uint32_t npu_trace_read_locked(NpuState *s, hwaddr off)
         val = s->trace_mask;
         break;
     default:
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: read of unknown register 0x%"
-                      HWADDR_PRIx "\n", NPU_TRACE_BASE + off);
+        npu_guest_error("npu: read of unknown register 0x%"
+                        HWADDR_PRIx "\n", NPU_TRACE_BASE + off);
         break;
     }
     qemu_mutex_unlock(&s->trace_lock);
@@ -206,15 +206,15 @@ static bool npu_trace_ring_ok(NpuState *s)
     if (s->trace_size < NPU_TRACE_MIN_RECORDS ||
         s->trace_size > NPU_TRACE_MAX_RECORDS ||
         (s->trace_size & (s->trace_size - 1))) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring of %u records\n",
-                      s->trace_size);
+        npu_guest_error("npu: trace ring of %u records\n",
+                        s->trace_size);
         trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
         return false;
     }
     if (s->trace_base % 32 ||
         !npu_dma_range_ok_locked(s, s->trace_base, bytes, true)) {
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring at 0x%" PRIx64
-                      " is misaligned or not in RAM\n", s->trace_base);
+        npu_guest_error("npu: trace ring at 0x%" PRIx64
+                        " is misaligned or not in RAM\n", s->trace_base);
         trace_npu_trace_bad_ring(s->trace_base, s->trace_size);
         return false;
     }
@@ -227,8 +227,8 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
     switch (off) {
     case NPU_TRACE_CONTROL:
         if (val & ~NPU_TRACE_ENABLE) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: unknown trace control bits"
-                          " 0x%x\n", val);
+            npu_guest_error("npu: unknown trace control bits"
+                            " 0x%x\n", val);
             trace_npu_trace_bad_write(off, val);
             break;
         }
@@ -243,8 +243,8 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
     case NPU_TRACE_RING_HI:
     case NPU_TRACE_RING_SIZE:
         if (s->trace_on) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: trace ring moved while"
-                          " tracing\n");
+            npu_guest_error("npu: trace ring moved while"
+                            " tracing\n");
             trace_npu_trace_bad_write(off, val);
             break;
         }
@@ -259,8 +259,8 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
         break;
     case NPU_TRACE_TAIL:
         if (val - s->trace_tail > s->trace_head - s->trace_tail) {
-            qemu_log_mask(LOG_GUEST_ERROR, "npu: trace tail %u outside"
-                          " [%u, %u]\n", val, s->trace_tail, s->trace_head);
+            npu_guest_error("npu: trace tail %u outside"
+                            " [%u, %u]\n", val, s->trace_tail, s->trace_head);
             trace_npu_trace_bad_write(off, val);
             break;
         }
@@ -270,9 +270,9 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
         s->trace_mask = val & ((1u << NPU_TR_KINDS) - 2);
         break;
     default:
-        qemu_log_mask(LOG_GUEST_ERROR, "npu: write of 0x%x to read-only or"
-                      " unknown register 0x%" HWADDR_PRIx "\n", val,
-                      NPU_TRACE_BASE + off);
+        npu_guest_error("npu: write of 0x%x to read-only or"
+                        " unknown register 0x%" HWADDR_PRIx "\n", val,
+                        NPU_TRACE_BASE + off);
         trace_npu_trace_bad_write(off, val);
         break;
     }

@@ -312,3 +312,18 @@ def test_a_write_into_rom_fails_the_command_and_the_queue_goes_on(npu: Npu) -> N
     assert statuses == [hw.ST_DMA_ERROR, hw.ST_OK]
     assert npu.qt.memread(BIOS, LEN) == bios
     assert npu.fence_wb()[0] == 2
+
+
+def test_a_refused_access_is_traced_and_logged_as_a_guest_error(tmp_path: Path) -> None:
+    log = tmp_path / "qemu.log"
+    npu = Npu(log, extra_args=["-trace", "npu_guest_error", "-d", "guest_errors"])
+    try:
+        npu.start()
+        assert npu.run(fill(BIOS, LEN, PATTERN)).status == hw.ST_DMA_ERROR
+        npu.assert_alive()
+    finally:
+        npu.close()
+    lines = log.read_text().splitlines()
+    refusal = f"npu: tensor DMA to {BIOS:#x} refused: not RAM the device may write"
+    assert f"npu_guest_error {refusal}" in lines  # the trace event
+    assert refusal in lines  # the guest-error log
