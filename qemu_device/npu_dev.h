@@ -337,6 +337,8 @@ struct NpuState {
     uint32_t trace_mask;
     uint32_t trace_reserved;    /* slots handed out; being written past head */
     uint32_t trace_writing;     /* records being written outside the lock */
+    uint32_t trace_inflight;    /* ... of any generation (quiesce) */
+    QemuCond trace_idle;        /* @trace_inflight went down to 0 */
     uint32_t trace_gen;         /* a new ring or reset: late writes are void */
     bool trace_failed;          /* a write of this batch failed */
 

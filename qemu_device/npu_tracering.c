@@ -23,6 +23,7 @@
 #include "qemu/osdep.h"
 #include "qemu/atomic.h"
 #include "qemu/log.h"
+#include "qemu/main-loop.h"
 #include "npu_dev.h"
 #include "hw/misc/trace.h"
 
@@ -34,11 +35,13 @@ static __thread NpuTraceCtx npu_trace_ctx = {
 void npu_trace_init(NpuState *s)
 {
     qemu_mutex_init(&s->trace_lock);
+    qemu_cond_init(&s->trace_idle);
     s->trace_mask = (1u << NPU_TR_KINDS) - 2;  /* every kind */
 }
 
 void npu_trace_fini(NpuState *s)
 {
+    qemu_cond_destroy(&s->trace_idle);
     qemu_mutex_destroy(&s->trace_lock);
 }
 
@@ -53,11 +56,49 @@ static void npu_trace_empty(NpuState *s)
     s->trace_gen++;
 }
 
+/*
+ * Wait until no record write is in flight, of any generation (trace_lock
+ * held; with @dev_locked the device lock too, taken before it). Tracing is
+ * off by then: after this, nothing lands in the ring the guest may now
+ * free. A record write needs trace_lock only, so the wait is one record's
+ * copy; a caller under the BQL lets it go all the same, as every wait for
+ * the engine does (docs/npu-spec.md 12).
+ */
+static void npu_trace_quiesce(NpuState *s, bool dev_locked)
+{
+    bool bql;
+
+    if (!s->trace_inflight) {
+        return;
+    }
+    bql = bql_locked();
+    if (bql) {
+        qemu_mutex_unlock(&s->trace_lock);
+        if (dev_locked) {
+            qemu_mutex_unlock(&s->lock);
+        }
+        bql_unlock();
+        qemu_mutex_lock(&s->trace_lock);
+    }
+    while (s->trace_inflight) {
+        qemu_cond_wait(&s->trace_idle, &s->trace_lock);
+    }
+    if (bql) {
+        qemu_mutex_unlock(&s->trace_lock);
+        bql_lock();
+        if (dev_locked) {
+            qemu_mutex_lock(&s->lock);
+        }
+        qemu_mutex_lock(&s->trace_lock);
+    }
+}
+
 /* A system reset or D3hot: tracing off, the ring forgotten. */
 void npu_trace_reset(NpuState *s)
 {
     qemu_mutex_lock(&s->trace_lock);
     qatomic_set(&s->trace_on, false);
+    npu_trace_quiesce(s, false);
     s->trace_base = 0;
     s->trace_size = 0;
     s->trace_dropped = 0;
@@ -119,6 +160,7 @@ void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
            sizeof(rec);
     s->trace_reserved++;
     s->trace_writing++;
+    s->trace_inflight++;
     gen = s->trace_gen;
     rec.ts = cpu_to_le64(npu_dev_clock(s));
     qemu_mutex_unlock(&s->trace_lock);
@@ -132,6 +174,9 @@ void npu_trace_ev(NpuState *s, uint32_t kind, uint8_t queue, uint8_t core,
     ok = npu_dma_write(s, "trace", addr, &rec, sizeof(rec)) == MEMTX_OK;
 
     qemu_mutex_lock(&s->trace_lock);
+    if (!--s->trace_inflight) {
+        qemu_cond_broadcast(&s->trace_idle);
+    }
     if (gen == s->trace_gen) {
         s->trace_failed |= !ok;
         if (!--s->trace_writing) {
@@ -237,6 +282,9 @@ void npu_trace_write_locked(NpuState *s, hwaddr off, uint32_t val)
             break;
         }
         qatomic_set(&s->trace_on, !!(val & NPU_TRACE_ENABLE));
+        if (!s->trace_on) {
+            npu_trace_quiesce(s, true);
+        }
         trace_npu_trace_control(s->trace_on, s->trace_head, s->trace_tail);
         break;
     case NPU_TRACE_RING_LO:

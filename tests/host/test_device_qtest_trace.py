@@ -8,6 +8,7 @@ device wrote there are read back and decoded.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,3 +269,20 @@ def test_a_system_reset_turns_tracing_off_and_forgets_the_ring(npu: Npu) -> None
     system_reset(npu)
     regs = (hw.TRACE_CONTROL, hw.TRACE_RING_LO, hw.TRACE_RING_SIZE, hw.TRACE_HEAD, hw.TRACE_TAIL)
     assert [trd(npu, r) for r in regs] == [0] * len(regs)
+
+
+def test_no_record_lands_in_the_ring_after_tracing_is_turned_off(npu: Npu) -> None:
+    # A race harness: every core logs tiles and transfers of multi-tile
+    # copies while tracing is turned off; once that write returns, the
+    # ring's memory is the guest's again (it may free it), so nothing may
+    # land there. The writes in flight are waited for, not left to land.
+    records = 2048
+    for _ in range(20):
+        program(npu, records=records)
+        first = npu.push(*[copy(DATA, DATA + 0x100_0000, 16 << 20)] * 8)[0]
+        npu.doorbell()
+        time.sleep(0.002)
+        twr(npu, hw.TRACE_CONTROL, 0)
+        npu.qt.memset(TRACE_RING, records * REC.size, 0xAB)
+        npu.wait_head(first + 8)
+        assert npu.qt.memread(TRACE_RING, records * REC.size) == b"\xab" * (records * REC.size)
