@@ -206,6 +206,21 @@ static void npu_wait_engine_locked(NpuState *s, const char *what,
     trace_npu_engine_wait(what, (get_clock() - t0) / SCALE_US, bql);
 }
 
+static bool npu_fw_log_quiet(NpuState *s, int arg)
+{
+    return !s->fw_log_writing;
+}
+
+/*
+ * Wait until no firmware log line is being written: after this, nothing
+ * lands in the ring the guest may move or free.
+ */
+static void npu_fw_log_quiesce_locked(NpuState *s)
+{
+    npu_wait_engine_locked(s, "firmware log", &s->log_idle,
+                           npu_fw_log_quiet, 0);
+}
+
 /* Soft reset ----------------------------------------------------------- */
 
 static bool npu_cpl_quiet(NpuState *s, int qi)
@@ -1350,6 +1365,7 @@ static void npu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     case NPU_REG_FW_LOG_LO:
     case NPU_REG_FW_LOG_HI:
     case NPU_REG_FW_LOG_SIZE:
+        npu_fw_log_quiesce_locked(s);
         if (addr == NPU_REG_FW_LOG_SIZE) {
             s->fw_log_size = val;
         } else {
@@ -1424,6 +1440,7 @@ static const MemoryRegionOps npu_mmio_ops = {
 /* Firmware and mailbox state of a powered-up device (PCI reset). */
 static void npu_fw_power_on_locked(NpuState *s)
 {
+    npu_fw_log_quiesce_locked(s);
     s->fw_addr = 0;
     s->fw_size = 0;
     s->fw_state = NPU_FW_OFF;
@@ -1515,6 +1532,7 @@ static void npu_realize(PCIDevice *pdev, Error **errp)
     npu_trace_init(s);
     qemu_mutex_init(&s->lock);
     qemu_mutex_init(&s->log_lock);
+    qemu_cond_init(&s->log_idle);
     qemu_cond_init(&s->cond);
     qemu_cond_init(&s->reset_done);
     qemu_cond_init(&s->cpl_done);
@@ -1580,6 +1598,7 @@ static void npu_exit(PCIDevice *pdev)
     qemu_cond_destroy(&s->cond);
     qemu_mutex_destroy(&s->lock);
     qemu_mutex_destroy(&s->log_lock);
+    qemu_cond_destroy(&s->log_idle);
     for (i = 0; i < NPU_LEVELS; i++) {
         npu_core_release(&s->level[i].core);
         g_free(s->level[i].members);

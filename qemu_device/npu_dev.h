@@ -287,6 +287,8 @@ struct NpuState {
     uint32_t fw_hb_frozen;  /* heartbeat at a crash */
     uint32_t fw_log_level;
     uint64_t fw_log_base;
+    bool fw_log_writing;    /* a line is being written to the ring */
+    QemuCond log_idle;      /* @fw_log_writing went false */
     uint32_t fw_log_size;
     uint32_t fw_log_write;
     uint64_t cmds_done;

@@ -51,6 +51,7 @@ void npu_fw_log(NpuState *s, uint32_t level, const char *fmt, ...)
         return;
     }
     s->fw_log_write = w + len;
+    s->fw_log_writing = true;   /* the ring stays while we write */
     qemu_mutex_unlock(&s->lock);
 
     /* The text wraps round the ring; the head says how far it got. */
@@ -65,6 +66,10 @@ void npu_fw_log(NpuState *s, uint32_t level, const char *fmt, ...)
     head.write = cpu_to_le32(w + len);
     head.size = cpu_to_le32(size);
     npu_dma_write(s, "firmware log", base, &head, sizeof(head));
+    qemu_mutex_lock(&s->lock);
+    s->fw_log_writing = false;
+    qemu_cond_broadcast(&s->log_idle);
+    qemu_mutex_unlock(&s->lock);
     qemu_mutex_unlock(&s->log_lock);
 }
 
