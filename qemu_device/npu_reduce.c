@@ -83,8 +83,27 @@ static void npu_red_row(const NpuDims *r, uint64_t row, const uint64_t *base,
     }
 }
 
+/* Elements of a slice between two accountings of its work. */
+#define NPU_RED_STEP 4096
+
+/* Units of work of an element with exp() or a division, against a load. */
+#define NPU_RED_EXP 8
+
+/*
+ * After element @n of a slice: every NPU_RED_STEP elements their work
+ * (@weight units each) is accounted, a control point once a quantum is
+ * done (one slice can be 2^28 elements: far more than one quantum).
+ */
+static inline uint32_t npu_red_step(NpuCore *core, uint64_t n,
+                                    uint32_t weight)
+{
+    return (n + 1) % NPU_RED_STEP ? NPU_ST_OK :
+           npu_engine_work(core, (uint64_t)NPU_RED_STEP * weight);
+}
+
 /* REDUCE of one slice into output element base[1]. */
-static void npu_reduce_slice(const NpuRedJob *job, const uint64_t *base)
+static uint32_t npu_reduce_slice(NpuCore *core, const NpuRedJob *job,
+                                 const uint64_t *base)
 {
     const NpuDims *r = &job->red;
     const uint8_t *in = job->src[0];
@@ -95,11 +114,18 @@ static void npu_reduce_slice(const NpuRedJob *job, const uint64_t *base)
     int64_t isum = 0;
     float m = fl ? npu_ld_f(in, job->dtype, base[0]) : 0.0f;
     int32_t im = fl ? 0 : npu_ld_i(in, job->dtype, base[0]);
+    uint64_t n = 0;
+    uint32_t status;
 
     for (row = 0; row < rows; row++) {
         npu_red_row(r, row, base, off);
-        for (k = 0; k < len; k++) {
+        for (k = 0; k < len; k++, n++) {
             uint64_t i = off[0] + k * st;
+
+            status = npu_red_step(core, n, 1);
+            if (status != NPU_ST_OK) {
+                return status;
+            }
 
             if (fl) {
                 float x = npu_ld_f(in, job->dtype, i);
@@ -144,47 +170,69 @@ static void npu_reduce_slice(const NpuRedJob *job, const uint64_t *base)
     } else {
         npu_store_d(job->out, job->dtype, base[1], m);
     }
+    return NPU_ST_OK;
 }
 
 /* (LOG)SOFTMAX of one line: max, sum of exponentials, then the output. */
-static void npu_softmax_slice(const NpuRedJob *job, const uint64_t *base)
+static uint32_t npu_softmax_slice(NpuCore *core, const NpuRedJob *job,
+                                  const uint64_t *base)
 {
-    uint64_t len = job->count, k;
+    uint64_t len = job->count, k, n = 0;
     uint64_t si = job->red.stride[0][0], so = job->red.stride[1][0];
     const uint8_t *in = job->src[0];
     float m = npu_ld_f(in, job->dtype, base[0]);
     double sum = 0.0, lse;
+    uint32_t status;
 
-    for (k = 1; k < len; k++) {
+    for (k = 1; k < len; k++, n++) {
+        status = npu_red_step(core, n, 1);
+        if (status != NPU_ST_OK) {
+            return status;
+        }
         m = npu_maxf(m, npu_ld_f(in, job->dtype, base[0] + k * si));
     }
-    for (k = 0; k < len; k++) {
+    for (k = 0; k < len; k++, n++) {
+        status = npu_red_step(core, n, NPU_RED_EXP);
+        if (status != NPU_ST_OK) {
+            return status;
+        }
         sum += exp((double)npu_ld_f(in, job->dtype, base[0] + k * si) - m);
     }
     lse = log(sum);
-    for (k = 0; k < len; k++) {
+    for (k = 0; k < len; k++, n++) {
         double x = (double)npu_ld_f(in, job->dtype, base[0] + k * si) - m;
 
+        status = npu_red_step(core, n, NPU_RED_EXP);
+        if (status != NPU_ST_OK) {
+            return status;
+        }
         npu_store_d(job->out, job->dtype, base[1] + k * so,
                     job->kind == NPU_SOFTMAX_LOG ? x - lse : exp(x) / sum);
     }
+    return NPU_ST_OK;
 }
 
 /* LAYERNORM of one row: mean, biased variance, then the output. */
-static void npu_layernorm_slice(const NpuRedJob *job, const uint64_t *base)
+static uint32_t npu_layernorm_slice(NpuCore *core, const NpuRedJob *job,
+                                    const uint64_t *base)
 {
     const NpuDims *r = &job->red;
-    uint32_t dt = job->dtype, last = r->nd - 1, pass;
-    uint64_t len = r->shape[last], rows = job->count / len, row, k;
+    uint32_t dt = job->dtype, last = r->nd - 1, pass, status;
+    uint64_t len = r->shape[last], rows = job->count / len, row, k, n = 0;
     uint64_t off[NPU_RED_T];
     double mean = 0.0, var = 0.0, rstd = 0.0;
 
     for (pass = 0; pass < 3; pass++) {
         for (row = 0; row < rows; row++) {
             npu_red_row(r, row, base, off);
-            for (k = 0; k < len; k++) {
+            for (k = 0; k < len; k++, n++) {
                 double x = npu_ld_f(job->src[0], dt,
                                     off[0] + k * r->stride[0][last]);
+
+                status = npu_red_step(core, n, pass == 2 ? 4 : 1);
+                if (status != NPU_ST_OK) {
+                    return status;
+                }
 
                 if (pass == 0) {
                     mean += x;
@@ -207,6 +255,7 @@ static void npu_layernorm_slice(const NpuRedJob *job, const uint64_t *base)
             rstd = 1.0 / sqrt(var / job->count + job->eps);
         }
     }
+    return NPU_ST_OK;
 }
 
 /* Slices [begin, end) into the host output buffer. */
@@ -221,7 +270,8 @@ static uint32_t npu_red_tile(NpuCore *core, void *opaque, uint64_t begin,
     for (u = begin; u < end; u++) {
         uint64_t rest = u;
 
-        st = npu_engine_work(core, job->count + 1);
+        /* The slice's elements are accounted inside it (npu_red_step). */
+        st = npu_engine_work(core, 1);
         if (st != NPU_ST_OK) {
             return st;
         }
@@ -237,14 +287,17 @@ static uint32_t npu_red_tile(NpuCore *core, void *opaque, uint64_t begin,
         }
         switch (job->opcode) {
         case NPU_OP_REDUCE:
-            npu_reduce_slice(job, base);
+            st = npu_reduce_slice(core, job, base);
             break;
         case NPU_OP_SOFTMAX:
-            npu_softmax_slice(job, base);
+            st = npu_softmax_slice(core, job, base);
             break;
         default: /* NPU_OP_LAYERNORM */
-            npu_layernorm_slice(job, base);
+            st = npu_layernorm_slice(core, job, base);
             break;
+        }
+        if (st != NPU_ST_OK) {
+            return st;
         }
     }
     return NPU_ST_OK;

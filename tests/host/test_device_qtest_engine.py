@@ -520,3 +520,87 @@ def test_the_device_model_does_its_math_with_onednn_and_links_no_openblas() -> N
     out = subprocess.run(["ldd", str(QEMU)], capture_output=True, text=True, check=True).stdout
     assert "libdnnl" in out, out
     assert "blas" not in out, out
+
+
+# --------------------------------------------------------------------------
+# Control points inside one huge slice (REDUCE, SOFTMAX, LAYERNORM)
+# --------------------------------------------------------------------------
+
+# One slice of this many elements (about a second each with ASan): its
+# whole work was one unit. REDUCE's is cheaper per element.
+SLICES = {"REDUCE": 1 << 27, "SOFTMAX": 1 << 24, "LAYERNORM": 1 << 24}
+ALIAS_L1, ALIAS_L2, ALIAS_PAGE = DATA, DATA + 0x1_0000, DATA + 0x2_0000
+LOW_L2, SRC_PAGE, PARAMS_PAGE = DATA + 0x3_0000, DATA + 0x4_0000, DATA + 0x5_0000
+VA_SRC, VA_PARAMS, VA_OUT = 0x1000, 0x2000, 0x4000_0000
+
+
+def alias_output(npu: Npu, n: int) -> None:
+    """MMU on: VA_SRC and VA_PARAMS map their pages; the output's VA (``n``
+    elements, contiguous as the ops want it) maps onto one page."""
+    qt = npu.qt
+    qt.memwrite(SRC_PAGE, struct.pack("<f", 1.0) * 1024)
+    qt.memwrite(ALIAS_L2, struct.pack("<512Q", *[ALIAS_PAGE | hw.PTE_VALID | hw.PTE_WRITE] * 512))
+    low = [0] * 512
+    low[VA_SRC >> 12] = SRC_PAGE | hw.PTE_VALID
+    low[VA_PARAMS >> 12] = PARAMS_PAGE | hw.PTE_VALID
+    qt.memwrite(LOW_L2, struct.pack("<512Q", *low))
+    entries = (VA_OUT + n * 4) >> 21
+    l1 = [LOW_L2 | hw.PTE_VALID] + [0] * (entries - 1)
+    for i in range(VA_OUT >> 21, entries):
+        l1[i] = ALIAS_L2 | hw.PTE_VALID
+    qt.memwrite(ALIAS_L1, struct.pack(f"<{entries}Q", *l1))
+    npu.wr(hw.REG_MMU_L1_LO, ALIAS_L1)
+    npu.wr(hw.REG_MMU_L1_HI, 0)
+    npu.wr(hw.REG_MMU_L1_ENTRIES, entries)
+    npu.wr(hw.REG_MMU_CONTROL, hw.MMU_ENABLE)
+
+
+def one_slice_op(opcode: int, n: int) -> tuple[int, bytes]:
+    """(kind, parameter block) of an op whose one slice is ``n`` elements."""
+    x = hw_tensor(VA_SRC, hw.DTYPE_FP32, [n], [0])  # a stride-0 input
+    if opcode == hw.OP_REDUCE:
+        out = hw_tensor(VA_OUT, hw.DTYPE_FP32, [1], [1])
+        return hw.REDUCE_SUM, tensor_params([x, out], [1])
+    out = hw_tensor(VA_OUT, hw.DTYPE_FP32, [n], [1])
+    if opcode == hw.OP_SOFTMAX:
+        return hw.SOFTMAX_SOFTMAX, tensor_params([x, out], [0])
+    # LAYERNORM over the last 1 dim, eps 1e-5; gamma and beta stride 0 too
+    return 0, tensor_params([x, x, x, out], [1, 0x3727C5AC])
+
+
+def run_one_slice(tmp_path: Path, opcode: str, stop_after: float | None) -> float:
+    """The op alone (its host time), or with a soft reset after
+    ``stop_after`` seconds (the time from the reset request until the
+    device reports it done)."""
+    npu = Npu(tmp_path / "qemu.log", device="npu,cmd-budget-ms=0")
+    try:
+        op, n = getattr(hw, f"OP_{opcode}"), SLICES[opcode]
+        kind, block = one_slice_op(op, n)
+        npu.qt.memwrite(PARAMS_PAGE, block)
+        alias_output(npu, n)  # the device disabled, as the MMU registers want
+        npu.start()
+        t0 = time.monotonic()
+        if stop_after is None:
+            assert npu.run(tensor(op, VA_PARAMS, kind), timeout=600).status == hw.ST_OK
+            return time.monotonic() - t0
+        npu.submit(tensor(op, VA_PARAMS, kind))
+        time.sleep(stop_after)
+        t0 = time.monotonic()
+        npu.soft_reset(timeout=600)
+        parked = time.monotonic() - t0
+        npu.assert_alive()
+        return parked
+    finally:
+        npu.close()
+
+
+@pytest.mark.parametrize("opcode", SLICES)
+def test_a_reset_stops_one_huge_slice_at_a_control_point_inside_it(
+    tmp_path: Path, opcode: str
+) -> None:
+    # Before, a slice was one unit of work, polled once: a reset waited for
+    # the rest of it. Now the elements are accounted as they go.
+    whole = run_one_slice(tmp_path, opcode, None)
+    parked = run_one_slice(tmp_path, opcode, whole / 2)
+    # Stopped at half time, the old device finished the slice (half of it).
+    assert parked < whole / 4, f"the reset waited {parked:.3f} s of a {whole:.3f} s slice"
