@@ -176,7 +176,7 @@ typedef bool NpuEngineDone(NpuState *s, int arg);
  * for an engine access) ever waits behind the engine, and the lock order
  * stays the BQL, then the device lock; the engine itself never takes the
  * BQL (npu_mmu.c). The device's state may change while the locks are
- * down: callers look at it again afterwards (docs/npu-spec.md 9).
+ * down: callers look at it again afterwards (docs/npu-spec.md 12).
  */
 static void npu_wait_engine_locked(NpuState *s, const char *what,
                                    QemuCond *cond, NpuEngineDone *done,

@@ -28,7 +28,7 @@
  * regions (VFIO BARs), ROM devices out of ROMD mode and unassigned space
  * are refused without being touched. QEMU takes the BQL for every access
  * that is not direct, so the engine thread never needs it, and a vCPU that
- * waits for the engine cannot deadlock with it (docs/npu-spec.md 9). No
+ * waits for the engine cannot deadlock with it (docs/npu-spec.md 13). No
  * command can reset a bus, power off a slot, ring a doorbell or unplug
  * this very device. RAM-backed BARs (another NPU's device memory) stay
  * reachable; this device's own BARs are refused by the callers.

@@ -257,8 +257,9 @@ EVENTS = {
     "soft-reset": soft_reset,
     "queue-disable": queue_disable,
 }
-# Writes QEMU would serve as MMIO, one BQL round trip per word: many of
-# them, so that the event surely finds one running.
+# Writes into ROM, which QEMU would serve as MMIO, one BQL round trip per
+# word (the old engine did), and into another device's MMIO, refused before
+# any access: many of them, so that the event surely finds one running.
 SLOW_WRITES = {
     "fill-bios-rom": [fill(BIOS_BASE, 0x4_0000, PATTERN)] * 48,
     "copy-into-option-rom-bar": [copy(DATA, TESTDEV_ROM, ROM_BYTES)] * 48,
