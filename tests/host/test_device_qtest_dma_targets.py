@@ -328,3 +328,29 @@ def test_a_refused_access_is_traced_and_logged_as_a_guest_error(tmp_path: Path) 
     refusal = f"npu: tensor DMA to {BIOS:#x} refused: not RAM the device may write"
     assert f"npu_guest_error {refusal}" in lines  # the trace event
     assert refusal in lines  # the guest-error log
+
+
+def test_every_wait_for_the_engine_under_the_bql_lets_the_bql_go(tmp_path: Path) -> None:
+    # The trace event npu_engine_wait names each wait of a BQL holder for
+    # the engine (a reset's hold phase, D3hot, a queue disable, tracing
+    # turned off) and whether the BQL was released meanwhile: always.
+    log = tmp_path / "qemu.log"
+    npu = Npu(log, extra_args=["-trace", "npu_engine_wait"])
+    try:
+        for event in ("d3hot", "soft-reset", "queue-disable"):
+            npu.start()
+            npu.push(*[fill(DATA, 16 << 20, 0)] * 8)
+            npu.doorbell()
+            time.sleep(0.005)
+            EVENTS[event](npu)
+            back_to_work(npu, event)
+        npu.push(*[fill(DATA, 16 << 20, 0)] * 8)
+        npu.doorbell()
+        time.sleep(0.005)
+        system_reset(npu)
+        npu.qt.memread(DATA, 4)
+    finally:
+        npu.close()
+    waits = [line for line in log.read_text().splitlines() if "npu_engine_wait" in line]
+    assert any(w.startswith("npu_engine_wait reset:") for w in waits), waits
+    assert waits and all(w.endswith("BQL released 1") for w in waits), waits
