@@ -39,8 +39,10 @@
 # TLS-inspecting proxy's, say; in /usr/local/share/ca-certificates), pip's
 # index if the host's is an http(s) one (otherwise pip's default, PyPI)
 # and pip's `cert` setting, and /etc/resolv.conf. Then the project, at
-# /root/npu, without .git (the build does not use git). NPU_CACHE is left
-# to its default, /root/.cache/npu-stack, empty. `make demo` then runs in
+# /root/npu, as a git repository of one commit of what was copied (a
+# clone's history is not needed; its being a repository is, for the tests
+# of the cache keys, which list the project's files with git). NPU_CACHE
+# is left to its default, /root/.cache/npu-stack, empty. `make demo` then runs in
 # a chroot with /proc, /dev (with /dev/pts and /dev/shm) and /sys, in
 # private mount and PID namespaces: every mount and every process of the
 # check goes away with it, however it ends (the namespace's init is killed
@@ -324,6 +326,17 @@ export_tree() {
 	fi
 }
 
+# snapshot_repo DIR: DIR as a git repository of one commit holding what was
+# copied in. A new machine got the project with `git clone`, and the tests
+# of the cache keys list the project's files with git, as a user's clone
+# lets them.
+snapshot_repo() {
+	git -C "$1" init -q
+	git -C "$1" add -A
+	git -C "$1" -c user.name=fresh-check -c user.email=fresh-check@localhost \
+		commit -q -m "fresh-check: the tree under test"
+}
+
 # run_in_root ROOT TEST: `make demo` in the root, as the README says, then
 # with TEST=1 `make test`; its status (124 when it timed out). Each make
 # ends with a line "fresh-check: make X exited with RC after N s". Run it in
@@ -453,6 +466,7 @@ check() {
 	cp -a --reflink=auto "$root_dir" "$r"
 	configure_root "$r" "$release"
 	export_tree "$src" "$r/root/npu" "$head"
+	snapshot_repo "$r/root/npu"
 	copy_seconds=$((SECONDS - t0))
 	key=$(fresh_key "$r/root/npu")
 	label=$([ "$head" = 1 ] && echo "HEAD of $src" || echo "working tree of $src")
