@@ -735,6 +735,7 @@ static void *npu_worker(void *opaque)
             /* The device answers again; now the aborted command's memory. */
             qemu_mutex_unlock(&s->lock);
             npu_budget_reap(s);
+            npu_scratch_trim(s);
             qemu_mutex_lock(&s->lock);
             continue;
         }
@@ -766,6 +767,11 @@ static void *npu_worker(void *opaque)
         s->cur_prio = -1;
         qatomic_set(&s->preempt, false);
         qatomic_set(&s->deadline_ns, INT64_MAX);
+        /* A timed-out command's large blocks, now that it answered. */
+        qemu_mutex_unlock(&s->lock);
+        npu_budget_reap(s);
+        npu_scratch_trim(s);
+        qemu_mutex_lock(&s->lock);
     }
     qemu_mutex_unlock(&s->lock);
     return NULL;

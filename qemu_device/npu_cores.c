@@ -20,6 +20,8 @@
 #include "qemu/atomic.h"
 #include "qemu/timer.h"
 #include "qemu/memalign.h"
+#include "qemu/log.h"
+#include "hw/misc/trace.h"
 #include "npu_dev.h"
 
 /* Engine control ------------------------------------------------------- */
@@ -65,6 +67,7 @@ static void npu_engine_wake(NpuState *s)
 }
 
 static bool npu_preempt_wanted(NpuState *s);
+static void npu_cores_pause(NpuState *s);
 
 /*
  * A control point of the running command (any engine thread, no lock):
@@ -76,8 +79,12 @@ static bool npu_preempt_wanted(NpuState *s);
  */
 uint32_t npu_engine_poll(NpuState *s)
 {
-    if (npu_preempt_wanted(s) && qemu_thread_is_self(&s->thread)) {
-        npu_preempt(s);
+    if (npu_preempt_wanted(s)) {
+        if (qemu_thread_is_self(&s->thread)) {
+            npu_preempt(s);
+        } else {
+            npu_cores_pause(s);
+        }
     }
     if (qatomic_read(&s->paused)) {
         npu_engine_idle(s);
@@ -91,6 +98,17 @@ uint32_t npu_engine_poll(NpuState *s)
         return NPU_ST_TIMEOUT;
     }
     return NPU_ST_OK;
+}
+
+/*
+ * Is the running command being stopped (a reset or unplug, or past its
+ * budget)? Then its large frees wait until the device has answered.
+ */
+bool npu_engine_stopping(NpuState *s)
+{
+    return qatomic_read(&s->abort) ||
+           qemu_clock_get_ns(QEMU_CLOCK_REALTIME) >
+           qatomic_read(&s->deadline_ns);
 }
 
 /*
@@ -109,15 +127,34 @@ uint32_t npu_engine_work(NpuCore *core, uint64_t work)
 
 /*
  * @core's workspace of at least @size bytes (64-byte aligned), kept for
- * its next tiles; NULL if the host has no memory for it.
+ * its next tiles and charged to the device's memory budget while kept;
+ * NULL if the budget or the host has no memory for it.
  */
 void *npu_core_scratch(NpuCore *core, size_t size)
 {
+    NpuState *s = core->s;
+    uint64_t used;
+
     size = MAX(size, 64);           /* never NULL for an empty request */
     if (core->scratch_size < size) {
         qemu_vfree(core->scratch);
+        qatomic_sub(&s->mem_used, core->scratch_size);
+        core->scratch = NULL;
+        core->scratch_size = 0;
+        used = qatomic_add_fetch(&s->mem_used, size);
+        if (used > s->mem_budget) {
+            qatomic_sub(&s->mem_used, size);
+            trace_npu_budget(size, used - size, s->mem_budget);
+            npu_guest_error("npu: %zu bytes of kernel scratch exceed the"
+                            " device's host memory budget\n", size);
+            return NULL;
+        }
         core->scratch = qemu_try_memalign(64, size);
-        core->scratch_size = core->scratch ? size : 0;
+        if (!core->scratch) {
+            qatomic_sub(&s->mem_used, size);
+            return NULL;
+        }
+        core->scratch_size = size;
     }
     return core->scratch;
 }
@@ -129,6 +166,7 @@ void npu_core_release(NpuCore *core)
     g_free(core->chunk);
     core->chunk = NULL;
     qemu_vfree(core->scratch);
+    qatomic_sub(&core->s->mem_used, core->scratch_size);
     core->scratch = NULL;
     core->scratch_size = 0;
 }
@@ -143,6 +181,24 @@ static bool npu_preempt_wanted(NpuState *s)
 }
 
 /* Cores --------------------------------------------------------------- */
+
+/*
+ * A control point of an AI core saw a preemption wanted: pause the
+ * innermost published job, so that no core takes another tile of it, and
+ * wake the command processor, which runs the newcomer at once while the
+ * tiles already running finish (npu_cores_run).
+ */
+static void npu_cores_pause(NpuState *s)
+{
+    NpuCores *c = &s->cores;
+
+    qemu_mutex_lock(&c->lock);
+    if (c->job && !c->job->paused) {
+        c->job->paused = true;
+        qemu_cond_broadcast(&c->done);
+    }
+    qemu_mutex_unlock(&c->lock);
+}
 
 /* Run tile [@begin, @end) of @job on @core, logged in the trace ring. */
 static uint32_t npu_tile(NpuState *s, NpuJob *job, NpuCore *core,
@@ -316,13 +372,17 @@ static uint32_t npu_cores_run(NpuState *s, NpuTileFn fn, void *opaque,
     c->job = &job;
     qemu_cond_broadcast(&c->work);
     for (;;) {
-        while ((job.next < job.total && !job.paused) || job.running) {
+        while (!job.paused && (job.next < job.total || job.running)) {
             qemu_cond_wait(&c->done, &c->lock);
         }
         if (!job.paused) {
             break;
         }
-        /* Preempted at a tile boundary: run the newcomer, then resume. */
+        /*
+         * Preempted at a tile boundary or a core's control point: run the
+         * newcomer now (its own level's buffers; the tiles still running
+         * finish meanwhile and take no others), then resume.
+         */
         qemu_mutex_unlock(&c->lock);
         npu_engine_wake(s);
         npu_preempt(s);

@@ -84,6 +84,7 @@ typedef struct NpuWalk {
     uint64_t l1_base;
     uint32_t l1_entries;
     uint32_t victim;        /* the way the next L2 table replaces */
+    uint32_t refills;       /* L2 tables read: a control point every 1024 */
     NpuBars bars;           /* snapshot at the command's start */
     uint64_t cached_l1[NPU_WALK_WAYS];  /* L1 index of l2[way], or UINT64_MAX */
     /*
@@ -386,6 +387,7 @@ void npu_run_members(NpuState *s, NpuTileFn fn, void *opaque, uint32_t n);
 NpuCore *npu_cmd_core(NpuState *s);
 /* npu_cores.c: control points (any engine thread, no lock held). */
 uint32_t npu_engine_poll(NpuState *s);
+bool npu_engine_stopping(NpuState *s);
 uint32_t npu_engine_work(NpuCore *core, uint64_t work);
 void *npu_core_scratch(NpuCore *core, size_t size);
 void npu_dnnl_init(void);
@@ -408,6 +410,10 @@ void npu_dnnl_init(void);
 void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
                const float *a, uint64_t lda, const float *b, uint64_t ldb,
                float *c, uint64_t ldc);
+/* The same, c += op(a) @ op(b). */
+void npu_sgemm_acc(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
+                   const float *a, uint64_t lda, const float *b, uint64_t ldb,
+                   float *c, uint64_t ldc);
 void npu_core_release(NpuCore *core);
 /* npu_exec.c: host memory under the device's budget (any thread). */
 void *npu_budget_alloc(NpuState *s, uint64_t bytes, bool zero);
@@ -419,6 +425,7 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd);
 
 /* npu_tensor.c: free a core's gather scratch (it runs no command). */
 void npu_scratch_free(NpuState *s, NpuCore *core);
+void npu_scratch_trim(NpuState *s);
 
 /* npu.c */
 void npu_preempt(NpuState *s);

@@ -244,11 +244,13 @@ void npu_dnnl_init(void)
  * It replaced Debian's serial OpenBLAS, whose buffer allocator has no lock
  * (docs/decisions.md). Should oneDNN fail (it allocates its packing buffers
  * per call), a plain loop computes the same products, so the op never
- * fails for it; the trace names the failure.
+ * fails for it; the trace names the failure. @beta is 0 (c = product) or
+ * 1 (c += product: the next block of K of a split call).
  */
-void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
-               const float *a, uint64_t lda, const float *b, uint64_t ldb,
-               float *c, uint64_t ldc)
+static void npu_sgemm_beta(bool ta, bool tb, uint64_t m, uint64_t n,
+                           uint64_t k, const float *a, uint64_t lda,
+                           const float *b, uint64_t ldb, float beta, float *c,
+                           uint64_t ldc)
 {
     dnnl_status_t st;
 
@@ -257,7 +259,7 @@ void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
     }
     omp_set_num_threads(1);
     st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda,
-                    b, ldb, 0.0f, c, ldc);
+                    b, ldb, beta, c, ldc);
     if (st == dnnl_success) {
         return;
     }
@@ -270,9 +272,23 @@ void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
                 acc += (ta ? a[p * lda + i] : a[i * lda + p]) *
                        (tb ? b[j * ldb + p] : b[p * ldb + j]);
             }
-            c[i * ldc + j] = acc;
+            c[i * ldc + j] = beta ? c[i * ldc + j] + acc : acc;
         }
     }
+}
+
+void npu_sgemm(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
+               const float *a, uint64_t lda, const float *b, uint64_t ldb,
+               float *c, uint64_t ldc)
+{
+    npu_sgemm_beta(ta, tb, m, n, k, a, lda, b, ldb, 0.0f, c, ldc);
+}
+
+void npu_sgemm_acc(bool ta, bool tb, uint64_t m, uint64_t n, uint64_t k,
+                   const float *a, uint64_t lda, const float *b, uint64_t ldb,
+                   float *c, uint64_t ldc)
+{
+    npu_sgemm_beta(ta, tb, m, n, k, a, lda, b, ldb, 1.0f, c, ldc);
 }
 
 /*

@@ -79,8 +79,10 @@ typedef struct NpuDeferred {
 
 /*
  * Give back a npu_budget_alloc() of @bytes; @p may be NULL (failed). While
- * a reset or unplug aborts the command, large blocks are only queued: the
- * device answers first, npu_budget_reap() returns their memory after.
+ * a reset or unplug aborts the command, or once it ran past its budget,
+ * large blocks are only queued: the device answers first (the reset done,
+ * the TIMEOUT completion written), npu_budget_reap() returns their memory
+ * after.
  */
 void npu_budget_free(NpuState *s, void *p, uint64_t bytes)
 {
@@ -89,7 +91,7 @@ void npu_budget_free(NpuState *s, void *p, uint64_t bytes)
     if (!p) {
         return;
     }
-    if (bytes >= NPU_DEFER_FREE_MIN && qatomic_read(&s->abort)) {
+    if (bytes >= NPU_DEFER_FREE_MIN && npu_engine_stopping(s)) {
         d->bytes = bytes;
         QSLIST_INSERT_HEAD_ATOMIC(&s->deferred, d, next);
         return;
@@ -304,6 +306,13 @@ static uint32_t npu_matrix_xfer(NpuState *s, NpuWalk *w, NpuMatrix *mat,
         uint64_t va = mat->addr + r * mat->ld * sizeof(float);
         float *p = mat->data + r * mat->cols;
 
+        /* Rows are short: a control point every 4 MiB of them. */
+        if (r && !(r % MAX(NPU_TILE_BYTES / row, 1))) {
+            st = npu_engine_poll(s);
+            if (st != NPU_ST_OK) {
+                break;
+            }
+        }
         st = write ? npu_mem_write(s, w, va, p, row)
                    : npu_mem_read(s, w, va, p, row);
     }

@@ -239,6 +239,7 @@ void npu_walk_init_locked(NpuState *s, NpuWalk *w, int qi)
         w->l1_entries = s->mmu_l1_entries;
     }
     w->victim = 0;
+    w->refills = 0;
     w->bars = s->bars;
     memset(w->cached_l1, 0xff, sizeof(w->cached_l1));
 }
@@ -302,9 +303,13 @@ uint32_t npu_walk_select(NpuState *s, NpuWalk *w, uint32_t ctx)
     return NPU_ST_OK;
 }
 
+/* L2 tables (4 KiB each) a walk reads between two control points. */
+#define NPU_WALK_POLL_REFILLS 1024
+
 /*
  * Translate the page holding @va; on success *pa is the bus address, or
- * with *local the offset in device memory.
+ * with *local the offset in device memory. Every NPU_WALK_POLL_REFILLS
+ * table reads it is a control point (the command's status on a stop).
  */
 static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
                               bool write, uint64_t *pa, bool *local)
@@ -353,6 +358,17 @@ static uint32_t npu_translate(NpuState *s, NpuWalk *w, uint64_t va,
             return NPU_ST_DMA_ERROR;
         }
         w->cached_l1[way] = l1i;
+        /*
+         * An access pattern can miss on every element (page tables that
+         * alias one L2 table, strides of 2 MiB): the reads are work.
+         */
+        if (!(++w->refills % NPU_WALK_POLL_REFILLS)) {
+            uint32_t st = npu_engine_poll(s);
+
+            if (st != NPU_ST_OK) {
+                return st;
+            }
+        }
     }
     pte = le64_to_cpu(w->l2[way][l2i]);
     if (!(pte & NPU_PTE_VALID)) {
@@ -427,6 +443,9 @@ static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
     return st;
 }
 
+/* Bytes a transfer moves between two control points. */
+#define NPU_XFER_QUANTUM (4 * MiB)
+
 /*
  * Check [va, va + len) as npu_mem_rw() would, without moving data: the
  * same MMU faults (at the same VA) and own-BAR hits, in the same order.
@@ -436,11 +455,20 @@ static uint32_t npu_map_run(NpuState *s, NpuWalk *w, uint64_t va,
 uint32_t npu_mem_probe(NpuState *s, NpuWalk *w, uint64_t va, uint64_t len,
                        bool write)
 {
+    bool first = true;
+
     while (len) {
         uint64_t pa, run;
         bool local;
-        uint32_t st = npu_map_run(s, w, va, len, write, &pa, &local, &run);
+        uint32_t st;
 
+        /* 4 GiB of pages take a while to walk: as a transfer polls */
+        st = first ? NPU_ST_OK : npu_engine_poll(s);
+        first = false;
+        if (st == NPU_ST_OK) {
+            st = npu_map_run(s, w, va, MIN(len, NPU_XFER_QUANTUM), write, &pa,
+                             &local, &run);
+        }
         if (st != NPU_ST_OK) {
             return st;
         }
@@ -455,9 +483,6 @@ static void npu_count_bytes(NpuWalk *w, uint64_t n, bool write)
 {
     qatomic_add(write ? &w->stats->write_bytes : &w->stats->read_bytes, n);
 }
-
-/* Bytes a transfer moves between two control points. */
-#define NPU_XFER_QUANTUM (4 * MiB)
 
 /*
  * Move @len bytes between device VA @va and @buf, in either direction, in

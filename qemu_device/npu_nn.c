@@ -75,10 +75,163 @@ static void npu_act_f32(uint32_t kind, float *x, uint64_t n)
 
 /* Multiply-adds of one BLAS call of MATMUL: a few milliseconds. */
 #define NPU_MM_CALL_WORK (1ull << 27)
-/* Most multiply-adds of one oneDNN unit: bounds a control interval. */
-#define NPU_DNNL_UNIT_WORK (1ull << 31)
+/*
+ * Most multiply-adds of one oneDNN unit, which has no control point
+ * inside: about 5 ms on one host core (docs/npu-spec.md 13).
+ */
+#define NPU_DNNL_UNIT_WORK (1ull << 28)
 /* fp32 holds every integer up to this magnitude exactly. */
 #define NPU_F32_EXACT_INT (1u << 24)
+/* Elements a packing loop moves between two accountings of its work. */
+#define NPU_PACK_STEP (1ull << 16)
+
+/*
+ * A host buffer of an op, charged to the device's memory budget
+ * (npu_budget_alloc): allocated on first use, kept for the op's tiles.
+ */
+typedef struct NpuNnBuf {
+    void *p;
+    uint64_t bytes;
+} NpuNnBuf;
+
+/*
+ * @buf's memory, @count elements of @size bytes, allocated on first use;
+ * NULL when the size overflows, or the budget or the host runs out.
+ */
+static void *npu_nn_get(NpuState *s, NpuNnBuf *buf, uint64_t count,
+                        uint64_t size)
+{
+    if (!buf->p && count <= UINT64_MAX / size) {
+        buf->p = npu_budget_alloc(s, MAX(count * size, 1), false);
+        buf->bytes = buf->p ? MAX(count * size, 1) : 0;
+    }
+    return buf->p;
+}
+
+static void npu_nn_put(NpuState *s, NpuNnBuf *buf)
+{
+    npu_budget_free(s, buf->p, buf->bytes);
+    buf->p = NULL;
+    buf->bytes = 0;
+}
+
+/*
+ * dst[i] = the element at src + i * @stride of @dtype, widened to fp32,
+ * less @zp, for @n elements: in steps of NPU_PACK_STEP, each accounted as
+ * work of @core (four units an element: bytes moved).
+ */
+static uint32_t npu_pack_f32(NpuCore *core, float *dst, const uint8_t *src,
+                             uint64_t stride, uint32_t dtype, uint64_t n,
+                             int32_t zp)
+{
+    uint64_t size = npu_dtype_size(dtype), i, j, c;
+    uint32_t st;
+
+    for (i = 0; i < n; i += c) {
+        const float *v;
+
+        c = MIN(NPU_PACK_STEP, n - i);
+        v = npu_load_f32(src + i * stride * size, stride, dtype, dst + i, c);
+        if (v != dst + i) {
+            memcpy(dst + i, v, c * sizeof(float));
+        }
+        for (j = 0; zp && j < c; j++) {
+            dst[i + j] -= (float)zp;        /* int8 a - in_zp: exact */
+        }
+        st = npu_engine_work(core, c * 4);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+    }
+    return NPU_ST_OK;
+}
+
+/* The same for int32 values (integer biases), not widened. */
+static uint32_t npu_pack_i32(NpuCore *core, int32_t *dst, const uint8_t *src,
+                             uint64_t stride, uint32_t dtype, uint64_t n)
+{
+    uint64_t size = npu_dtype_size(dtype), i, c;
+    uint32_t st;
+
+    for (i = 0; i < n; i += c) {
+        const int32_t *v;
+
+        c = MIN(NPU_PACK_STEP, n - i);
+        v = npu_load_i32(src + i * stride * size, stride, dtype, dst + i, c);
+        if (v != dst + i) {
+            memcpy(dst + i, v, c * sizeof(int32_t));
+        }
+        st = npu_engine_work(core, c * 4);
+        if (st != NPU_ST_OK) {
+            return st;
+        }
+    }
+    return NPU_ST_OK;
+}
+
+/* Most elements of op(a) or op(b) one BLAS call packs: 16 MiB of fp32. */
+#define NPU_MM_CALL_PACK (1ull << 22)
+
+/*
+ * c [m, n] (ldc) = op(a) @ op(b) as BLAS calls of at most NPU_MM_CALL_WORK
+ * multiply-adds (about 3 ms on one host core: the one step without a
+ * control point inside), each accounted as work of @core. A call also
+ * packs its blocks of a and b, which costs time of its own: each block is
+ * at most NPU_MM_CALL_PACK elements. Blocks of K (summed into c, as
+ * BLAS's own K blocking does) only for a K longer than that; then rows
+ * and columns, the longer of the two shortened first, columns in
+ * multiples of 64 where they split.
+ */
+static uint32_t npu_sgemm_polled(NpuCore *core, bool ta, bool tb, uint64_t m,
+                                 uint64_t n, uint64_t k, const float *a,
+                                 uint64_t lda, const float *b, uint64_t ldb,
+                                 float *c, uint64_t ldc)
+{
+    uint64_t kc = MIN(MAX(k, 1), NPU_MM_CALL_PACK);
+    uint64_t mr = MIN(m, MAX(NPU_MM_CALL_PACK / kc, 1));
+    uint64_t nc = MIN(n, MAX(NPU_MM_CALL_PACK / kc, 1));
+    uint64_t i, j, p;
+    uint32_t st;
+
+    if (mr * nc * kc > NPU_MM_CALL_WORK && mr >= nc) {
+        mr = MAX(NPU_MM_CALL_WORK / (nc * kc), 1);
+    }
+    if (mr * nc * kc > NPU_MM_CALL_WORK) {
+        nc = MAX(NPU_MM_CALL_WORK / (mr * kc), 1);
+    }
+    if (mr * nc * kc > NPU_MM_CALL_WORK) {
+        mr = MAX(NPU_MM_CALL_WORK / (nc * kc), 1);
+    }
+    if (nc < n && nc >= 64) {
+        nc = ROUND_DOWN(nc, 64);    /* aligned panels, as GEMM's */
+    }
+    for (i = 0; i < m; i += mr) {
+        uint64_t rows = MIN(mr, m - i);
+
+        for (j = 0; j < n; j += nc) {
+            uint64_t cols = MIN(nc, n - j);
+
+            for (p = 0; p < MAX(k, 1); p += kc) {
+                uint64_t kn = MIN(kc, k - p);
+                const float *ap = a + (ta ? p * lda + i : i * lda + p);
+                const float *bp = b + (tb ? j * ldb + p : p * ldb + j);
+
+                if (p) {
+                    npu_sgemm_acc(ta, tb, rows, cols, kn, ap, lda, bp, ldb,
+                                  c + i * ldc + j, ldc);
+                } else {
+                    npu_sgemm(ta, tb, rows, cols, kn, ap, lda, bp, ldb,
+                              c + i * ldc + j, ldc);
+                }
+                st = npu_engine_work(core, MAX(rows * cols * kn, 1));
+                if (st != NPU_ST_OK) {
+                    return st;
+                }
+            }
+        }
+    }
+    return NPU_ST_OK;
+}
 
 /* Terms of K per exact fp32 block of int8 products, input zero point @zp. */
 static uint64_t npu_int8_kblock(int32_t zp)
@@ -127,69 +280,59 @@ static uint64_t npu_mm_unit_start(const NpuMmJob *job, uint64_t u)
 }
 
 /*
- * The rows x cols matrix of @op at element offset @off as BLAS takes it:
- * in place when it is fp32 with a usable layout, else packed into
- * *@scratch (allocated on first use, @cap elements). Packing follows the
- * operand's smaller stride, so that its reads are sequential, and gives a
- * transposed matrix when the columns are the far apart ones. NULL when
- * the scratch cannot be allocated.
+ * The rows x cols matrix of @op at element offset @off as BLAS takes it,
+ * in *@out: in place when it is fp32 with a usable layout, else packed
+ * into @scratch (allocated on first use from the budget of @core's
+ * device, @cap elements) less @zp. Packing follows the operand's smaller
+ * stride, so that its reads are sequential, and gives a transposed matrix
+ * when the columns are the far apart ones; its work is accounted as it
+ * goes (npu_pack_f32). NO_MEMORY when the scratch cannot be had.
  */
-static const float *npu_mm_view(const NpuMmOp *op, uint64_t off,
-                                uint64_t rows, uint64_t cols, float **scratch,
-                                size_t cap, int32_t zp, int *ld, bool *trans)
+static uint32_t npu_mm_view(NpuCore *core, const NpuMmOp *op, uint64_t off,
+                            uint64_t rows, uint64_t cols, NpuNnBuf *scratch,
+                            uint64_t cap, int32_t zp, const float **out,
+                            int *ld, bool *trans)
 {
     const uint8_t *src = op->data + off * op->size;
     uint64_t rs = rows > 1 ? op->rs : 0, cs = cols > 1 ? op->cs : 0;
-    uint64_t r, c;
+    uint64_t outer, inner, os, is, r;
+    float *buf;
+    uint32_t st;
 
-    if (!HOST_BIG_ENDIAN && op->dtype == NPU_DTYPE_FP32) {
+    if (!HOST_BIG_ENDIAN && op->dtype == NPU_DTYPE_FP32 && !zp) {
         if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) {
             *ld = rows == 1 ? cols : rs;
             *trans = false;
-            return (const float *)src;
+            *out = (const float *)src;
+            return NPU_ST_OK;
         }
         if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) {
             *ld = cols == 1 ? rows : cs;
             *trans = true;
-            return (const float *)src;
+            *out = (const float *)src;
+            return NPU_ST_OK;
         }
     }
-    if (!*scratch) {
-        *scratch = g_try_malloc(cap * sizeof(float));
-        if (!*scratch) {
-            return NULL;
-        }
+    buf = npu_nn_get(core->s, scratch, cap, sizeof(float));
+    if (!buf) {
+        return NPU_ST_NO_MEMORY;
     }
+    /* Transposed: column c at buf[c * rows]; else row r at buf[r * cols]. */
     *trans = cs > rs;
-    if (*trans) {                   /* column c at scratch[c * rows] */
-        for (c = 0; c < cols; c++) {
-            float *dst = *scratch + c * rows;
-            const float *v = npu_load_f32(src + c * cs * op->size, rs,
-                                          op->dtype, dst, rows);
-
-            if (v != dst) {
-                memcpy(dst, v, rows * sizeof(float));
-            }
-        }
-        *ld = rows;
-    } else {                        /* row r at scratch[r * cols] */
-        for (r = 0; r < rows; r++) {
-            float *dst = *scratch + r * cols;
-            const float *v = npu_load_f32(src + r * rs * op->size, cs,
-                                          op->dtype, dst, cols);
-
-            if (v != dst) {
-                memcpy(dst, v, cols * sizeof(float));
-            }
-        }
-        *ld = cols;
-    }
-    if (zp) {                       /* int8 a - in_zp: exact */
-        for (r = 0; r < rows * cols; r++) {
-            (*scratch)[r] -= (float)zp;
+    outer = *trans ? cols : rows;
+    inner = *trans ? rows : cols;
+    os = *trans ? cs : rs;
+    is = *trans ? rs : cs;
+    for (r = 0; r < outer; r++) {
+        st = npu_pack_f32(core, buf + r * inner, src + r * os * op->size, is,
+                          op->dtype, inner, zp);
+        if (st != NPU_ST_OK) {
+            return st;
         }
     }
-    return *scratch;
+    *ld = inner;
+    *out = buf;
+    return NPU_ST_OK;
 }
 
 /* acc[i] (+)= c[i], the exact integer sums of one K block; int32 wraps. */
@@ -206,20 +349,28 @@ static void npu_acc_block(int32_t *acc, const float *c, uint64_t n, bool first)
 
 /*
  * The integer product of a tile unit: c (fp32 scratch) = each K block of
- * op(a) @ op(b), summed into acc (int32, rows x n) with wrap-around.
+ * op(a) @ op(b), summed into acc (int32, rows x n) with wrap-around; the
+ * blocks and their sums are work of @core.
  */
-static void npu_mm_int_product(const NpuMmJob *job, const float *ap, int lda,
-                               bool ta, const float *bp, int ldb, bool tb,
-                               uint64_t rows, float *c, int32_t *acc)
+static uint32_t npu_mm_int_product(NpuCore *core, const NpuMmJob *job,
+                                   const float *ap, int lda, bool ta,
+                                   const float *bp, int ldb, bool tb,
+                                   uint64_t rows, float *c, int32_t *acc)
 {
     uint64_t n = job->n, k0, kc;
+    uint32_t st = NPU_ST_OK;
 
-    for (k0 = 0; k0 < job->k; k0 += kc) {
+    for (k0 = 0; k0 < job->k && st == NPU_ST_OK; k0 += kc) {
         kc = MIN(job->kb, job->k - k0);
-        npu_sgemm(ta, tb, rows, n, kc, ta ? ap + k0 * lda : ap + k0, lda,
-                  tb ? bp + k0 : bp + k0 * ldb, ldb, c, n);
-        npu_acc_block(acc, c, rows * n, !k0);
+        st = npu_sgemm_polled(core, ta, tb, rows, n, kc,
+                              ta ? ap + k0 * lda : ap + k0, lda,
+                              tb ? bp + k0 : bp + k0 * ldb, ldb, c, n);
+        if (st == NPU_ST_OK) {
+            npu_acc_block(acc, c, rows * n, !k0);
+            st = npu_engine_work(core, rows * n);
+        }
     }
+    return st;
 }
 
 /* Integer epilogue: int32 bias (wrapping), RELU, store as the out dtype. */
@@ -244,19 +395,30 @@ static void npu_mm_int_store(const NpuMmJob *job, int32_t *acc, uint64_t rows,
     npu_store_i32(dst, job->odtype, acc, rows * n);
 }
 
-/* sum[j] = the sum over K of the int8 b at @off, column j (int32 wraps). */
-static void npu_mm_colsum(const NpuMmOp *b, uint64_t off, uint64_t k,
-                          uint64_t n, int32_t *sum)
+/*
+ * sum[j] = the sum over K of the int8 b at @off, column j (int32 wraps),
+ * in runs of NPU_PACK_STEP accounted as work of @core.
+ */
+static uint32_t npu_mm_colsum(NpuCore *core, const NpuMmOp *b, uint64_t off,
+                              uint64_t k, uint64_t n, int32_t *sum)
 {
     const int8_t *v = (const int8_t *)b->data + off;
-    uint64_t i, j;
+    uint64_t i, j, j0;
+    uint32_t st;
 
     memset(sum, 0, n * sizeof(*sum));
     for (i = 0; i < k; i++) {
-        for (j = 0; j < n; j++) {
-            sum[j] = (uint32_t)sum[j] + (uint32_t)v[i * b->rs + j * b->cs];
+        for (j0 = 0; j0 < n; j0 += NPU_PACK_STEP) {
+            for (j = j0; j < MIN(n, j0 + NPU_PACK_STEP); j++) {
+                sum[j] = (uint32_t)sum[j] + (uint32_t)v[i * b->rs + j * b->cs];
+            }
+            st = npu_engine_work(core, MIN(n - j0, NPU_PACK_STEP));
+            if (st != NPU_ST_OK) {
+                return st;
+            }
         }
     }
+    return NPU_ST_OK;
 }
 
 /*
@@ -300,30 +462,26 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
                             uint64_t end)
 {
     const NpuMmJob *job = opaque;
+    NpuState *s = core->s;
     NpuWalk w = job->walk;
-    float *apack = NULL, *bpack = NULL, *ctile = NULL;
-    int32_t *itile = NULL, *csum = NULL;
+    NpuNnBuf apack = {}, bpack = {}, ctile = {}, itile = {}, csum = {};
     const float *bp = NULL;
     uint64_t first = npu_mm_unit_start(job, begin);
     uint64_t last = npu_mm_unit_start(job, end);
-    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u, cb;
+    uint64_t n = job->n, k = job->k, bcur = UINT64_MAX, u;
     uint32_t st = NPU_ST_OK, d;
     int ldb = 0;
     bool tb = false;
 
-    for (u = begin; u < end; u++) {
+    for (u = begin; u < end && st == NPU_ST_OK; u++) {
         uint64_t bi = u / job->nblk, m0 = (u % job->nblk) * job->mb;
-        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi, j;
+        uint64_t rows = MIN(job->mb, job->m - m0), rest = bi;
         uint64_t aoff = 0, boff = 0, o = (bi * job->m + m0) * n;
+        uint8_t *dst = job->out + o * job->osize;
         const float *ap;
         float *c;
         int lda;
         bool ta;
-
-        st = npu_engine_work(core, job->quant ? rows * n * k : 0);
-        if (st != NPU_ST_OK) {
-            break;
-        }
 
         for (d = job->nb; d-- > 0;) {
             uint64_t i = rest % job->bshape[d];
@@ -337,37 +495,32 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             const uint8_t *a = job->a.data + (aoff + m0 * job->a.rs) *
                                job->a.size;
             const uint8_t *b = job->b.data + boff * job->b.size;
-            void *res;
+            void *res = job->quant ?
+                        npu_nn_get(s, &itile, job->mb * n, sizeof(int32_t)) :
+                        npu_nn_get(s, &ctile, job->mb * n, sizeof(float));
 
-            if (job->quant && !itile) {
-                itile = g_try_malloc(job->mb * n * sizeof(int32_t));
-            } else if (!job->quant && !ctile) {
-                ctile = g_try_malloc(job->mb * n * sizeof(float));
-            }
-            if (job->quant && job->zp && !csum) {
-                csum = g_try_malloc(n * sizeof(int32_t));
-            }
-            res = job->quant ? (void *)itile : (void *)ctile;
-            if (!res || (job->quant && job->zp && !csum) ||
+            if (!res || (job->quant && job->zp &&
+                         !npu_nn_get(s, &csum, n, sizeof(int32_t))) ||
                 !npu_dnnl_mm_run(prim, core, a, b, res)) {
                 st = NPU_ST_NO_MEMORY;
                 break;
             }
-            if (job->quant && job->zp) {
+            /* One oneDNN call of at most NPU_DNNL_UNIT_WORK: its work. */
+            st = npu_engine_work(core, rows * n * k);
+            if (st == NPU_ST_OK && job->quant && job->zp) {
                 if (boff != bcur) {     /* b changes only with the batch */
-                    npu_mm_colsum(&job->b, boff, k, n, csum);
-                    bcur = boff;
+                    st = npu_mm_colsum(core, &job->b, boff, k, n, csum.p);
+                    bcur = st == NPU_ST_OK ? boff : UINT64_MAX;
                 }
-                npu_mm_sub_zp(itile, csum, job->zp, rows, n);
+                npu_mm_sub_zp(itile.p, csum.p, job->zp, rows, n);
             }
-            st = npu_engine_work(core, job->quant ? 0 : rows * n * k);
             if (st != NPU_ST_OK) {
                 break;
             }
             if (job->quant) {
-                npu_mm_int_store(job, itile, rows, job->out + o * job->osize);
+                npu_mm_int_store(job, itile.p, rows, dst);
             } else {
-                npu_mm_f32_store(job, ctile, rows, job->out + o * job->osize);
+                npu_mm_f32_store(job, ctile.p, rows, dst);
             }
             continue;
         }
@@ -376,63 +529,55 @@ static uint32_t npu_mm_tile(NpuCore *core, void *opaque, uint64_t begin,
             ldb = job->bld;
             tb = job->btrans;
         } else if (boff != bcur) {  /* b changes only with the batch */
-            bp = npu_mm_view(&job->b, boff, k, n, &bpack, k * n, 0, &ldb, &tb);
-            bcur = boff;
+            st = npu_mm_view(core, &job->b, boff, k, n, &bpack, k * n, 0, &bp,
+                             &ldb, &tb);
+            bcur = st == NPU_ST_OK ? boff : UINT64_MAX;
         }
-        ap = npu_mm_view(&job->a, aoff + m0 * job->a.rs, rows, k, &apack,
-                         job->mb * k, job->zp, &lda, &ta);
-        if (job->quant) {
-            if (!ctile) {
-                ctile = g_try_malloc(job->mb * n * sizeof(float));
-                itile = g_try_malloc(job->mb * n * sizeof(int32_t));
-            }
-            if (!ap || !bp || !ctile || !itile) {
-                st = NPU_ST_NO_MEMORY;
-                break;
-            }
-            npu_mm_int_product(job, ap, lda, ta, bp, ldb, tb, rows, ctile,
-                               itile);
-            npu_mm_int_store(job, itile, rows, job->out + o * job->osize);
-            continue;
-        }
-        if (job->direct_out) {
-            c = (float *)job->out + o;
-        } else {
-            if (!ctile) {
-                ctile = g_try_malloc(job->mb * n * sizeof(float));
-            }
-            c = ctile;
-        }
-        if (!ap || !bp || !c) {
-            st = NPU_ST_NO_MEMORY;
-            break;
-        }
-        /* In column blocks of bounded work, each ending at a control point. */
-        cb = MIN(n, MAX(NPU_MM_CALL_WORK / (rows * k), 1));
-        if (cb < n && cb >= 64) {
-            cb = ROUND_DOWN(cb, 64);    /* aligned panels, as GEMM's */
-        }
-        for (j = 0; j < n && st == NPU_ST_OK; j += cb) {
-            npu_sgemm(ta, tb, rows, MIN(cb, n - j), k, ap, lda,
-                      bp + (tb ? j * ldb : j), ldb, c + j, n);
-            st = npu_engine_work(core, rows * MIN(cb, n - j) * k);
+        if (st == NPU_ST_OK) {
+            st = npu_mm_view(core, &job->a, aoff + m0 * job->a.rs, rows, k,
+                             &apack, job->mb * k, job->zp, &ap, &lda, &ta);
         }
         if (st != NPU_ST_OK) {
             break;
         }
-        npu_mm_f32_store(job, c, rows, job->out + o * job->osize);
+        if (job->quant) {
+            if (!npu_nn_get(s, &ctile, job->mb * n, sizeof(float)) ||
+                !npu_nn_get(s, &itile, job->mb * n, sizeof(int32_t))) {
+                st = NPU_ST_NO_MEMORY;
+                break;
+            }
+            st = npu_mm_int_product(core, job, ap, lda, ta, bp, ldb, tb, rows,
+                                    ctile.p, itile.p);
+            if (st == NPU_ST_OK) {
+                npu_mm_int_store(job, itile.p, rows, dst);
+            }
+            continue;
+        }
+        c = job->direct_out ? (float *)job->out + o :
+            npu_nn_get(s, &ctile, job->mb * n, sizeof(float));
+        if (!c) {
+            st = NPU_ST_NO_MEMORY;
+            break;
+        }
+        st = npu_sgemm_polled(core, ta, tb, rows, n, k, ap, lda, bp, ldb, c,
+                              n);
+        if (st == NPU_ST_OK) {
+            npu_mm_f32_store(job, c, rows, dst);
+        }
     }
-    g_free(apack);
-    g_free(bpack);
-    g_free(ctile);
-    g_free(itile);
-    g_free(csum);
-    if (st != NPU_ST_OK) {
+    npu_nn_put(s, &apack);
+    npu_nn_put(s, &bpack);
+    npu_nn_put(s, &ctile);
+    npu_nn_put(s, &itile);
+    npu_nn_put(s, &csum);
+    if (st == NPU_ST_NO_MEMORY) {
         npu_guest_error("npu: matmul %" PRIu64 "x%" PRIu64
                         "x%" PRIu64 ": out of device memory\n", job->m, k, n);
+    }
+    if (st != NPU_ST_OK) {
         return st;
     }
-    return npu_mem_write(core->s, &w, job->out_va + first * job->osize,
+    return npu_mem_write(s, &w, job->out_va + first * job->osize,
                          job->out + first * job->osize,
                          (last - first) * job->osize);
 }
@@ -512,9 +657,10 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         .quant = p->t[0].dtype == NPU_DTYPE_INT8,
         .zp = (int32_t)p->params[NPU_MM_P_IN_ZP],
     };
+    NpuCore *cp = npu_cmd_core(s);
+    NpuNnBuf bias = {}, bpack = {};
     uint64_t batch = 1, flop, units, grain;
-    float *bias = NULL, *bpack = NULL;
-    int32_t *ibias = NULL;
+    uint64_t bstride = job.n > 1 ? p->t[2].strides[r - 1] : 0;
     bool bshared, dnnl;
 
     npu_mm_op_init(&job.a, &p->t[0], bufs[0]);
@@ -539,43 +685,30 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         bshared = bshared && !job.b.bstride[d];
     }
     if (bshared) {
-        job.bpacked = npu_mm_view(&job.b, 0, job.k, job.n, &bpack,
-                                  job.k * job.n, 0, &job.bld, &job.btrans);
-        if (!job.bpacked) {
-            st = NPU_ST_NO_MEMORY;
+        st = npu_mm_view(cp, &job.b, 0, job.k, job.n, &bpack, job.k * job.n,
+                         0, &job.bpacked, &job.bld, &job.btrans);
+        if (st != NPU_ST_OK) {
             goto out;
         }
     }
-    if (opcode == NPU_OP_LINEAR && job.quant) {
-        const struct npu_hw_tensor *bt = &p->t[2];
-        const int32_t *v;
-
-        ibias = g_try_malloc(job.n * sizeof(int32_t));
-        if (!ibias) {
+    if (opcode == NPU_OP_LINEAR) {
+        /* int32 or fp32 values, four bytes either way */
+        if (!npu_nn_get(s, &bias, job.n, sizeof(float))) {
             st = NPU_ST_NO_MEMORY;
             goto out;
         }
-        v = npu_load_i32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
-                         bt->dtype, ibias, job.n);
-        if (v != ibias) {
-            memcpy(ibias, v, job.n * sizeof(int32_t));
+        if (job.quant) {
+            st = npu_pack_i32(cp, bias.p, bufs[2], bstride, p->t[2].dtype,
+                              job.n);
+            job.ibias = bias.p;
+        } else {
+            st = npu_pack_f32(cp, bias.p, bufs[2], bstride, p->t[2].dtype,
+                              job.n, 0);
+            job.bias = bias.p;
         }
-        job.ibias = ibias;
-    } else if (opcode == NPU_OP_LINEAR) {
-        const struct npu_hw_tensor *bt = &p->t[2];
-        const float *v;
-
-        bias = g_try_malloc(job.n * sizeof(float));
-        if (!bias) {
-            st = NPU_ST_NO_MEMORY;
+        if (st != NPU_ST_OK) {
             goto out;
         }
-        v = npu_load_f32(bufs[2], job.n > 1 ? bt->strides[r - 1] : 0,
-                         bt->dtype, bias, job.n);
-        if (v != bias) {
-            memcpy(bias, v, job.n * sizeof(float));
-        }
-        job.bias = bias;
     }
 
     job.nblk = DIV_ROUND_UP(job.m, job.mb);
@@ -588,11 +721,13 @@ uint32_t npu_exec_matmul(NpuState *s, NpuWalk *w,
         qatomic_add(&w->stats->macs, flop);
     }
 out:
+    if (st == NPU_ST_NO_MEMORY) {
+        npu_guest_error("npu: matmul: out of device memory\n");
+    }
     npu_dnnl_put(job.dmm[0]);
     npu_dnnl_put(job.dmm[1]);
-    g_free(bias);
-    g_free(ibias);
-    g_free(bpack);
+    npu_nn_put(s, &bias);
+    npu_nn_put(s, &bpack);
     return st;
 }
 
@@ -722,20 +857,24 @@ static void npu_conv_add_old(const NpuConvJob *job, float *dst,
  * blocks of weights @ columns (fp32 scratch @c) summed in int32, plus the
  * bias, then RELU.
  */
-static void npu_conv_int_unit(const NpuConvJob *job, uint64_t grp,
-                              uint64_t n, const float *col, float *c,
-                              int32_t *acc)
+static uint32_t npu_conv_int_unit(NpuCore *core, const NpuConvJob *job,
+                                  uint64_t grp, uint64_t n, const float *col,
+                                  float *c, int32_t *acc)
 {
     const float *wt = job->wt + grp * job->og * job->kk;
     uint64_t k0, kc, oc, i;
+    uint32_t st = NPU_ST_OK;
 
-    for (k0 = 0; k0 < job->kk; k0 += kc) {
+    for (k0 = 0; k0 < job->kk && st == NPU_ST_OK; k0 += kc) {
         kc = MIN(job->kb, job->kk - k0);
-        npu_sgemm(false, false, job->og, n, kc, wt + k0, job->kk,
-                  col + k0 * n, n, c, n);
-        npu_acc_block(acc, c, job->og * n, !k0);
+        st = npu_sgemm_polled(core, false, false, job->og, n, kc, wt + k0,
+                              job->kk, col + k0 * n, n, c, n);
+        if (st == NPU_ST_OK) {
+            npu_acc_block(acc, c, job->og * n, !k0);
+            st = npu_engine_work(core, job->og * n);
+        }
     }
-    for (oc = 0; oc < job->og; oc++) {
+    for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
         uint32_t b = job->ibias[grp * job->og + oc];
         int32_t *row = acc + oc * n;
 
@@ -746,19 +885,23 @@ static void npu_conv_int_unit(const NpuConvJob *job, uint64_t grp,
             }
         }
     }
+    return st;
 }
 
 static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
                               uint64_t end)
 {
     const NpuConvJob *job = opaque;
+    NpuState *s = core->s;
     NpuWalk w = job->walk;
-    float *col = g_try_malloc(job->kk * job->pb * sizeof(float));
+    NpuNnBuf colb = {}, cb = {}, ib = {}, ob = {};
+    float *col = npu_nn_get(s, &colb, job->kk * job->pb, sizeof(float));
     float *cbuf = job->direct_out && !job->quant ? NULL :
-                  g_try_malloc(job->og * job->pb * sizeof(float));
+                  npu_nn_get(s, &cb, job->og * job->pb, sizeof(float));
     int32_t *ibuf = job->quant ?
-                    g_try_malloc(job->og * job->pb * sizeof(int32_t)) : NULL;
-    float *obuf = job->acc ? g_try_malloc(job->pb * sizeof(float)) : NULL;
+                    npu_nn_get(s, &ib, job->og * job->pb, sizeof(int32_t)) :
+                    NULL;
+    float *obuf = job->acc ? npu_nn_get(s, &ob, job->pb, sizeof(float)) : NULL;
     uint32_t st = NPU_ST_OK;
     uint64_t u, k, oc;
 
@@ -776,24 +919,27 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
         float *c;
         uint64_t ldc;
 
-        st = npu_engine_work(core, job->og * n * job->kk);
+        /* The columns: a row of them is at most NPU_MM_BLOCK_ELEMS. */
+        for (k = 0; k < job->kk && st == NPU_ST_OK; k++) {
+            npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
+            st = npu_engine_work(core, n * 4);
+        }
         if (st != NPU_ST_OK) {
             break;
         }
-
-        for (k = 0; k < job->kk; k++) {
-            npu_conv_im2col_row(job, img, grp, k, p0, n, col + k * n);
-        }
         if (job->quant) {
-            npu_conv_int_unit(job, grp, n, col, cbuf, ibuf);
+            st = npu_conv_int_unit(core, job, grp, n, col, cbuf, ibuf);
             for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
                 uint64_t off = first + oc * job->ohw;
 
                 npu_store_i32(job->out + off * job->osize, job->odtype,
                               ibuf + oc * n, n);
-                st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
+                st = npu_mem_write(s, &w, job->out_va + off * job->osize,
                                    job->out + off * job->osize,
                                    n * job->osize);
+                if (st == NPU_ST_OK) {  /* O/g runs: the epilogue is work */
+                    st = npu_engine_work(core, n * 8);
+                }
             }
             continue;
         }
@@ -804,8 +950,9 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
             c = cbuf;
             ldc = n;
         }
-        npu_sgemm(false, false, job->og, n, job->kk,
-                  job->wt + grp * job->og * job->kk, job->kk, col, n, c, ldc);
+        st = npu_sgemm_polled(core, false, false, job->og, n, job->kk,
+                              job->wt + grp * job->og * job->kk, job->kk, col,
+                              n, c, ldc);
         for (oc = 0; oc < job->og && st == NPU_ST_OK; oc++) {
             float *row = c + oc * ldc, b = job->bias[grp * job->og + oc];
             uint64_t off = first + oc * job->ohw, i;
@@ -821,15 +968,18 @@ static uint32_t npu_conv_tile(NpuCore *core, void *opaque, uint64_t begin,
                 npu_act_f32(job->kind, row, n);
             }
             npu_store_f32(job->out + off * job->osize, job->odtype, row, n);
-            st = npu_mem_write(core->s, &w, job->out_va + off * job->osize,
+            st = npu_mem_write(s, &w, job->out_va + off * job->osize,
                                job->out + off * job->osize, n * job->osize);
+            if (st == NPU_ST_OK) {      /* O/g runs: the epilogue is work */
+                st = npu_engine_work(core, n * 8);
+            }
         }
     }
 out:
-    g_free(col);
-    g_free(cbuf);
-    g_free(ibuf);
-    g_free(obuf);
+    npu_nn_put(s, &colb);
+    npu_nn_put(s, &cb);
+    npu_nn_put(s, &ib);
+    npu_nn_put(s, &ob);
     return st;
 }
 
@@ -844,13 +994,15 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
                                    uint64_t end)
 {
     const NpuConvJob *job = opaque;
+    NpuState *s = core->s;
     NpuWalk w = job->walk;
-    float *tmp = NULL, *obuf = NULL;
+    NpuNnBuf tb = {}, ob = {};
+    float *obuf = NULL;
     uint32_t st = NPU_ST_OK;
     uint64_t u;
 
     if (job->acc) {
-        obuf = g_try_malloc(job->ob * job->ohw * sizeof(float));
+        obuf = npu_nn_get(s, &ob, job->ob * job->ohw, sizeof(float));
         if (!obuf) {
             npu_guest_error("npu: conv2d: out of device memory\n");
             return NPU_ST_NO_MEMORY;
@@ -870,10 +1022,7 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
             break;
         }
         if (!job->direct_out) {
-            if (!tmp) {
-                tmp = g_try_malloc(job->ob * job->ohw * sizeof(float));
-            }
-            dst = tmp;
+            dst = npu_nn_get(s, &tb, job->ob * job->ohw, sizeof(float));
         }
         if (!dst || !npu_dnnl_conv_run(job->dconv[os != job->ob], core, in,
                                        (const uint8_t *)job->dwt +
@@ -893,11 +1042,11 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
         if (!job->direct_out) {
             npu_store_f32(job->out + first * job->osize, job->odtype, dst, n);
         }
-        st = npu_mem_write(core->s, &w, job->out_va + first * job->osize,
+        st = npu_mem_write(s, &w, job->out_va + first * job->osize,
                            job->out + first * job->osize, n * job->osize);
     }
-    g_free(tmp);
-    g_free(obuf);
+    npu_nn_put(s, &tb);
+    npu_nn_put(s, &ob);
     return st;
 }
 
@@ -905,9 +1054,9 @@ static uint32_t npu_conv_dnnl_tile(NpuCore *core, void *opaque, uint64_t begin,
 #define NPU_DNNL_MIN_1X1_POSITIONS 256
 
 /*
- * Plan @job for oneDNN: blocks of output channels per image (multiples of
- * 16, or whole groups), at least two units per core for a large op, each
- * of at most NPU_DNNL_UNIT_WORK multiply-adds; and the (at most two)
+ * Plan @job for oneDNN: blocks of output channels per image (multiples
+ * of 16 or 8, or whole groups), at least two units per core for a large
+ * op, each of at most NPU_DNNL_UNIT_WORK multiply-adds; and the (at most two)
  * shapes, which oneDNN must take. False: run im2col + BLAS.
  */
 static bool npu_conv_dnnl_plan(NpuState *s, NpuConvJob *job,
@@ -917,7 +1066,9 @@ static bool npu_conv_dnnl_plan(NpuState *s, NpuConvJob *job,
 {
     uint32_t cores = MAX(s->cores.n, 1);
     uint64_t unit = job->ohw * job->kk;     /* multiply-adds per channel */
-    uint64_t step = job->g > 1 ? job->og : 16;
+    /* Blocks of 16 channels, or of 8 (AVX2's width) when 16 are too big */
+    uint64_t step = job->g > 1 ? job->og :
+                    16 * unit <= NPU_DNNL_UNIT_WORK ? 16 : 8;
     uint64_t blocks = DIV_ROUND_UP(job->o, step), want, nb, d, dense = 1;
     /* Input rows (columns) the windows reach: oneDNN needs no others. */
     uint64_t span_h = (job->oh - 1) * job->sh + (job->kh - 1) * job->dh + 1;
@@ -986,17 +1137,6 @@ static bool npu_conv_dnnl_plan(NpuState *s, NpuConvJob *job,
     return job->dconv[0] != NULL;
 }
 
-/* @n fp32 values of a strided run, into @dst. */
-static void npu_load_f32_to(float *dst, const uint8_t *src, uint64_t stride,
-                            uint32_t dtype, uint64_t n)
-{
-    const float *v = npu_load_f32(src, stride, dtype, dst, n);
-
-    if (v != dst) {
-        memcpy(dst, v, n * sizeof(float));
-    }
-}
-
 /*
  * A checked CONV2D whose inputs are in @bufs; with NPU_CONV_F_ACCUMULATE,
  * @out holds the output's values from before the op.
@@ -1009,7 +1149,7 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     const struct npu_hw_tensor *in = &p->t[0], *wt = &p->t[1];
     const struct npu_hw_tensor *bt = &p->t[2], *o = &p->t[3];
     const uint32_t *q = p->params;
-    uint32_t cores = MAX(s->cores.n, 1), d, st;
+    uint32_t cores = MAX(s->cores.n, 1), d, st = NPU_ST_OK;
     NpuConvJob job = {
         .walk = *w, .in = bufs[0], .dtype = in->dtype,
         .size = npu_dtype_size(in->dtype), .odtype = o->dtype, .kind = kind,
@@ -1026,8 +1166,9 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
         .zp = (int32_t)q[NPU_CONV_P_IN_ZP],
     };
     uint64_t batch = in->shape[0], flop, units, grain, r, i, j;
-    float *wpack = NULL, *bias;
-    int32_t *ibias;
+    uint64_t bstride = job.o > 1 ? bt->strides[1] : 0;
+    NpuCore *cp = npu_cmd_core(s);
+    NpuNnBuf wpack = {}, bias = {}, ibias = {};
 
     /* Accumulating: the results go through fp32 scratch, then @out. */
     job.direct_out = !HOST_BIG_ENDIAN && o->dtype == NPU_DTYPE_FP32 &&
@@ -1040,48 +1181,43 @@ uint32_t npu_exec_conv(NpuState *s, NpuWalk *w,
     job.og = job.o / job.g;
     job.kk = job.cg * job.kh * job.kw;
 
-    bias = g_try_malloc(job.o * sizeof(float));
-    ibias = job.quant ? g_try_malloc(job.o * sizeof(int32_t)) : NULL;
-    if (!HOST_BIG_ENDIAN && wt->dtype == NPU_DTYPE_FP32 &&
-        npu_tensor_is_contiguous(wt)) {
-        job.wt = (const float *)bufs[1];
-    } else {
-        /* Rows of KW taps: [O, C / g, KH] rows into [O, kk]. */
-        wpack = g_try_malloc(job.o * job.kk * sizeof(float));
-        job.wt = wpack;
-    }
-    if (!bias || !job.wt || (job.quant && !ibias)) {
-        npu_guest_error("npu: conv2d: out of device memory\n");
+    if (!npu_nn_get(s, &bias, job.o, sizeof(float)) ||
+        (job.quant && !npu_nn_get(s, &ibias, job.o, sizeof(int32_t)))) {
         st = NPU_ST_NO_MEMORY;
         goto out;
     }
-    if (wpack) {
-        for (r = 0; r < job.o * job.cg * job.kh; r++) {
+    if (!HOST_BIG_ENDIAN && wt->dtype == NPU_DTYPE_FP32 &&
+        npu_tensor_is_contiguous(wt)) {
+        job.wt = (const float *)bufs[1];
+    } else if (npu_nn_get(s, &wpack, job.o, job.kk * sizeof(float))) {
+        /* Rows of KW taps: [O, C / g, KH] rows into [O, kk]. */
+        job.wt = wpack.p;
+        for (r = 0; r < job.o * job.cg * job.kh && st == NPU_ST_OK; r++) {
             uint64_t oc = r / (job.cg * job.kh), ci = r / job.kh % job.cg;
             uint64_t ki = r % job.kh;
 
             i = (job.o > 1 ? oc * wt->strides[0] : 0) +
                 (job.cg > 1 ? ci * wt->strides[1] : 0) +
                 (job.kh > 1 ? ki * wt->strides[2] : 0);
-            npu_load_f32_to(wpack + r * job.kw, bufs[1] + i * job.size,
-                            job.kw > 1 ? wt->strides[3] : 0, wt->dtype,
-                            job.kw);
+            st = npu_pack_f32(cp, (float *)wpack.p + r * job.kw,
+                              bufs[1] + i * job.size,
+                              job.kw > 1 ? wt->strides[3] : 0, wt->dtype,
+                              job.kw, 0);
         }
-    }
-    if (job.quant) {
-        const int32_t *v = npu_load_i32(bufs[2], job.o > 1 ? bt->strides[1] : 0,
-                                        bt->dtype, ibias, job.o);
-
-        if (v != ibias) {
-            memcpy(ibias, v, job.o * sizeof(int32_t));
-        }
-        job.ibias = ibias;
-        job.kb = npu_int8_kblock(job.zp);
     } else {
-        npu_load_f32_to(bias, bufs[2], job.o > 1 ? bt->strides[1] : 0,
-                        bt->dtype, job.o);
+        st = NPU_ST_NO_MEMORY;
     }
-    job.bias = bias;
+    if (st == NPU_ST_OK && job.quant) {
+        st = npu_pack_i32(cp, ibias.p, bufs[2], bstride, bt->dtype, job.o);
+        job.ibias = ibias.p;
+        job.kb = npu_int8_kblock(job.zp);
+    } else if (st == NPU_ST_OK) {
+        st = npu_pack_f32(cp, bias.p, bufs[2], bstride, bt->dtype, job.o, 0);
+    }
+    if (st != NPU_ST_OK) {
+        goto out;
+    }
+    job.bias = bias.p;
 
     if (npu_conv_dnnl_plan(s, &job, in, wt, bufs[1], batch)) {
         units = batch * job.nob;
@@ -1114,9 +1250,12 @@ done:
         qatomic_add(&w->stats->macs, batch * job.o * job.ohw * job.kk);
     }
 out:
-    g_free(wpack);
-    g_free(bias);
-    g_free(ibias);
+    if (st == NPU_ST_NO_MEMORY) {
+        npu_guest_error("npu: conv2d: out of device memory\n");
+    }
+    npu_nn_put(s, &wpack);
+    npu_nn_put(s, &bias);
+    npu_nn_put(s, &ibias);
     return st;
 }
 
@@ -1168,6 +1307,12 @@ static NpuPoolTaps npu_pool_taps(const NpuPoolAxis *a, uint64_t o)
 }
 
 /*
+ * Widest input row of the row kernel, which widens a row and loops over
+ * its outputs between control points: about a millisecond of work.
+ */
+#define NPU_POOL_ROW_MAX (1ull << 18)
+
+/*
  * An ordinary window (k <= n, pads below k) of axis @a: its taps and the
  * per-tap loops of the row kernel stay within the input.
  */
@@ -1204,9 +1349,10 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
     const NpuPoolAxis *ah = &job->ax[0], *aw = &job->ax[1];
     NpuWalk w = job->walk;
     uint64_t ohw = job->oh * job->ow, u, oh, ow, i, j, lo, hi;
-    float *tmp = g_try_malloc(aw->n * sizeof(float));
-    float *m = g_try_malloc(job->ow * sizeof(float));
-    double *acc = g_try_malloc(job->ow * sizeof(double));
+    NpuNnBuf tb = {}, mb = {}, ab = {};
+    float *tmp = npu_nn_get(core->s, &tb, aw->n, sizeof(float));
+    float *m = npu_nn_get(core->s, &mb, job->ow, sizeof(float));
+    double *acc = npu_nn_get(core->s, &ab, job->ow, sizeof(double));
     uint32_t st = NPU_ST_OK;
 
     if (!tmp || !m || !acc) {
@@ -1232,8 +1378,8 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
                 const float *r = npu_load_f32(job->in + at, job->is[3],
                                               job->dtype, tmp, aw->n);
 
-                /* A control point per input row (an output row: 2^30 taps) */
-                st = npu_engine_work(core, job->ow * aw->k + 1);
+                /* Widening the row, then each tap column: accounted */
+                st = npu_engine_work(core, aw->n + 1);
                 for (j = 0; j < aw->k && st == NPU_ST_OK; j++) {
                     uint64_t off = j * aw->dil, sw = aw->stride, pb = aw->pb;
 
@@ -1248,6 +1394,7 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
                             acc[ow] += r[ow * sw + off - pb];
                         }
                     }
+                    st = npu_engine_work(core, hi - lo + 1);
                 }
             }
             if (st != NPU_ST_OK) {
@@ -1276,9 +1423,9 @@ static uint32_t npu_pool_rows_tile(NpuCore *core, void *opaque,
                            (end - begin) * ohw * job->osize);
     }
 out:
-    g_free(tmp);
-    g_free(m);
-    g_free(acc);
+    npu_nn_put(core->s, &tb);
+    npu_nn_put(core->s, &mb);
+    npu_nn_put(core->s, &ab);
     return st;
 }
 
@@ -1287,7 +1434,7 @@ static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
 {
     const NpuPoolJob *job = opaque;
     NpuWalk w = job->walk;
-    uint64_t ohw = job->oh * job->ow, u, oh, ow, i, j;
+    uint64_t ohw = job->oh * job->ow, u, oh, ow, i, j, j0;
     uint64_t dh = job->ax[0].dil * job->is[2], dw = job->ax[1].dil * job->is[3];
 
     for (u = begin; u < end; u++) {
@@ -1307,29 +1454,40 @@ static uint32_t npu_pool_tile(NpuCore *core, void *opaque, uint64_t begin,
                 float m = -INFINITY;
                 uint32_t st;
 
-                /* A window may be huge: each output is a control point. */
-                st = npu_engine_work(core, taps + 1);
+                /*
+                 * A window may be huge: each output, and each run of
+                 * NPU_PACK_STEP taps of a window row, is accounted.
+                 */
+                st = npu_engine_work(core, 1);
                 if (st != NPU_ST_OK) {
                     return st;
                 }
-                if (job->kind == NPU_POOL_MAX) {
-                    if (taps) {
-                        m = npu_ld_f(plane, job->dtype, row);
-                    }
-                    for (i = 0; i < th.hi - th.lo; i++) {
-                        for (j = 0; j < tw.hi - tw.lo; j++) {
-                            m = npu_maxf(m, npu_ld_f(plane, job->dtype,
-                                                     row + i * dh + j * dw));
-                        }
-                    }
-                    npu_store_d(job->out, job->dtype, o, m);
-                    continue;
+                if (job->kind == NPU_POOL_MAX && taps) {
+                    m = npu_ld_f(plane, job->dtype, row);
                 }
                 for (i = 0; i < th.hi - th.lo; i++) {
-                    for (j = 0; j < tw.hi - tw.lo; j++) {
-                        sum += npu_ld_f(plane, job->dtype,
-                                        row + i * dh + j * dw);
+                    for (j0 = 0; j0 < tw.hi - tw.lo; j0 += NPU_PACK_STEP) {
+                        uint64_t je = MIN(tw.hi - tw.lo, j0 + NPU_PACK_STEP);
+
+                        for (j = j0; j < je; j++) {
+                            float v = npu_ld_f(plane, job->dtype,
+                                               row + i * dh + j * dw);
+
+                            if (job->kind == NPU_POOL_MAX) {
+                                m = npu_maxf(m, v);
+                            } else {
+                                sum += v;
+                            }
+                        }
+                        st = npu_engine_work(core, je - j0);
+                        if (st != NPU_ST_OK) {
+                            return st;
+                        }
                     }
+                }
+                if (job->kind == NPU_POOL_MAX) {
+                    npu_store_d(job->out, job->dtype, o, m);
+                    continue;
                 }
                 div = job->count_pad ? (double)th.padded * tw.padded :
                       (double)taps;
@@ -1378,7 +1536,8 @@ uint32_t npu_exec_pool(NpuState *s, NpuWalk *w,
     grain = taps < NPU_POOL_TILE_MIN_TAPS ? units :
             DIV_ROUND_UP(units, cores * 2);
     return npu_run_tiles(s, npu_pool_axis_plain(&job.ax[0]) &&
-                         npu_pool_axis_plain(&job.ax[1]) ?
+                         npu_pool_axis_plain(&job.ax[1]) &&
+                         job.ax[1].n <= NPU_POOL_ROW_MAX ?
                          npu_pool_rows_tile : npu_pool_tile,
                          &job, units, grain);
 }
@@ -1448,13 +1607,8 @@ static uint32_t npu_rq_tile(NpuCore *core, void *opaque, uint64_t begin,
     uint64_t len = job->shape[last], u, j;
 
     for (u = begin; u < end; u++) {
-        uint64_t rest = u, ao = 0, so = 0;
+        uint64_t rest = u, ao = 0, so = 0, j0;
         uint8_t *dst = job->out + u * len;
-        uint32_t st = npu_engine_work(core, len);
-
-        if (st != NPU_ST_OK) {
-            return st;
-        }
 
         for (d = last; d-- > 0;) {
             uint64_t i = rest % job->shape[d];
@@ -1463,11 +1617,22 @@ static uint32_t npu_rq_tile(NpuCore *core, void *opaque, uint64_t begin,
             ao += i * job->as[d];
             so += i * job->ss[d];
         }
-        for (j = 0; j < len; j++) {
-            int32_t acc = ldl_le_p(job->acc + (ao + j * job->as[last]) * 4);
-            uint32_t sb = ldl_le_p(job->scale + (so + j * job->ss[last]) * 4);
+        /* A row may be the whole operand: accounted in runs. */
+        for (j0 = 0; j0 < len; j0 += NPU_PACK_STEP) {
+            uint64_t je = MIN(len, j0 + NPU_PACK_STEP);
+            uint32_t st = npu_engine_work(core, (je - j0) * 4);
 
-            dst[j] = npu_requant1(acc, sb, job->zp, job->lo);
+            if (st != NPU_ST_OK) {
+                return st;
+            }
+            for (j = j0; j < je; j++) {
+                int32_t acc = ldl_le_p(job->acc +
+                                       (ao + j * job->as[last]) * 4);
+                uint32_t sb = ldl_le_p(job->scale +
+                                       (so + j * job->ss[last]) * 4);
+
+                dst[j] = npu_requant1(acc, sb, job->zp, job->lo);
+            }
         }
     }
     return npu_mem_write(core->s, &w, job->out_va + begin * len,
@@ -1487,9 +1652,17 @@ uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
         .out = out, .out_va = o->va,
     };
     uint64_t numel = npu_tensor_numel(o), units, grain, i, rest, off;
-    uint32_t d;
+    NpuCore *cp = npu_cmd_core(s);
+    uint32_t d, st;
 
+    /* Every scale element first, accounted in runs (2^28 of them at most) */
     for (i = 0; i < npu_tensor_numel(sc); i++) {
+        if (!(i % NPU_PACK_STEP)) {
+            st = npu_engine_work(cp, NPU_PACK_STEP * 4);
+            if (st != NPU_ST_OK) {
+                return st;
+            }
+        }
         for (d = sc->ndim, rest = i, off = 0; d-- > 0;) {
             off += rest % sc->shape[d] * sc->strides[d];
             rest /= sc->shape[d];

@@ -113,22 +113,27 @@ static uint32_t npu_place_row(NpuState *s, NpuWalk *w, const NpuPlaceJob *job,
     return st;
 }
 
+/*
+ * Elements of a row placed between two control points: a run of a dense
+ * output (about a millisecond), or far fewer stored one by one (each a
+ * walk and a mapping of its own).
+ */
+#define NPU_PLACE_SEG (1ull << 16)
+#define NPU_PLACE_SEG_STRIDED (1ull << 12)
+
 static uint32_t npu_place_tile(NpuCore *core, void *opaque, uint64_t begin,
                                uint64_t end)
 {
     const NpuPlaceJob *job = opaque;
     NpuWalk w = job->walk;
     uint32_t last = job->ndim - 1, st = NPU_ST_OK, i, d;
-    uint64_t len = job->shape[last], u;
+    uint64_t len = job->shape[last], u, j0;
+    uint64_t seg = job->contiguous ? NPU_PLACE_SEG : NPU_PLACE_SEG_STRIDED;
 
     for (u = begin; u < end && st == NPU_ST_OK; u++) {
         uint64_t off[3] = { 0, 0, 0 }, ooff = 0, rest = u;
         uint8_t *dst = job->out + u * len * job->osize;
 
-        st = npu_engine_work(core, len);
-        if (st != NPU_ST_OK) {
-            return st;
-        }
         for (d = last; d-- > 0;) {
             uint64_t k = rest % job->shape[d];
 
@@ -138,13 +143,28 @@ static uint32_t npu_place_tile(NpuCore *core, void *opaque, uint64_t begin,
             }
             ooff += k * job->ostride[d];
         }
-        if (job->opcode == NPU_OP_SELECT) {
-            npu_select_row(job, off, dst, len);
-        } else {
-            npu_convert_row(job, off[0], dst, len);
-        }
-        if (!job->contiguous) {
-            st = npu_place_row(core->s, &w, job, ooff, dst, len);
+        /* A row may be the whole operand (2^28 elements): in segments. */
+        for (j0 = 0; j0 < len && st == NPU_ST_OK; j0 += seg) {
+            uint64_t m = MIN(seg, len - j0), so[3];
+            uint8_t *sd = dst + j0 * job->osize;
+
+            st = job->contiguous ? npu_engine_work(core, m * 4) :
+                                   npu_engine_poll(core->s);
+            if (st != NPU_ST_OK) {
+                break;
+            }
+            for (i = 0; i < job->nin; i++) {
+                so[i] = off[i] + j0 * job->stride[i][last];
+            }
+            if (job->opcode == NPU_OP_SELECT) {
+                npu_select_row(job, so, sd, m);
+            } else {
+                npu_convert_row(job, so[0], sd, m);
+            }
+            if (!job->contiguous) {
+                st = npu_place_row(core->s, &w, job,
+                                   ooff + j0 * job->ostride[last], sd, m);
+            }
         }
     }
     if (st != NPU_ST_OK || !job->contiguous) {

@@ -100,7 +100,16 @@ typedef struct NpuTensorJob {
     uint64_t rows;          /* numel / shape[ndim - 1] */
     uint64_t band;          /* rows per unit (1 when rows are split) */
     uint64_t seg_len, nseg; /* each band is nseg units of seg_len columns */
+    uint32_t weight;        /* work per element (npu_engine_work units) */
 } NpuTensorJob;
+
+/*
+ * Work of one element of a streamed or gathered op, in npu_engine_work()
+ * units: bytes moved, times about 4 for a UNARY kind (a transcendental
+ * such as erf or tanh costs tens of nanoseconds in scalar code).
+ */
+#define NPU_TENSOR_WORK 4
+#define NPU_TENSOR_WORK_UNARY 16
 
 /* Scratch of one tile: two inputs and one result block. */
 typedef union NpuTensorBlk {
@@ -827,7 +836,7 @@ static uint32_t npu_tensor_tile(NpuCore *core, void *opaque, uint64_t begin,
     uint64_t u;
 
     for (u = begin; u < end && st == NPU_ST_OK; u++) {
-        st = npu_engine_work(core, job->band * job->seg_len);
+        st = npu_engine_work(core, job->band * job->seg_len * job->weight);
         if (st == NPU_ST_OK) {
             st = npu_tensor_unit(core, job, &w, u, blk);
         }
@@ -1016,6 +1025,21 @@ static uint32_t npu_tensor_gather(NpuState *s, NpuWalk *w,
         }
     }
     return st;
+}
+
+/*
+ * Free the gather scratch a stopped command left above NPU_SCRATCH_KEEP
+ * (the command processor, between commands, no lock held).
+ */
+void npu_scratch_trim(NpuState *s)
+{
+    uint32_t i;
+
+    for (i = 0; i < NPU_LEVELS; i++) {
+        if (s->level[i].core.gather_size > NPU_SCRATCH_KEEP) {
+            npu_scratch_free(s, &s->level[i].core);
+        }
+    }
 }
 
 void npu_scratch_free(NpuState *s, NpuCore *core)
@@ -1210,6 +1234,8 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
         job.seg_len = len;
     }
     job.nseg = DIV_ROUND_UP(len, job.seg_len);
+    job.weight = opcode == NPU_OP_UNARY ? NPU_TENSOR_WORK_UNARY :
+                 NPU_TENSOR_WORK;
     units = DIV_ROUND_UP(job.rows, job.band) * job.nseg;
     job.walk = *w;
     /* Large ops: about four tiles per core for load balance. */
@@ -1219,7 +1245,9 @@ uint32_t npu_exec_tensor(NpuState *s, NpuWalk *w, const struct npu_cmd *cmd)
                                 NPU_TENSOR_SPLIT_MIN) ? units :
                        DIV_ROUND_UP(units, s->cores.n * 4));
 out:
-    if (npu_cmd_core(s)->gather_size > NPU_SCRATCH_KEEP) {
+    /* A stopped command answers first: npu_scratch_trim() frees it then */
+    if (npu_cmd_core(s)->gather_size > NPU_SCRATCH_KEEP &&
+        !npu_engine_stopping(s)) {
         npu_scratch_free(s, npu_cmd_core(s));
     }
     return st;
