@@ -767,11 +767,16 @@ static void *npu_worker(void *opaque)
         s->cur_prio = -1;
         qatomic_set(&s->preempt, false);
         qatomic_set(&s->deadline_ns, INT64_MAX);
-        /* A timed-out command's large blocks, now that it answered. */
-        qemu_mutex_unlock(&s->lock);
-        npu_budget_reap(s);
-        npu_scratch_trim(s);
-        qemu_mutex_lock(&s->lock);
+        /*
+         * A timed-out command's large blocks, now that it answered; an
+         * aborted one's wait until the reset has answered (above).
+         */
+        if (!s->reset_pending) {
+            qemu_mutex_unlock(&s->lock);
+            npu_budget_reap(s);
+            npu_scratch_trim(s);
+            qemu_mutex_lock(&s->lock);
+        }
     }
     qemu_mutex_unlock(&s->lock);
     return NULL;

@@ -164,33 +164,40 @@ def _release_qemu() -> Path:
     return cache / "bin" / "qemu-system-x86_64"
 
 
-def measure(qemu: Path | None = None, runs: int = RUNS) -> dict[str, float]:
-    """Milliseconds per shape on ``qemu`` (the release build by default)."""
+def measure(
+    qemu: Path | None = None, runs: int = RUNS, only: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Milliseconds per shape on ``qemu`` (the release build by default);
+    ``only``: the shapes whose names contain one of these strings."""
+    shapes = [s for s in SHAPES if not only or any(o in s.name for o in only)]
     with tempfile.TemporaryDirectory() as tmp:
         b = Bench(qemu or _release_qemu(), Path(tmp))
         try:
-            return {s.name: b.time_ms(s, runs) for s in SHAPES}
+            return {s.name: b.time_ms(s, runs) for s in shapes}
         finally:
             b.close()
 
 
-def _round(qemu: Path, runs: int) -> dict[str, float]:
+def _round(qemu: Path, runs: int, only: tuple[str, ...]) -> dict[str, float]:
     # A process per binary: qtest binds NPU_QTEST_QEMU at import.
+    sel = [a for o in only for a in ("--only", o)]
     out = subprocess.run(
-        [sys.executable, __file__, "--qemu", str(qemu), "--runs", str(runs)],
+        [sys.executable, __file__, "--qemu", str(qemu), "--runs", str(runs), *sel],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     res: dict[str, float] = json.loads(out)
     return res
 
 
-def ab(old: Path, new: Path, rounds: int = ROUNDS, runs: int = RUNS) -> dict[str, Any]:
+def ab(
+    old: Path, new: Path, rounds: int = ROUNDS, runs: int = RUNS, only: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Per shape: the median over rounds of each binary's figure, and new/old."""
     seen: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     for r in range(rounds):
         order: list[tuple[str, Path]] = [("old", old), ("new", new)]
         for tag, qemu in order if r % 2 == 0 else reversed(order):
-            for k, v in _round(qemu, runs).items():
+            for k, v in _round(qemu, runs, only).items():
                 seen[tag].setdefault(k, []).append(v)
             log.info("round %d: %s done", r, tag)
     res: dict[str, Any] = {}
@@ -206,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab", nargs=2, type=Path, metavar=("OLD", "NEW"))
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--only", action="append", default=[], help="shapes whose name contains this")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.ab:
-        res: dict[str, Any] = ab(args.ab[0], args.ab[1], args.rounds, args.runs)
+        res: dict[str, Any] = ab(args.ab[0], args.ab[1], args.rounds, args.runs, tuple(args.only))
     else:
-        res = dict(measure(args.qemu, args.runs))
+        res = dict(measure(args.qemu, args.runs, tuple(args.only)))
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
