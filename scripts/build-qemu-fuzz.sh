@@ -26,10 +26,22 @@
 # patch also registers the "npu" generic-fuzz configuration
 # (--fuzz-target=generic-fuzz-npu).
 #
+# The patch also adds the liveness oracle (docs/fuzzing.md): the system
+# reset that ends each input, and each operation of it, must complete
+# within QEMU_FUZZ_RESET_LIMIT_MS (50 ms for the npu, less the time its
+# threads waited for a CPU; a watchdog thread aborts the main thread when
+# it does not, so a hang is a crash finding), and no engine thread (named
+# npu-*) may ask for the BQL (a hook in bql_lock(), system/cpus.c, aborts).
+#
 # The device sources are synced into the tree on every run (ninja rebuilds
 # what changed). NPU_FUZZ_DEVICE_REV=<git rev> takes qemu_device/ and
 # include/ from that commit instead of the working tree (to fuzz the landed
-# device while the working tree is being edited).
+# device while the working tree is being edited); NPU_FUZZ_DEVICE_DIR=<dir>
+# takes them from <dir>/qemu_device and <dir>/include (a scratch copy, e.g.
+# a deliberately broken device to check the oracle). In the tree's copy,
+# the device's direct RAM mapping (npu_ram_map() in npu_mmu.c) calls the
+# generic fuzzer's DMA hook, as QEMU's address_space_map() does: without
+# it no DMA pattern would reach the engine.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/common.sh
@@ -43,13 +55,16 @@ replay) targets+=(qemu-system-x86_64) ;;
 *) die "usage: build-qemu-fuzz.sh [replay|key]" ;;
 esac
 rev=${NPU_FUZZ_DEVICE_REV:-}
+devdir=${NPU_FUZZ_DEVICE_DIR:-$NPU_ROOT}
+[ -z "$rev" ] || [ -z "${NPU_FUZZ_DEVICE_DIR:-}" ] || die "NPU_FUZZ_DEVICE_REV or NPU_FUZZ_DEVICE_DIR, not both"
+[ -d "$devdir/qemu_device" ] || die "no $devdir/qemu_device"
 
 # The device's file names, from the working tree or from $rev.
 device_files() {
 	if [ -n "$rev" ]; then
 		git -C "$NPU_ROOT" ls-tree --name-only "$rev" qemu_device/ | sed 's,^qemu_device/,,'
 	else
-		find "$NPU_ROOT/qemu_device" -maxdepth 1 -type f -printf '%f\n'
+		find "$devdir/qemu_device" -maxdepth 1 -type f -printf '%f\n'
 	fi | LC_ALL=C sort
 }
 # Only the set of C files shapes meson.build; their contents do not.
@@ -70,9 +85,11 @@ src="$top/src"
 bld="$src/build"
 out="$NPU_CACHE/bin/qemu-fuzz-x86_64"
 
-# clang and its libFuzzer runtime (Debian 12: clang-14, libclang-rt-14-dev).
+# clang and its libFuzzer runtime (Debian 12: clang-14, libclang-rt-14-dev);
+# clang's omp.h (libomp-14-dev: GCC's does not parse with clang) for the
+# device's oneDNN code, which still links GCC's libgomp.
 need=()
-for p in clang-14 libclang-rt-14-dev; do
+for p in clang-14 libclang-rt-14-dev libomp-14-dev; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -97,9 +114,23 @@ stage_device_sources() {
 			git -C "$NPU_ROOT" show "$rev:$f" >"$st/$f"
 		done
 	else
-		cp "$NPU_ROOT"/qemu_device/* "$st/qemu_device/"
-		cp "$NPU_ROOT"/include/*.h "$st/include/"
+		cp "$devdir"/qemu_device/* "$st/qemu_device/"
+		cp "$devdir"/include/*.h "$st/include/"
 	fi
+	hook_dma_reads "$st/qemu_device/npu_mmu.c"
+}
+
+# The generic fuzzer fills guest RAM from a hook, fuzz_dma_read_cb(), that
+# QEMU calls where it reads RAM for a device: flatview_read_continue() and
+# address_space_map(). The engine maps RAM itself (address_space_translate()
+# and memory_access_is_direct() in npu_ram_map(), docs/npu-spec.md 13),
+# past both: call the hook there, for a read, as address_space_map() does.
+hook_dma_reads() {
+	local f=$1
+	grep -q 'npu_ram_map' "$f" || return 0 # a device of before npu_ram_map()
+	perl -0pi -e 's/(\nstatic void \*npu_ram_map\(.*?\n    memory_region_ref\(mr\);\n)/$1    if (!write) {\n        fuzz_dma_read_cb(addr, *plen, mr); \/\* generic-fuzz: fill it \*\/\n    }\n/s' "$f"
+	grep -q 'fuzz_dma_read_cb' "$f" ||
+		die "npu_mmu.c: no 'memory_region_ref(mr);' in npu_ram_map() to hook the fuzzer's DMA fills to"
 }
 
 # Copy them into the tree when they changed (ninja then rebuilds just those).
@@ -123,17 +154,18 @@ generic_fuzz_patch() {
 	cat <<'PATCH'
 --- a/tests/qtest/fuzz/generic_fuzz.c
 +++ b/tests/qtest/fuzz/generic_fuzz.c
-@@ -28,6 +28,9 @@
+@@ -28,6 +28,10 @@
  #include "hw/boards.h"
  #include "generic_fuzz_configs.h"
  #include "hw/mem/sparse-mem.h"
 +#include "qemu/atomic.h"
 +#include "qemu/main-loop.h"
 +#include "qemu/thread.h"
++#include <sys/prctl.h>
  
  static void pci_enum(gpointer pcidev, gpointer bus);
  
-@@ -86,6 +89,27 @@
+@@ -86,6 +90,27 @@
  static QTestState *qts_global; /* Need a global for the DMA callback */
  
  /*
@@ -161,7 +193,7 @@ generic_fuzz_patch() {
   * List of memory regions that are children of QOM objects specified by the
   * user for fuzzing.
   */
-@@ -175,19 +199,22 @@
+@@ -175,19 +200,22 @@
      return l;
  }
  
@@ -191,7 +223,7 @@ generic_fuzz_patch() {
      /*
       * Return immediately if:
       * - We have no DMA patterns defined
-@@ -207,21 +234,19 @@
+@@ -207,21 +235,19 @@
       * populate the non-overlapping parts.
       */
      address_range region;
@@ -216,7 +248,7 @@ generic_fuzz_patch() {
              }
              return;
          }
-@@ -233,10 +258,20 @@
+@@ -233,10 +259,20 @@
      address_range ar = {addr, len};
      g_array_append_val(dma_regions, ar);
      pattern p = g_array_index(dma_patterns, pattern, dma_pattern_index);
@@ -239,7 +271,7 @@ generic_fuzz_patch() {
      while (len > 0) {
          l = len;
          mr1 = address_space_translate(first_cpu->as,
-@@ -258,29 +293,46 @@
+@@ -258,29 +294,46 @@
              /* ROM/RAM case */
              if (qtest_log_enabled) {
                  /*
@@ -300,7 +332,7 @@ generic_fuzz_patch() {
  }
  
  /*
-@@ -571,15 +623,84 @@
+@@ -571,15 +624,442 @@
      memcpy(&a, data, sizeof(a));
      pattern p = {a.index, a.stride, len - sizeof(a), data + sizeof(a)};
      p.index = a.index % p.len;
@@ -382,10 +414,383 @@ generic_fuzz_patch() {
 +        waited += settle_us;
 +        busy = qatomic_read(&dma_reads) != seen || other_threads_running();
 +    } while (busy && waited < settle_max_us);
++}
++
++/*
++ * Liveness oracle (NPU stack, issue 35), for devices that run engine
++ * threads of their own:
++ *
++ * - The system reset that ends every input (qemu_system_reset(), what
++ *   "outb 0xcf9 0x6" does; a device's reset hold phase may wait for its
++ *   engine) must complete within QEMU_FUZZ_RESET_LIMIT_MS ms, and so must
++ *   every operation of the input (an MMIO or configuration write that
++ *   waits for the engine: a D3hot, a queue disable). A watchdog thread
++ *   checks the one in progress every few ms and, past the limit, prints
++ *   the threads and sends SIGABRT to the main thread: a slow reset or a
++ *   deadlock is a crash finding, with the main thread's stack at that
++ *   moment and the input as its reproducer, not a libFuzzer -timeout. One
++ *   that returns late without the watchdog noticing aborts too. Unset or
++ *   0: off (the npu configuration sets 50).
++ *   The time counted is host time (CLOCK_MONOTONIC) less the time the main
++ *   thread and the engine threads spent runnable, waiting for a CPU,
++ *   meanwhile (their run delay, /proc/self/task/<tid>/schedstat): on a
++ *   shared machine the same reset takes 2 to 150 ms of host time
++ *   otherwise. A thread that waits for a lock or the engine is not
++ *   runnable: a deadlock counts in full. QEMU_FUZZ_RESET_RAW=1: host time.
++ * - No engine thread may wait for the BQL: a hook at the top of
++ *   bql_lock() (system/cpus.c, patched) aborts on the calling thread when
++ *   its name starts with QEMU_FUZZ_ENGINE_THREADS ("npu-" for the npu
++ *   configuration, which names threads with -name debug-threads=on:
++ *   npu-cp, npu-core0..). Any request counts, since the BQL is held by
++ *   the main loop most of the time and a request then waits; the crash
++ *   report is the engine thread's own stack, at the request. Unset or
++ *   empty: off.
++ *
++ * At exit the fuzzer prints a line of reset statistics ("liveness: ...").
++ */
++extern void (*bql_lock_fuzz_hook)(const char *file, int line);
++
++#define NS_PER_MS 1000000LL
++static unsigned reset_limit_ms;
++static bool reset_raw;
++static char *engine_prefix;
++static pthread_t liveness_main;
++static bool liveness_fired; /* one finding per input: the first */
++/* What the main thread does now (wd_lock): since wd_start, 0: nothing */
++static QemuMutex wd_lock;
++static const char *wd_what;
++static int64_t wd_start, wd_wait0;
++static uint64_t resets, resets_over[3], resets_excused;
++static int64_t reset_max_ns, reset_sum_ns, reset_max_raw_ns;
++static const unsigned reset_marks_ms[3] = {5, 10, 25};
++/* The threads a reset waits for: the main one and the engine's. */
++static GArray *reset_tids;
++
++static int64_t mono_ns(void)
++{
++    struct timespec ts;
++
++    clock_gettime(CLOCK_MONOTONIC, &ts);
++    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
++}
++
++/* A thread's run delay: ns runnable but not running (its schedstat). */
++static int64_t thread_run_delay_ns(int tid)
++{
++    char path[64], buf[96];
++    unsigned long long run, wait;
++    ssize_t n;
++    int fd;
++
++    snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
++    fd = open(path, O_RDONLY);
++    if (fd < 0) {
++        return 0;
++    }
++    n = read(fd, buf, sizeof(buf) - 1);
++    close(fd);
++    if (n <= 0) {
++        return 0;
++    }
++    buf[n] = 0;
++    return sscanf(buf, "%llu %llu", &run, &wait) == 2 ? wait : 0;
++}
++
++/* The run delay of the main and engine threads (0: the kernel does not tell) */
++static int64_t run_delay_ns(void)
++{
++    int64_t sum = 0;
++
++    for (int i = 0; reset_tids && i < reset_tids->len; i++) {
++        sum += thread_run_delay_ns(g_array_index(reset_tids, int, i));
++    }
++    return sum;
++}
++
++/* The time of what started at @t0 (run delay @wait0) by @now, as counted. */
++static int64_t busy_ns(int64_t t0, int64_t wait0, int64_t now)
++{
++    if (reset_raw) {
++        return now - t0;
++    }
++    return MAX(now - t0 - MAX(run_delay_ns() - wait0, 0), 0);
++}
++
++static bool is_engine_name(const char *name)
++{
++    return engine_prefix && *engine_prefix &&
++           g_str_has_prefix(name, engine_prefix);
++}
++
++/* Is the calling thread one of the device's engine threads? (cached) */
++static bool this_is_engine_thread(void)
++{
++    static __thread int engine = -1;
++
++    if (engine < 0) {
++        char name[17] = "";
++
++        prctl(PR_GET_NAME, name);
++        engine = is_engine_name(name);
++    }
++    return engine;
++}
++
++static void engine_bql_hook(const char *file, int line)
++{
++    char name[17] = "";
++
++    if (!this_is_engine_thread()) {
++        return;
++    }
++    prctl(PR_GET_NAME, name);
++    qatomic_set(&liveness_fired, true);
++    fprintf(stderr, "==%d== ERROR: liveness: engine thread %s asks for the "
++            "BQL at %s:%d: an engine thread may never wait for it\n",
++            getpid(), name, file, line);
++    abort();
++}
++
++/*
++ * Every thread of the process: with @print its name, state (R, S, D, ...),
++ * the kernel function it sleeps in and its run delay so far. The engine
++ * threads are counted in @engines, their ids appended to @tids.
++ */
++static void liveness_threads(bool print, unsigned *engines, GArray *tids)
++{
++    GDir *dir = g_dir_open("/proc/self/task", 0, NULL);
++    const char *tid;
++
++    *engines = 0;
++    while (dir && (tid = g_dir_read_name(dir))) {
++        g_autofree char *path = g_strdup_printf("/proc/self/task/%s/stat", tid);
++        g_autofree char *wpath = g_strdup_printf("/proc/self/task/%s/wchan",
++                                                 tid);
++        g_autofree char *stat = NULL, *wchan = NULL;
++        char *open_p, *close_p;
++        int t = atoi(tid);
++
++        if (!g_file_get_contents(path, &stat, NULL, NULL)) {
++            continue;
++        }
++        open_p = strchr(stat, '(');
++        close_p = strrchr(stat, ')');
++        if (!open_p || !close_p || close_p < open_p) {
++            continue;
++        }
++        *close_p = 0;
++        if (is_engine_name(open_p + 1)) {
++            ++*engines;
++            if (tids) {
++                g_array_append_val(tids, t);
++            }
++        }
++        if (print) {
++            g_file_get_contents(wpath, &wchan, NULL, NULL);
++            fprintf(stderr, "liveness:   thread %s %-16s %c in %s, run "
++                    "delay %.1f ms\n", tid, open_p + 1,
++                    close_p[1] == ' ' ? close_p[2] : '?',
++                    wchan && *wchan ? wchan : "?",
++                    (double)thread_run_delay_ns(t) / NS_PER_MS);
++        }
++    }
++    if (dir) {
++        g_dir_close(dir);
++    }
++}
++
++static void *liveness_watchdog(void *opaque)
++{
++    const int64_t limit = reset_limit_ms * NS_PER_MS;
++
++    for (;;) {
++        int64_t now, busy, nap = 5 * NS_PER_MS;
++        unsigned engines;
++
++        qemu_mutex_lock(&wd_lock);
++        now = mono_ns();
++        if (wd_start && now - wd_start >= limit &&
++            !qatomic_read(&liveness_fired)) {
++            busy = busy_ns(wd_start, wd_wait0, now);
++            if (busy >= limit) {
++                qatomic_set(&liveness_fired, true);
++                fprintf(stderr, "==%d== ERROR: liveness: %s did not complete "
++                        "within %u ms (a hang or a slow reset: %.1f ms of "
++                        "host time, %.1f ms of it runnable threads waiting "
++                        "for a CPU); aborting the main thread there\n",
++                        getpid(), wd_what, reset_limit_ms,
++                        (double)(now - wd_start) / NS_PER_MS,
++                        (double)(now - wd_start - busy) / NS_PER_MS);
++                liveness_threads(true, &engines, NULL);
++                fflush(stderr);
++                pthread_kill(liveness_main, SIGABRT);
++                qemu_mutex_unlock(&wd_lock);
++                /* Should the main thread not go down, go down here. */
++                g_usleep(5 * G_USEC_PER_SEC);
++                abort();
++            }
++            nap = MIN(nap, limit - busy); /* its threads waited for a CPU */
++        } else if (wd_start) {
++            nap = MIN(nap, wd_start + limit - now);
++        }
++        qemu_mutex_unlock(&wd_lock);
++        g_usleep(MAX(nap / 1000, 100));
++    }
++    return NULL;
++}
++
++/* The main thread starts @what (a string constant); *@t0, *@wait0 for it. */
++static void liveness_begin(const char *what, int64_t *t0, int64_t *wait0)
++{
++    if (!reset_limit_ms) {
++        return;
++    }
++    *wait0 = reset_raw ? 0 : run_delay_ns();
++    *t0 = mono_ns();
++    qemu_mutex_lock(&wd_lock);
++    wd_what = what;
++    wd_wait0 = *wait0;
++    wd_start = *t0;
++    qemu_mutex_unlock(&wd_lock);
++}
++
++/* ... and is done with it: abort if it took too long. Its time (ns). */
++static int64_t liveness_end(const char *what, int64_t t0, int64_t wait0,
++                            int64_t *raw)
++{
++    int64_t now, dt;
++
++    if (!reset_limit_ms) {
++        return 0;
++    }
++    now = mono_ns();
++    qemu_mutex_lock(&wd_lock);
++    wd_start = 0;
++    qemu_mutex_unlock(&wd_lock);
++    *raw = now - t0;
++    /* The run delay is read only when it may matter. */
++    dt = *raw > 5 * NS_PER_MS ? busy_ns(t0, wait0, now) : *raw;
++    if (dt > reset_limit_ms * NS_PER_MS && !qatomic_read(&liveness_fired)) {
++        qatomic_set(&liveness_fired, true);
++        fprintf(stderr, "==%d== ERROR: liveness: %s took %.1f ms, over the "
++                "limit of %u ms (%.1f ms of host time)\n", getpid(), what,
++                (double)dt / NS_PER_MS, reset_limit_ms,
++                (double)*raw / NS_PER_MS);
++        abort();
++    }
++    return dt;
++}
++
++static void liveness_stats(void)
++{
++    if (!resets) {
++        return;
++    }
++    fprintf(stderr, "liveness: %" PRIu64 " resets, mean %.2f ms, max %.2f "
++            "ms, over 5/10/25 ms: %" PRIu64 "/%" PRIu64 "/%" PRIu64
++            ", limit %u ms (%s); host time max %.2f ms, %" PRIu64 " over "
++            "the limit but for waiting for a CPU\n", resets,
++            (double)reset_sum_ns / resets / NS_PER_MS,
++            (double)reset_max_ns / NS_PER_MS, resets_over[0], resets_over[1],
++            resets_over[2], reset_limit_ms,
++            reset_raw ? "host time" : "less run delay",
++            (double)reset_max_raw_ns / NS_PER_MS, resets_excused);
++}
++
++static void liveness_init(void)
++{
++    const char *limit = getenv("QEMU_FUZZ_RESET_LIMIT_MS");
++    const char *engines = getenv("QEMU_FUZZ_ENGINE_THREADS");
++    int self = getpid();
++    pthread_t wd;
++    sigset_t abrt;
++    unsigned n;
++
++    reset_limit_ms = limit ? atoi(limit) : 0;
++    reset_raw = getenv("QEMU_FUZZ_RESET_RAW") &&
++                atoi(getenv("QEMU_FUZZ_RESET_RAW"));
++    engine_prefix = engines && *engines ? g_strdup(engines) : NULL;
++    liveness_main = pthread_self();
++    sigemptyset(&abrt);
++    sigaddset(&abrt, SIGABRT);
++    pthread_sigmask(SIG_UNBLOCK, &abrt, NULL);
++    qemu_mutex_init(&wd_lock);
++    reset_tids = g_array_new(false, false, sizeof(int));
++    g_array_append_val(reset_tids, self); /* the main thread: it resets */
++    liveness_threads(false, &n, reset_tids);
++    if (engine_prefix) {
++        printf("liveness: %u engine threads (%s*) may not take the BQL\n", n,
++               engine_prefix);
++        if (!n) {
++            printf("liveness: WARNING: no thread is named %s*: without "
++                   "-name debug-threads=on the BQL check sees none\n",
++                   engine_prefix);
++        }
++        qatomic_set(&bql_lock_fuzz_hook, engine_bql_hook);
++    }
++    if (reset_limit_ms) {
++        pthread_create(&wd, NULL, liveness_watchdog, NULL);
++        pthread_setname_np(wd, "fuzz-watchdog");
++        pthread_detach(wd);
++        atexit(liveness_stats);
++        printf("liveness: the reset after an input and every operation must "
++               "complete within %u ms\n", reset_limit_ms);
++    }
++}
++
++/* An operation of the input, timed and watched. */
++static void liveness_op(void (*op)(QTestState *, const unsigned char *,
++                                   size_t),
++                        const char *name, QTestState *s,
++                        const unsigned char *data, size_t len)
++{
++    int64_t t0 = 0, wait0 = 0, raw;
++
++    liveness_begin(name, &t0, &wait0);
++    op(s, data, len);
++    liveness_end(name, t0, wait0, &raw);
++}
++
++/* The reset that ends an input, timed and watched. */
++static void liveness_reset(QTestState *s)
++{
++    static const char what[] = "the system reset that ends the input";
++    int64_t t0 = 0, wait0 = 0, raw = 0, dt;
++
++    liveness_begin(what, &t0, &wait0);
++    fuzz_reset(s);
++    dt = liveness_end(what, t0, wait0, &raw);
++    if (!reset_limit_ms) {
++        return;
++    }
++    reset_max_raw_ns = MAX(reset_max_raw_ns, raw);
++    resets_excused += raw > reset_limit_ms * NS_PER_MS &&
++                      dt <= reset_limit_ms * NS_PER_MS;
++    resets++;
++    reset_sum_ns += dt;
++    reset_max_ns = MAX(reset_max_ns, dt);
++    for (int i = 0; i < ARRAY_SIZE(reset_marks_ms); i++) {
++        resets_over[i] += dt > reset_marks_ms[i] * NS_PER_MS;
++    }
  }
  
  static void op_clock_step(QTestState *s, const unsigned char *data, size_t len)
-@@ -650,7 +771,9 @@
+@@ -643,6 +1123,14 @@
+         [OP_CLEAR_DMA_PATTERNS] = op_clear_dma_patterns,
+         [OP_CLOCK_STEP]         = op_clock_step,
+     };
++    static const char *const op_names[] = {
++        [OP_IN] = "op in", [OP_OUT] = "op out", [OP_READ] = "op read",
++        [OP_WRITE] = "op write", [OP_PCI_READ] = "op pci read",
++        [OP_PCI_WRITE] = "op pci write", [OP_DISABLE_PCI] = "op disable pci",
++        [OP_ADD_DMA_PATTERN] = "op add dma pattern",
++        [OP_CLEAR_DMA_PATTERNS] = "op clear dma patterns",
++        [OP_CLOCK_STEP] = "op clock step",
++    };
+     const unsigned char *cmd = Data;
+     const unsigned char *nextcmd;
+     size_t cmd_len;
+@@ -650,7 +1138,9 @@
  
      op_clear_dma_patterns(s, NULL, 0);
      pci_disabled = false;
@@ -395,7 +800,12 @@ generic_fuzz_patch() {
  
      QPCIBus *pcibus = qpci_new_pc(s, NULL);
      g_ptr_array_foreach(fuzzable_pci_devices, pci_enum, pcibus);
-@@ -668,12 +791,24 @@
+@@ -664,17 +1154,29 @@
+         if (cmd_len > 0) {
+             /* Interpret the first byte of the command as an opcode */
+             op = *cmd % (sizeof(ops) / sizeof((ops)[0]));
+-            ops[op](s, cmd + 1, cmd_len - 1);
++            liveness_op(ops[op], op_names[op], s, cmd + 1, cmd_len - 1);
  
              /* Run the main loop */
              flush_events(s);
@@ -411,16 +821,18 @@ generic_fuzz_patch() {
          g_array_set_size(dma_regions, 0);
 +        qemu_rec_mutex_unlock(&dma_lock);
      }
+-    fuzz_reset(s);
 +    /*
 +     * The patterns point into this input, which is gone after we return:
 +     * DMA that a device thread does from now on sees none.
 +     */
 +    settle(s);
 +    op_clear_dma_patterns(s, NULL, 0);
-     fuzz_reset(s);
++    liveness_reset(s);
  }
  
-@@ -783,7 +918,24 @@
+ static void usage(void)
+@@ -783,7 +1285,24 @@
      if (getenv("QEMU_AVOID_DOUBLE_FETCH")) {
          avoid_double_fetches = 1;
      }
@@ -446,10 +858,11 @@ generic_fuzz_patch() {
  
      /*
       * Create a special device that we can use to back DMA buffers at very
-@@ -825,6 +977,8 @@
+@@ -825,6 +1344,9 @@
          printf("No fuzzable memory regions found...\n");
          exit(1);
      }
++    liveness_init();
 +    /* Last: from now on the DMA callback may run, on any thread. */
 +    qatomic_set(&qts_global, s);
  }
@@ -457,7 +870,7 @@ generic_fuzz_patch() {
  /*
 --- a/tests/qtest/fuzz/generic_fuzz_configs.h
 +++ b/tests/qtest/fuzz/generic_fuzz_configs.h
-@@ -29,8 +29,27 @@
+@@ -29,8 +29,32 @@
      "writeout=immediate,fmode=0600,dmode=0700", tmpdir);
  }
  
@@ -466,12 +879,17 @@ generic_fuzz_patch() {
 + * its firmware in ROM so that descriptors run from reset. 64 MiB of device
 + * memory: libqos maps the BARs below 4 GiB, where a 512 MiB BAR2 does not
 + * fit. Its command processor runs on a thread of its own: give it time
-+ * after each command.
++ * after each command. The liveness oracle (generic_fuzz.c): the reset
++ * that ends an input completes within 50 ms, and no thread named npu-*
++ * (the engine; debug-threads=on names them) asks for the BQL.
 + */
 +static inline gchar *generic_fuzzer_npu_args(void)
 +{
 +    g_setenv("QEMU_FUZZ_SETTLE_US", "50", false);
-+    return g_strdup("-machine q35 -nodefaults -L /usr/share/qemu "
++    g_setenv("QEMU_FUZZ_RESET_LIMIT_MS", "50", false);
++    g_setenv("QEMU_FUZZ_ENGINE_THREADS", "npu-", false);
++    return g_strdup("-machine q35 -nodefaults -name npu-fuzz,debug-threads=on "
++                    "-L /usr/share/qemu "
 +                    "-L /usr/share/seabios -device npu,boot-rom=on,mem-size=64M");
 +}
 +
@@ -485,6 +903,33 @@ generic_fuzz_patch() {
          .name = "virtio-net-pci-slirp",
          .args = "-M q35 -nodefaults "
          "-device virtio-net,netdev=net0 -netdev user,id=net0",
+--- a/system/cpus.c
++++ b/system/cpus.c
+@@ -546,12 +546,24 @@
+ }
+ 
+ /*
++ * The NPU stack's fuzzer (tests/qtest/fuzz/generic_fuzz.c, patched by
++ * scripts/build-qemu-fuzz.sh) watches who asks for the BQL: when set,
++ * called first in every bql_lock(), on the calling thread.
++ */
++void (*bql_lock_fuzz_hook)(const char *file, int line);
++
++/*
+  * The BQL is taken from so many places that it is worth profiling the
+  * callers directly, instead of funneling them all through a single function.
+  */
+ void bql_lock_impl(const char *file, int line)
+ {
+     QemuMutexLockFunc bql_lock_fn = qatomic_read(&bql_mutex_lock_func);
++    void (*hook)(const char *, int) = qatomic_read(&bql_lock_fuzz_hook);
++
++    if (hook) {
++        hook(file, line);
++    }
+ 
+     g_assert(!bql_locked());
+     bql_lock_fn(&bql, file, line);
 PATCH
 }
 

@@ -18,7 +18,13 @@ The seeds cover every opcode with a valid descriptor, the device MMU (a
 device-wide table, context table entries, a confined queue, device
 memory), firmware boot, the mailbox and the log ring, fault injection,
 soft reset, several queues with priorities, SIGNAL/WAIT across queues,
-interrupt moderation and MSI-X. The constants come from include/npu_hw.h
+interrupt moderation and MSI-X, and the DMA targets of docs/npu-spec.md 13:
+engine DMA, rings, fences, trace and log rings and page tables aimed at
+q35's ROM, other devices' MMIO, the device's own BARs, ECAM and unassigned
+space, each followed by a D3hot, a soft reset, a queue disable or just the
+system reset that ends every input (the liveness oracle times that reset
+and watches the engine threads for the BQL, docs/fuzzing.md).
+The constants come from include/npu_hw.h
 (through tests/host/qtest.py) and the firmware image from scripts/mkfw.py,
 so the seeds follow the headers.
 """
@@ -451,6 +457,142 @@ def firmware_seeds() -> dict[str, bytes]:
     }
 
 
+# -- DMA targets other than RAM, then an event that waits for the engine -------
+
+# q35 under the fuzzer (no firmware has run: ECAM is closed, the PAM
+# registers at their reset value) and the BARs libqos maps for the npu.
+# Every unmapped address is the fuzzer's sparse-mem (MMIO) there.
+DMA_TARGETS = {
+    "pc-bios": 0xFFFC_0000,  # pc.bios: SeaBIOS, 256 KiB of read-only RAM
+    "isa-bios": 0x000E_0000,  # its alias below 1 MiB (PAM: reads go to ROM)
+    "pc-rom": 0x000C_0000,  # the option ROM space, ROM
+    "hpet": 0xFED0_0000,
+    "ioapic": 0xFEC0_0000,
+    "lapic": 0xFEE0_0000,  # the APIC/MSI window
+    "own-bar0": 0xE000_0000,  # the npu's registers
+    "own-bar2": 0xE400_0000,  # its device memory (RAM, refused as its own BAR)
+    "own-bar4": 0xE800_0000,  # its MSI-X table
+    "ecam": 0xB000_0000,  # q35's MMCONFIG window (closed without firmware)
+    "unassigned": 0x30_0000_0000,
+}
+PM_CAP = 0x4C  # the PCI PM capability (after MSI-X at 0x40)
+BIG_FILL = 64 << 20  # a RAM FILL of 16 pieces: still running after the settle
+QUEUE_DISABLE = hw.qreg(0, hw.Q_CONTROL)
+
+
+def lo_hi(addr: int) -> tuple[int, int]:
+    return addr & 0xFFFF_FFFF, addr >> 32
+
+
+def ending(event: str) -> list[Op]:
+    """An event that waits for the engine; every input ends with a system reset."""
+    return {
+        "d3hot": [pci_write(PM_CAP + 4, 3), pci_read(PM_CAP + 4)],
+        "soft-reset": [write(hw.REG_CONTROL, hw.CONTROL_RESET), read(hw.REG_STATUS)],
+        "queue-disable": [write(QUEUE_DISABLE, 0), read(QUEUE_DISABLE)],
+        "system-reset": [],
+    }[event]
+
+
+EVENTS = ("system-reset", "d3hot", "soft-reset", "queue-disable")
+
+
+def target_dma(addr: int, event: str) -> bytes:
+    """Engine DMA from and to the target, a long RAM FILL, then the event."""
+    descs = [
+        qtest.fill(addr, 0x1000, 0x5A5A_A5A5, 1),
+        qtest.copy(addr, OUT, 0x1000, 2),
+        qtest.cmd(hw.OP_WAIT, struct.pack("<QQ", addr, 1), fence=3),
+        qtest.cmd(hw.OP_SIGNAL, struct.pack("<QQ", addr, 7), fence=4),
+        qtest.gemm(addr, addr + 0x1000, OUT, 4, 4, 4, 4, 4, 4, fence=5),
+        qtest.fill(DATA, BIG_FILL, 0, 6),
+    ]
+    # Reads of the target are refused or read ROM: only the fetches read RAM.
+    return seed(
+        *queue(0),
+        *enable_device(),
+        *(dma(d) for d in descs),
+        doorbell(len(descs)),
+        *ending(event),
+        *status(0),
+    )
+
+
+def target_rings(addr: int, event: str) -> bytes:
+    """Queue rings, fences, the trace ring and the firmware log at the target."""
+    lo, hi = lo_hi(addr)
+    tr = hw.TRACE_BASE
+    ops = [*queue(0), *queue(1, enable=False), *queue(2, enable=False), *queue(3, enable=False)]
+    for q, (reg_lo, reg_hi) in (
+        (1, (hw.Q_RING_LO, hw.Q_RING_HI)),
+        (2, (hw.Q_CPL_LO, hw.Q_CPL_HI)),
+        (3, (hw.Q_FENCE_LO, hw.Q_FENCE_HI)),
+    ):
+        ops += [qwrite(q, reg_lo, lo), qwrite(q, reg_hi, hi)]
+        ops += [qwrite(q, hw.Q_CONTROL, hw.QCTL_ENABLE)]
+        ops += [read(hw.qreg(q, hw.Q_CONTROL)), read(hw.qreg(q, hw.Q_ERROR))]
+    ops += [
+        write(tr + hw.TRACE_RING_LO, lo),
+        write(tr + hw.TRACE_RING_HI, hi),
+        write(tr + hw.TRACE_RING_SIZE, 64),
+        write(tr + hw.TRACE_MASK, 0xFFFF_FFFF),
+        write(tr + hw.TRACE_CONTROL, hw.TRACE_ENABLE),
+        read(tr + hw.TRACE_CONTROL),
+        write(hw.REG_FW_LOG_LO, lo),
+        write(hw.REG_FW_LOG_HI, hi),
+        write(hw.REG_FW_LOG_SIZE, 0x1000),
+        *mbox(hw.MBOX_SET_LOG_LEVEL, 3),
+        *enable_device(),
+        # every queue whose ring is RAM fetches this (a ring in ROM: BIOS bytes)
+        dma(qtest.fill(DATA, BIG_FILL // 4, 0, 1)),
+        *(doorbell(2, q) for q in range(4)),
+        *ending(event),
+        *status(0),
+        read(tr + hw.TRACE_HEAD),
+    ]
+    return seed(*ops)
+
+
+def target_mmu(addr: int, event: str) -> bytes:
+    """Page tables, a PTE's page and a context table at the target."""
+    lo, hi = lo_hi(addr)
+    return seed(
+        *mmu_setup(),
+        write(hw.REG_MMU_CTX_LO, lo),
+        write(hw.REG_MMU_CTX_HI, hi),
+        write(hw.REG_MMU_CTX_COUNT, 4),
+        qwrite(1, hw.Q_MMU_L1_LO, lo),
+        qwrite(1, hw.Q_MMU_L1_HI, hi),
+        qwrite(1, hw.Q_MMU_L1_ENTRIES, 2),
+        *queue(0),
+        *queue(1),
+        *enable_device(),
+        # queue 0: a FILL through L1 (RAM) -> L2 (RAM) -> PTEs to the target,
+        # then one in context 1, whose table entry is at the target
+        dma(qtest.fill(0x1000, 0x1000, 1, 1)),
+        dma(pte(L2)),
+        dma(pte(addr), index=1, stride=0x10),
+        dma(qtest.fill(0x1000, 0x1000, 1, 2, ctx=1)),
+        doorbell(2),
+        # queue 1 (confined): its L1 table is the target
+        dma(qtest.fill(0x1000, 0x1000, 1, 1)),
+        doorbell(1, 1),
+        *ending(event),
+        *status(0),
+        *status(1),
+        read(hw.REG_MMU_FAULT_INFO),
+    )
+
+
+def dma_target_seeds() -> dict[str, bytes]:
+    seeds = {}
+    kinds = (("dma", target_dma), ("rings", target_rings), ("mmu", target_mmu))
+    for i, (name, addr) in enumerate(DMA_TARGETS.items()):
+        for k, (kind, make) in enumerate(kinds):
+            seeds[f"target-{name}-{kind}"] = make(addr, EVENTS[(i + k) % len(EVENTS)])
+    return seeds
+
+
 def misc_seeds() -> dict[str, bytes]:
     nops = [qtest.nop(i + 1, flags=IRQ) for i in range(4)]
     signal_q1 = qtest.cmd(hw.OP_SIGNAL, struct.pack("<QQ", OUT, 5), fence=1)
@@ -559,6 +701,7 @@ SEEDS: tuple[Callable[[], dict[str, bytes]], ...] = (
     mmu_seeds,
     firmware_seeds,
     misc_seeds,
+    dma_target_seeds,
 )
 
 

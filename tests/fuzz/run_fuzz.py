@@ -14,7 +14,10 @@ MMIO regions and config space fuzzed, guest RAM filled through DMA
 patterns), starting from the seed corpus in tests/fuzz/corpus/. New
 inputs go to build/fuzz/corpus/, findings to build/fuzz/crashes/: crashes
 and sanitizer reports (crash-*), inputs that run longer than --timeout
-(timeout-*, a hang) and inputs over --rss-limit-mb (oom-*). By default
+(timeout-*, a hang) and inputs over --rss-limit-mb (oom-*). The liveness
+oracle of the patched fuzzer makes a crash-* of an input after which the
+system reset takes longer than --reset-limit-ms (50) or during which an
+engine thread (--engine-threads, npu-*) asks for the BQL. By default
 libFuzzer runs in fork mode and keeps going after a finding; --stop-on-first
 stops at the first. After the run each new finding is replayed once to keep
 its report (FINDING.log) and a summary goes to build/fuzz/findings.json.
@@ -68,8 +71,10 @@ SANITIZER_ENV = {
 FINDING_RE = re.compile(
     r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|"
     r"ERROR: libFuzzer: (?:timeout|out-of-memory|deadly signal|fuzz target exited)|"
-    r"ALARM: working on the last Unit|==\d+== ERROR: libFuzzer"
+    r"ALARM: working on the last Unit|==\d+== ERROR: libFuzzer|ERROR: liveness:"
 )
+# the fuzzer's reset statistics at exit (the liveness oracle)
+LIVENESS_RE = re.compile(r"^liveness: \d+ resets, .*$", re.M)
 # '#1234  NEW    cov: 2345 ft: 5678 corp: 45/12Kb lim: 4096 exec/s: 123 rss: 456Mb'
 PROGRESS_RE = re.compile(
     r"^#(\d+)\s*:?\s+(\w+)?\s*cov: (\d+) ft: (\d+) corp: (\d+)\S*.*?exec/s:? (\d+)"
@@ -102,6 +107,7 @@ class Finding:
     summary: str
     signature: str
     log: str
+    reproduced: str = ""  # replays that reproduced it, e.g. "1/3"
 
 
 def fail(msg: str) -> int:
@@ -109,8 +115,14 @@ def fail(msg: str) -> int:
     return 2
 
 
-def fuzzer_env(settle_us: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **SANITIZER_ENV, "QEMU_FUZZ_SETTLE_US": str(settle_us)}
+def fuzzer_env(args: argparse.Namespace, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        **os.environ, **SANITIZER_ENV,
+        "QEMU_FUZZ_SETTLE_US": str(args.settle_us),
+        "QEMU_FUZZ_RESET_LIMIT_MS": str(args.reset_limit_ms),
+        "QEMU_FUZZ_ENGINE_THREADS": args.engine_threads,
+        "QEMU_FUZZ_RESET_RAW": "1" if args.reset_raw else "0",
+    }  # fmt: skip
     symbolizer = shutil.which("llvm-symbolizer-14") or shutil.which("llvm-symbolizer")
     if symbolizer:
         env["ASAN_SYMBOLIZER_PATH"] = symbolizer
@@ -152,6 +164,7 @@ def classify(log: str, artifact: Path) -> tuple[str, str, str]:
     kind = artifact.name.split("-", 1)[0]
     summary = ""
     for pat in (
+        r"ERROR: liveness: .*",
         r"SUMMARY: \w+Sanitizer: .*",
         r"^.*runtime error: .*$",
         r"ERROR: libFuzzer: .*",
@@ -161,7 +174,9 @@ def classify(log: str, artifact: Path) -> tuple[str, str, str]:
         if m:
             summary = m[0].strip()
             break
-    if "runtime error:" in summary:
+    if "liveness:" in summary:
+        kind = "liveness"
+    elif "runtime error:" in summary:
         kind = "ubsan"
     elif "AddressSanitizer" in summary:
         kind = "asan"
@@ -178,7 +193,7 @@ def replay_artifact(args: argparse.Namespace, artifact: Path) -> str:
     cmd = fuzzer_cmd(args, "-runs=1", str(artifact))
     try:
         p = subprocess.run(
-            cmd, env=fuzzer_env(args.settle_us), capture_output=True, text=True,
+            cmd, env=fuzzer_env(args), capture_output=True, text=True,
             errors="replace", timeout=args.timeout * 3 + 60,
         )  # fmt: skip
         return p.stdout + p.stderr
@@ -199,7 +214,7 @@ def hang_stacks(args: argparse.Namespace, artifact: Path, wait: float = 15.0) ->
         return ""
     cmd = [str(args.binary), f"--fuzz-target={TARGET}", "-timeout=0", "-runs=1", str(artifact)]
     proc = subprocess.Popen(
-        cmd, env=fuzzer_env(args.settle_us), stdout=subprocess.DEVNULL,
+        cmd, env=fuzzer_env(args), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -221,31 +236,55 @@ def hang_stacks(args: argparse.Namespace, artifact: Path, wait: float = 15.0) ->
     return f"\n== all threads after {wait:.0f} s on this input (gdb) ==\n" + "\n".join(keep) + "\n"
 
 
+REPLAYS = 3
+FUZZ_LOG = "fuzz.log"  # the fuzzing run's output, in the crashes' parent directory
+
+
 def collect_findings(args: argparse.Namespace, before: set[str]) -> list[Finding]:
     found = []
     for artifact in sorted(args.crashes.iterdir()):
         if artifact.name in before or artifact.suffix == ".log" or not artifact.is_file():
             continue
-        log = replay_artifact(args, artifact)
+        # A finding may depend on timing (the device runs on threads of its
+        # own): replay it up to REPLAYS times, keep the first report.
+        tries, hits, log = 0, 0, ""
+        while tries < REPLAYS and not hits:
+            tries += 1
+            out = replay_artifact(args, artifact)
+            if FINDING_RE.search(out) or "did not finish" in out:
+                hits, log = 1, out
+            elif not log:
+                log = out
         if artifact.name.startswith("timeout-"):
             log += hang_stacks(args, artifact)
         log_path = artifact.with_name(artifact.name + ".log")
         log_path.write_text(log)
         kind, summary, signature = classify(log, artifact)
-        found.append(Finding(str(artifact), kind, summary, signature, str(log_path)))
+        if not hits:
+            summary = summary or f"did not reproduce in {tries} replays (see {FUZZ_LOG})"
+        found.append(
+            Finding(str(artifact), kind, summary, signature, str(log_path), f"{hits}/{tries}")
+        )
     return found
 
 
-def device_coverage(args: argparse.Namespace, dirs: Sequence[Path]) -> dict[str, list[int]]:
-    """Edges of hw/misc/npu/ the corpus covers, per file: {file: [covered, total]}."""
+def device_coverage(
+    args: argparse.Namespace, dirs: Sequence[Path]
+) -> tuple[dict[str, list[int]], str]:
+    """Edges of hw/misc/npu/ the corpus covers, per file: {file: [covered, total]}.
+
+    Also the fuzzer's reset statistics over the corpus (one reset per input).
+    """
     cmd = fuzzer_cmd(args, "-runs=0", "-print_coverage=1", *map(str, dirs))
     try:
         out = subprocess.run(
-            cmd, env=fuzzer_env(args.settle_us), capture_output=True, text=True,
+            cmd, env=fuzzer_env(args), capture_output=True, text=True,
             errors="replace", timeout=1800,
         ).stderr  # fmt: skip
     except subprocess.TimeoutExpired:
-        return {}
+        return {}, ""
+    m = LIVENESS_RE.search(out)
+    liveness = m[0] if m else ""
     files: dict[str, list[int]] = {}
     for line in out.splitlines():
         m = FUNC_RE.match(line)
@@ -255,7 +294,7 @@ def device_coverage(args: argparse.Namespace, dirs: Sequence[Path]) -> dict[str,
             acc[1] += int(m[2])
     if files:
         files["total"] = [sum(v[0] for v in files.values()), sum(v[1] for v in files.values())]
-    return files
+    return files, liveness
 
 
 # -- fuzzing -------------------------------------------------------------------
@@ -281,12 +320,12 @@ def fuzz(args: argparse.Namespace) -> int:
         opts += [f"-fork={args.jobs}", "-ignore_crashes=1", "-ignore_timeouts=1", "-ignore_ooms=1"]
     cmd = fuzzer_cmd(args, *opts, str(corpus), str(SEEDS))
     print("run_fuzz:", " ".join(cmd), flush=True)
-    log_path = args.crashes.parent / "fuzz.log"
+    log_path = args.crashes.parent / FUZZ_LOG
     st = Stats()
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            cmd, env=fuzzer_env(args.settle_us), stdout=subprocess.PIPE,
+            cmd, env=fuzzer_env(args), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", cwd=args.crashes.parent,
             start_new_session=True,
         )  # fmt: skip
@@ -320,8 +359,8 @@ def fuzz(args: argparse.Namespace) -> int:
             st.reports.append(msg)
     st.seconds = round(time.monotonic() - t0, 1)
     findings = collect_findings(args, before)
-    coverage = device_coverage(args, [corpus, SEEDS]) if not args.no_coverage else {}
-    report(args, st, findings, rc, coverage)
+    coverage, liveness = ({}, "") if args.no_coverage else device_coverage(args, [corpus, SEEDS])
+    report(args, st, findings, rc, coverage, liveness)
     if findings or st.reports or rc != 0 or st.crashes + st.timeouts + st.ooms:
         return 1
     return 0
@@ -333,6 +372,7 @@ def report(
     findings: list[Finding],
     rc: int,
     coverage: dict[str, list[int]],
+    liveness: str = "",
 ) -> None:
     distinct: dict[str, list[Finding]] = {}
     for f in findings:
@@ -345,6 +385,8 @@ def report(
         "libfuzzer_exec_per_s": st.exec_per_s,
         "coverage": {"cov": st.cov, "ft": st.ft, "corpus": st.corpus},
         "device_edges": coverage,
+        "reset_limit_ms": args.reset_limit_ms,
+        "corpus_resets": liveness,
         "libfuzzer_exit": rc,
         "findings": [asdict(f) for f in findings],
         "distinct": sorted(distinct),
@@ -364,12 +406,17 @@ def report(
             f"run_fuzz: device edges covered by the corpus: {c}/{n}"
             f" ({100 * c / n:.0f}%): {per_file}"
         )
+    if liveness:
+        print(f"run_fuzz: the corpus replayed once: {liveness}")
     if not findings:
-        print("run_fuzz: no crash, hang, sanitizer report or OOM")
+        print("run_fuzz: no crash, hang, liveness finding, sanitizer report or OOM")
         return
     print(f"run_fuzz: {len(findings)} findings, {len(distinct)} distinct:")
     for sig, fs in sorted(distinct.items()):
-        print(f"  {sig}  x{len(fs)}\n    {fs[0].summary}\n    e.g. {fs[0].artifact}")
+        print(
+            f"  {sig}  x{len(fs)}\n    {fs[0].summary}\n    e.g. {fs[0].artifact}"
+            f" (reproduced in {fs[0].reproduced} replays)"
+        )
 
 
 # -- reproducers ------------------------------------------------------------------
@@ -377,7 +424,7 @@ def report(
 
 def qtest_trace(args: argparse.Namespace, artifact: Path) -> tuple[list[str], str]:
     """The qtest commands the fuzzer issues for one input, DMA fills reordered."""
-    env = fuzzer_env(args.settle_us, {"QTEST_LOG": "1", "FUZZ_SERIALIZE_QTEST": "1"})
+    env = fuzzer_env(args, {"QTEST_LOG": "1", "FUZZ_SERIALIZE_QTEST": "1"})
     cmd = fuzzer_cmd(args, "-runs=1", str(artifact))
     try:
         p = subprocess.run(
@@ -442,7 +489,7 @@ def minimize(args: argparse.Namespace) -> int:
         "-minimize_crash=1", f"-max_total_time={args.time}", f"-exact_artifact_path={out}",
         str(artifact),
     ]  # fmt: skip
-    p = subprocess.run(fuzzer_cmd(args, *opts), env=fuzzer_env(args.settle_us), check=False)
+    p = subprocess.run(fuzzer_cmd(args, *opts), env=fuzzer_env(args), check=False)
     if out.is_file():
         print(f"run_fuzz: minimised {artifact.stat().st_size} -> {out.stat().st_size} bytes: {out}")
         return 0
@@ -518,6 +565,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--settle-us", type=int, default=50,
         help="us the device gets after each write (QEMU_FUZZ_SETTLE_US)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--reset-limit-ms", type=int, default=50,
+        help="liveness: ms the reset after each input may take (QEMU_FUZZ_RESET_LIMIT_MS, 0: off)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--reset-raw", action="store_true",
+        help="liveness: count the reset's host time in full, its threads' waits for a CPU too",
+    )  # fmt: skip
+    ap.add_argument(
+        "--engine-threads", default="npu-",
+        help="liveness: threads named PREFIX* may not ask for the BQL"
+        " (QEMU_FUZZ_ENGINE_THREADS, '': off)",
     )  # fmt: skip
     ap.add_argument("--binary", type=Path, default=FUZZER)
     ap.add_argument("--corpus", type=Path, default=OUT / "corpus", help="working corpus")
