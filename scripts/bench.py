@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_engine  # noqa: E402
 import bench_host_ort  # noqa: E402
+import bench_kernels  # noqa: E402
 import ci_times  # noqa: E402
 import onnx_conformance  # noqa: E402
 
@@ -721,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = bench_engine.measure()
         res["meta"]["engine_tile"] = engine.pop("meta_engine_tile")
         res.update(engine)
+        log.info("the device's kernels through qtest (release QEMU)")
+        res["kernel_ms"] = bench_kernels.measure()
         res.update(conformance_keys(res["meta"]))
         # CI's own figures, from the latest make test / fresh-check runs
         # (not re-run here; null where none has run on this machine).
