@@ -180,12 +180,18 @@ def test_a_queue_enables_only_with_its_rings_where_the_engine_may_reach(
     npu.assert_alive()
 
 
+def table_at(npu: Npu, lo: int, hi: int, count: int, addr: int) -> None:
+    """Point a table register triple (address low, high, entries) at ``addr``,
+    four entries, with the device disabled as the registers want."""
+    npu.wr(hw.REG_CONTROL, 0)
+    npu.wr(lo, addr & 0xFFFF_FFFF)
+    npu.wr(hi, addr >> 32)
+    npu.wr(count, 4)
+
+
 @pytest.mark.parametrize("name", UNREADABLE)
 def test_page_tables_outside_ram_are_a_dma_error(npu: Npu, name: str) -> None:
-    npu.wr(hw.REG_CONTROL, 0)
-    npu.wr(hw.REG_MMU_L1_LO, TARGETS[name].addr & 0xFFFF_FFFF)
-    npu.wr(hw.REG_MMU_L1_HI, TARGETS[name].addr >> 32)
-    npu.wr(hw.REG_MMU_L1_ENTRIES, 4)
+    table_at(npu, hw.REG_MMU_L1_LO, hw.REG_MMU_L1_HI, hw.REG_MMU_L1_ENTRIES, TARGETS[name].addr)
     npu.wr(hw.REG_MMU_CONTROL, hw.MMU_ENABLE)
     npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
     npu.qt.memset(DATA, LEN, 0xEE)
@@ -197,10 +203,7 @@ def test_page_tables_outside_ram_are_a_dma_error(npu: Npu, name: str) -> None:
 
 @pytest.mark.parametrize("name", UNREADABLE)
 def test_a_context_table_outside_ram_is_a_dma_error(npu: Npu, name: str) -> None:
-    npu.wr(hw.REG_CONTROL, 0)
-    npu.wr(hw.REG_MMU_CTX_LO, TARGETS[name].addr & 0xFFFF_FFFF)
-    npu.wr(hw.REG_MMU_CTX_HI, TARGETS[name].addr >> 32)
-    npu.wr(hw.REG_MMU_CTX_COUNT, 4)
+    table_at(npu, hw.REG_MMU_CTX_LO, hw.REG_MMU_CTX_HI, hw.REG_MMU_CTX_COUNT, TARGETS[name].addr)
     npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
     cpl = npu.run(fill(DATA, LEN, PATTERN, ctx=1))
     assert cpl.status == hw.ST_DMA_ERROR
