@@ -313,6 +313,14 @@ enum npu_qreg {
 	NPU_Q_IRQ_DELAY		= 0x44,	/* RW: or after this many us (0: none) */
 	NPU_Q_IRQS		= 0x48,	/* RO: completion interrupts signalled */
 	/*
+	 * RO, free-running (a reset keeps it): moves while the queue's
+	 * command is not stuck: +1 when a command of the queue starts, at
+	 * every control point it passes, and for every command that runs
+	 * while it is preempted. A watchdog that sees HEAD and Q_PROGRESS
+	 * unchanged for its timeout, with the queue ACTIVE, saw a hang.
+	 */
+	NPU_Q_PROGRESS		= 0x4c,
+	/*
 	 * The queue's own address space: with Q_MMU_L1_ENTRIES != 0 its
 	 * commands translate through this L1 table instead of the device-wide
 	 * one (writable only while the queue is disabled). Such a queue is

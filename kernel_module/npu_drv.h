@@ -283,6 +283,7 @@ struct npu_device {
 	/* Watchdog (npu_reset.c): last HEAD and since when, per queue. */
 	struct delayed_work watchdog;
 	u32 wd_head[NPU_NUM_QUEUES];
+	u32 wd_progress[NPU_NUM_QUEUES];	/* NPU_Q_PROGRESS at wd_since */
 	unsigned long wd_since[NPU_NUM_QUEUES];
 	u64 hang_detect_ns;		/* the last hang: from start to detection */
 	/* Firmware (npu_fw.c): the image kept to boot again, the log ring. */

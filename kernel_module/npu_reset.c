@@ -2,10 +2,11 @@
 /*
  * NPU hang detection and recovery. A watchdog looks at every queue each
  * NPU_WD_PERIOD: a queue whose command has been running (Q_STATUS.ACTIVE
- * with the same HEAD) for longer than hang_timeout_ms hung, and so did the
- * driver's queue when a dependency's WAIT held it (Q_STATUS.WAITING) that
- * long. The device
- * runs one command at a time, so a hung command stops everything: the
+ * with the same HEAD) without progress (the same Q_PROGRESS: a command
+ * that passes control points, or is preempted, moves it) for longer than
+ * hang_timeout_ms hung, and so did the driver's queue when a dependency's
+ * WAIT held it (Q_STATUS.WAITING) that long. The device runs one command
+ * at a time, so a hung command stops everything: the
  * watchdog resets the device, fails the hung op (NPU_ST_TIMEOUT), replays
  * the driver queue's other unfinished ops in order, and restarts. User
  * queues restart where they were (HEAD and TAIL noted before the reset);
@@ -250,6 +251,8 @@ static void npu_watchdog(struct work_struct *work)
 	for (i = 0; timeout && i < ndev->hw_queues; i++) {
 		u32 st = npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS));
 		u32 head = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
+		/* Moves while its command runs or is preempted: not a hang. */
+		u32 prog = npu_rd(ndev, NPU_QREG(i, NPU_Q_PROGRESS));
 		/*
 		 * A WAIT of the driver's queue is a SUBMIT's dependency: not met
 		 * within the timeout, it hangs the queue all files share. A user
@@ -257,8 +260,10 @@ static void npu_watchdog(struct work_struct *work)
 		 */
 		bool busy = st & (NPU_QSTAT_ACTIVE | (i ? 0 : NPU_QSTAT_WAITING));
 
-		if (!busy || head != ndev->wd_head[i] || !ndev->wd_since[i]) {
+		if (!busy || head != ndev->wd_head[i] || prog != ndev->wd_progress[i] ||
+		    !ndev->wd_since[i]) {
 			ndev->wd_head[i] = head;
+			ndev->wd_progress[i] = prog;
 			ndev->wd_since[i] = busy ? jiffies : 0;
 			continue;
 		}

@@ -564,6 +564,8 @@ static void npu_process_one_locked(NpuState *s, int qi)
         return;
     }
     q->status |= NPU_QSTAT_ACTIVE;
+    qatomic_set(&s->run_queue[s->depth], qi);
+    qatomic_inc(&q->progress);
     if (s->inject & NPU_INJECT_HANG) {
         /* The command processor stops here, ACTIVE, until a reset. */
         s->inject &= ~NPU_INJECT_HANG;
@@ -696,6 +698,8 @@ void npu_preempt(NpuState *s)
            s->depth + 1 < NPU_LEVELS &&
            (qi = npu_pick_queue_locked(s, prio)) >= 0) {
         trace_npu_preempt(qi, s->q[qi].priority, prio, s->depth + 1);
+        /* Preempted, not stuck: the watchdog's Q_PROGRESS moves. */
+        qatomic_inc(&s->q[s->run_queue[s->depth]].progress);
         qatomic_set(&s->depth, s->depth + 1);
         s->cur_prio = s->q[qi].priority;
         npu_process_one_locked(s, qi);
@@ -845,6 +849,8 @@ static uint64_t npu_qreg_read_locked(NpuState *s, NpuQueue *q, hwaddr reg)
         return q->irq_delay_us;
     case NPU_Q_IRQS:
         return q->irqs;
+    case NPU_Q_PROGRESS:
+        return qatomic_read(&q->progress);
     case NPU_Q_MMU_L1_LO:
         return (uint32_t)q->mmu_l1_base;
     case NPU_Q_MMU_L1_HI:

@@ -97,6 +97,9 @@ uint32_t npu_engine_poll(NpuState *s)
         qatomic_read(&s->deadline_ns)) {
         return NPU_ST_TIMEOUT;
     }
+    /* The running command moves on (NPU_Q_PROGRESS of its queue) */
+    qatomic_inc(&s->q[qatomic_read(&s->run_queue[qatomic_read(&s->depth)])]
+                .progress);
     return NPU_ST_OK;
 }
 

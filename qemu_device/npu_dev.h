@@ -106,6 +106,7 @@ typedef struct NpuQueue {
     uint32_t head_restore;  /* Q_HEAD written while disabled: where ... */
     bool restore;           /* ... the next enable starts, not 0 */
     uint32_t status;        /* NPU_QSTAT_STOPPED, NPU_QSTAT_ACTIVE */
+    uint32_t progress;      /* NPU_Q_PROGRESS: engine threads, qatomic */
     uint32_t error;         /* NPU_ERR_* that stopped it */
     uint32_t gen;           /* bumped when the queue is (re)enabled or reset */
     uint32_t priority;      /* 0..NPU_Q_PRIORITY_MAX, higher runs first */
@@ -366,6 +367,8 @@ struct NpuState {
 
     /* Command-processor private: its nesting level and their buffers. */
     uint32_t depth;         /* written by it only; qatomic for the cores */
+    /* The queue whose command runs at each level (qatomic, as depth) */
+    uint32_t run_queue[NPU_LEVELS];
     NpuLevel level[NPU_LEVELS];
     NpuCores cores;
     VMChangeStateEntry *vmstate_entry;

@@ -180,6 +180,35 @@ def test_a_hang_is_detected_within_the_timeout_and_the_op_fails_with_timeout(
         assert (buf.numpy(np.uint32) == 0xABCD1234).all()
 
 
+# A GEMM of about half a second on two host cores (25.8 GMAC), inside the
+# device's own cmd-budget-ms (2 s) even beside a busy guest.
+LONG_M, LONG_N, LONG_K = 4096, 4096, 1536
+
+
+def test_a_long_command_that_makes_progress_is_not_a_hang(dev: npu.Device) -> None:
+    with dev.alloc(LONG_M * LONG_K * 4) as ab, dev.alloc(LONG_M * LONG_N * 4) as c:
+        # A and B share one buffer: m x k and k x n are the same 24 MiB.
+        gemm = [ops.gemm(ab, ab, c, LONG_M, LONG_N, LONG_K)]
+        set_timeout(0)  # detection off: how long the GEMM takes here
+        t0 = time.monotonic()
+        dev.wait(dev.submit(gemm), timeout_s=60)
+        alone = time.monotonic() - t0
+        # A quarter of that: the watchdog looks several times past it.
+        timeout_ms = max(100, int(alone * 1e3 / 4))
+        set_timeout(timeout_ms)
+        try:
+            before = counters()
+            t0 = time.monotonic()
+            dev.wait(dev.submit(gemm), timeout_s=60)
+            took = time.monotonic() - t0
+        finally:
+            set_timeout(HANG_TIMEOUT_MS)
+    # Q_PROGRESS moved at the GEMM's control points: the watchdog let it run.
+    assert took * 1e3 > timeout_ms + 2 * WD_PERIOD_MS, f"{took:.3f} s: too short to tell"
+    assert counters()["hangs"] == before["hangs"]
+    assert counters()["recoveries"] == before["recoveries"]
+
+
 def test_a_hang_moves_the_sysfs_counters(dev: npu.Device) -> None:
     before = counters()
     hang_and_wait(dev)
