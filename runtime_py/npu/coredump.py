@@ -235,7 +235,7 @@ QUEUE_REGISTERS: Final[dict[int, str]] = {
     0x00: "RING_LO", 0x04: "RING_HI", 0x08: "RING_SIZE", 0x0C: "CONTROL", 0x10: "HEAD",
     0x14: "TAIL", 0x18: "CPL_LO", 0x1C: "CPL_HI", 0x20: "FENCE_LO", 0x24: "FENCE_HI",
     0x28: "STATUS", 0x2C: "ERROR", 0x30: "DONE_LO", 0x34: "DONE_HI", 0x38: "PRIORITY",
-    0x40: "IRQ_COUNT", 0x44: "IRQ_DELAY", 0x48: "IRQS",
+    0x40: "IRQ_COUNT", 0x44: "IRQ_DELAY", 0x48: "IRQS", 0x4C: "PROGRESS",
     0x50: "MMU_L1_LO", 0x54: "MMU_L1_HI", 0x58: "MMU_L1_ENTRIES",
 }  # fmt: skip
 
