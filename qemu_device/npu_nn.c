@@ -1620,7 +1620,8 @@ static uint32_t npu_rq_tile(NpuCore *core, void *opaque, uint64_t begin,
         /* A row may be the whole operand: accounted in runs. */
         for (j0 = 0; j0 < len; j0 += NPU_PACK_STEP) {
             uint64_t je = MIN(len, j0 + NPU_PACK_STEP);
-            uint32_t st = npu_engine_work(core, (je - j0) * 4);
+            /* an element: two loads, a multiply, a shift: 16 units */
+            uint32_t st = npu_engine_work(core, (je - j0) * 16);
 
             if (st != NPU_ST_OK) {
                 return st;
@@ -1655,10 +1656,13 @@ uint32_t npu_exec_requant(NpuState *s, NpuWalk *w,
     NpuCore *cp = npu_cmd_core(s);
     uint32_t d, st;
 
-    /* Every scale element first, accounted in runs (2^28 of them at most) */
+    /*
+     * Every scale element first (2^28 at most), each a multi-index walk of
+     * about 10 ns: a control point every NPU_PACK_STEP of them.
+     */
     for (i = 0; i < npu_tensor_numel(sc); i++) {
         if (!(i % NPU_PACK_STEP)) {
-            st = npu_engine_work(cp, NPU_PACK_STEP * 4);
+            st = npu_engine_work(cp, NPU_POLL_QUANTUM);
             if (st != NPU_ST_OK) {
                 return st;
             }

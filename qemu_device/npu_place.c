@@ -148,7 +148,8 @@ static uint32_t npu_place_tile(NpuCore *core, void *opaque, uint64_t begin,
             uint64_t m = MIN(seg, len - j0), so[3];
             uint8_t *sd = dst + j0 * job->osize;
 
-            st = job->contiguous ? npu_engine_work(core, m * 4) :
+            /* An element is a gather of up to three: 16 units */
+            st = job->contiguous ? npu_engine_work(core, m * 16) :
                                    npu_engine_poll(core->s);
             if (st != NPU_ST_OK) {
                 break;

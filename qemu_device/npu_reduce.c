@@ -91,14 +91,15 @@ static void npu_red_row(const NpuDims *r, uint64_t row, const uint64_t *base,
 
 /*
  * After element @n of a slice: every NPU_RED_STEP elements their work
- * (@weight units each) is accounted, a control point once a quantum is
- * done (one slice can be 2^28 elements: far more than one quantum).
+ * (@weight loads each, a load being 4 units: its bytes) is accounted, a
+ * control point once a quantum is done (one slice can be 2^28 elements:
+ * far more than one quantum).
  */
 static inline uint32_t npu_red_step(NpuCore *core, uint64_t n,
                                     uint32_t weight)
 {
     return (n + 1) % NPU_RED_STEP ? NPU_ST_OK :
-           npu_engine_work(core, (uint64_t)NPU_RED_STEP * weight);
+           npu_engine_work(core, (uint64_t)NPU_RED_STEP * weight * 4);
 }
 
 /* REDUCE of one slice into output element base[1]. */
