@@ -711,7 +711,45 @@ static void npu_bo_local_vm_close(struct vm_area_struct *vma)
 	npu_pm_put(ndev);
 }
 
+/*
+ * Device memory through the BAR, inserted on first touch (and the pages
+ * after it): an unplug's zap (drm_dev_unplug()) comes after the SRCU
+ * section this runs in, so it reaches every PTE made here. Inserting at
+ * mmap time, before the vma is linked into the address_space, would let
+ * that zap run in between and miss the mapping.
+ */
+static vm_fault_t npu_bo_local_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct drm_gem_object *obj = vma->vm_private_data;
+	struct npu_bo *bo = to_npu_bo(obj);
+	pgoff_t page = vmf->pgoff - drm_vma_node_start(&obj->vma_node);
+	pgoff_t npages = bo->size >> PAGE_SHIFT;
+	unsigned long addr = vmf->address & PAGE_MASK;
+	unsigned long base;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+	pgoff_t end;
+	int idx;
+
+	if (!drm_dev_enter(obj->dev, &idx))
+		return VM_FAULT_SIGBUS;
+	if (page >= npages)
+		goto out;
+	base = (bo->ndev->mem_phys + bo->local_off) >> PAGE_SHIFT;
+	ret = vmf_insert_pfn(vma, addr, base + page);
+	end = min_t(pgoff_t, npages, page + NPU_BO_PREFAULT);
+	for (page++, addr += PAGE_SIZE; page < end && addr < vma->vm_end;
+	     page++, addr += PAGE_SIZE) {
+		if (vmf_insert_pfn(vma, addr, base + page) & VM_FAULT_ERROR)
+			break;
+	}
+out:
+	drm_dev_exit(idx);
+	return ret;
+}
+
 static const struct vm_operations_struct npu_bo_local_vm_ops = {
+	.fault = npu_bo_local_fault,
 	.open = npu_bo_local_vm_open,
 	.close = npu_bo_local_vm_close,
 };
@@ -725,7 +763,6 @@ static int npu_bo_mmap_obj(struct drm_gem_object *obj, struct vm_area_struct *vm
 	struct npu_bo *bo = to_npu_bo(obj);
 	u64 start = (u64)(vma->vm_pgoff - drm_vma_node_start(&obj->vma_node)) << PAGE_SHIFT;
 	u64 len = vma->vm_end - vma->vm_start;
-	phys_addr_t phys;
 	int ret;
 
 	if (!(vma->vm_flags & VM_SHARED) || bo->kind == NPU_BO_KIND_USERPTR ||
@@ -736,19 +773,12 @@ static int npu_bo_mmap_obj(struct drm_gem_object *obj, struct vm_area_struct *vm
 		vma->vm_page_prot = vm_get_page_prot(vma->vm_flags);
 		return 0;	/* npu_bo_fault() maps the pages */
 	}
-	/* Device memory: write-combined through the BAR, the device awake. */
+	/* Device memory through the BAR, the device awake; by fault. */
 	ret = npu_pm_get(bo->ndev);
 	if (ret)
 		return ret;
 	vm_flags_set(vma, VM_IO);
 	vma->vm_page_prot = pgprot_writecombine(vm_get_page_prot(vma->vm_flags));
-	phys = bo->ndev->mem_phys + bo->local_off + start;
-	ret = io_remap_pfn_range(vma, vma->vm_start, phys >> PAGE_SHIFT, len,
-				 vma->vm_page_prot);
-	if (ret) {
-		npu_pm_put(bo->ndev);
-		return ret;
-	}
 	vma->vm_ops = &npu_bo_local_vm_ops;	/* its close drops the reference */
 	return 0;
 }

@@ -166,7 +166,15 @@ struct npu_uqueue {
 	void *mem;			/* coherent DMA memory */
 	dma_addr_t mem_dma;
 	struct npu_fence_wb *wb;	/* inside mem */
-	bool stopped;			/* the device stopped it (error, reset) */
+	bool stopped;			/* the device stopped it (error, reset), or taken back */
+	/*
+	 * Taken back from its file, while the device may still run its
+	 * command: it keeps the hardware queue, @ctx and @ctx's memory until
+	 * the command stops or a reset stops the device (npu_uqueue_drain()).
+	 */
+	bool draining;
+	struct npu_context *drain_ctx;		/* @ctx, for release_work */
+	struct work_struct release_work;	/* drops what draining held */
 	bool hung;			/* its command hung: the device was reset */
 	u32 priority;
 	bool resume;			/* restart at resume_head/_tail after a reset */
@@ -466,6 +474,7 @@ void npu_uqueue_check_stopped(struct npu_device *ndev);
 void npu_uqueue_stop_all(struct npu_device *ndev, u32 hung);
 void npu_uqueue_suspend_all(struct npu_device *ndev, u32 hung);
 void npu_uqueue_resume_all(struct npu_device *ndev);
+void npu_uqueue_reset_done(struct npu_device *ndev);
 struct npu_context *npu_uqueue_owner(struct npu_device *ndev, u32 index);
 bool npu_uqueue_idle(struct npu_context *ctx);
 struct npu_uqueue *npu_uqueue_get_owned(struct npu_context *ctx, u32 index);

@@ -382,6 +382,7 @@ static irqreturn_t npu_dev_irq_thread(int irq, void *arg)
 	if (!npu_hw_reset(ndev)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
 		npu_queue_rebase(q, q->next_fence);
+		npu_uqueue_reset_done(ndev);
 		npu_uqueue_stop_all(ndev, 0);
 		npu_hw_start(ndev);
 		atomic_inc(&ndev->recoveries);
@@ -577,6 +578,7 @@ void npu_hw_fini(struct npu_device *ndev)
 		npu_jobs_keep_memory(&done);
 	} else {
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);
+		npu_uqueue_reset_done(ndev);
 	}
 	npu_uqueue_stop_all(ndev, 0);
 	npu_fw_stop(ndev);

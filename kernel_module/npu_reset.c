@@ -197,6 +197,7 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 		npu_uqueue_stop_all(ndev, 0);
 		goto out;
 	}
+	npu_uqueue_reset_done(ndev);
 	/* Only a hang of the driver's queue has a guilty op there. */
 	if (npu_queue_replay(q, qi > 0 || fw ? 0 : hung)) {
 		npu_queue_abort_all(q, NPU_ST_ABORTED, &done);

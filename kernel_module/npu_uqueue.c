@@ -52,6 +52,19 @@ void npu_uqueue_put(struct npu_uqueue *uq)
 	kref_put(&uq->ref, npu_uqueue_free);
 }
 
+/* The user queue @index of @ctx (not one taken back); caller holds uq_mutex. */
+static struct npu_uqueue *npu_uqueue_find(struct npu_context *ctx, u32 index)
+{
+	struct npu_device *ndev = ctx->ndev;
+
+	lockdep_assert_held(&ndev->uq_mutex);
+	if (index == 0 || index >= ndev->hw_queues)
+		return NULL;
+	if (!ndev->uq[index] || ndev->uq[index]->ctx != ctx || ndev->uq[index]->draining)
+		return NULL;
+	return ndev->uq[index];
+}
+
 /*
  * A reference to hardware queue @index if @ctx holds it as a user queue,
  * else NULL: what a SUBMIT dependency on a user-queue fence waits on.
@@ -59,38 +72,25 @@ void npu_uqueue_put(struct npu_uqueue *uq)
 struct npu_uqueue *npu_uqueue_get_owned(struct npu_context *ctx, u32 index)
 {
 	struct npu_device *ndev = ctx->ndev;
-	struct npu_uqueue *uq = NULL;
+	struct npu_uqueue *uq;
 
-	if (index == 0 || index >= NPU_NUM_QUEUES)
-		return NULL;
 	mutex_lock(&ndev->uq_mutex);
-	if (ndev->uq[index] && ndev->uq[index]->ctx == ctx) {
-		uq = ndev->uq[index];
+	uq = npu_uqueue_find(ctx, index);
+	if (uq)
 		kref_get(&uq->ref);
-	}
 	mutex_unlock(&ndev->uq_mutex);
 	return uq;
 }
 
 /*
- * Wait until the device runs no command of hardware queue @index that
- * started before this call: the running one (if any) completes (HEAD
- * moves) or the queue, disabled, drops it (ACTIVE clears). Caller holds
- * uq_mutex, so the device is still bound.
+ * Whether the device may still run a command of @uq, which holds a
+ * hardware queue: attached and not stopped, or draining. Caller holds
+ * uq_mutex.
  */
-static int npu_hwq_quiesce(struct npu_device *ndev, u32 index)
+static bool npu_uqueue_may_run(struct npu_uqueue *uq)
 {
-	u32 head = npu_rd(ndev, NPU_QREG(index, NPU_Q_HEAD));
-	u32 st;
-	int ret;
-
-	ret = readl_poll_timeout(ndev->regs + NPU_QREG(index, NPU_Q_STATUS), st,
-				 !(st & NPU_QSTAT_ACTIVE) ||
-				 npu_rd(ndev, NPU_QREG(index, NPU_Q_HEAD)) != head,
-				 20, NPU_UQ_QUIESCE_US);
-	if (ret)
-		dev_err(&ndev->pdev->dev, "queue %u: command did not finish\n", index);
-	return ret;
+	lockdep_assert_held(&uq->ndev->uq_mutex);
+	return !uq->stopped || uq->draining;
 }
 
 /*
@@ -107,7 +107,7 @@ bool npu_uqueue_busy(struct npu_context *ctx)
 		return false;
 	mutex_lock(&ndev->uq_mutex);
 	for (i = 1; i < ndev->hw_queues && !busy && !npu_unplugged(ndev); i++)
-		busy = ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped &&
+		busy = ndev->uq[i] && ndev->uq[i]->ctx == ctx && npu_uqueue_may_run(ndev->uq[i]) &&
 		       (npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_ACTIVE);
 	mutex_unlock(&ndev->uq_mutex);
 	return busy;
@@ -139,7 +139,7 @@ int npu_uqueue_sync(struct npu_context *ctx)
 	mutex_lock(&ndev->uq_mutex);
 	/* After an unbind the device was reset: nothing runs. */
 	for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
-		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && !ndev->uq[i]->stopped) {
+		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx && npu_uqueue_may_run(ndev->uq[i])) {
 			uqs[i] = ndev->uq[i];
 			heads[i] = npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD));
 		}
@@ -153,8 +153,8 @@ int npu_uqueue_sync(struct npu_context *ctx)
 		for (i = 1; i < ndev->hw_queues && !npu_unplugged(ndev); i++) {
 			if (!uqs[i])
 				continue;
-			/* Taken back (QUEUE_DESTROY waited for its command) or stopped. */
-			if (ndev->uq[i] != uqs[i] || uqs[i]->stopped ||
+			/* Taken back (its command stopped), or stopped. */
+			if (ndev->uq[i] != uqs[i] || !npu_uqueue_may_run(uqs[i]) ||
 			    !(npu_rd(ndev, NPU_QREG(i, NPU_Q_STATUS)) & NPU_QSTAT_ACTIVE) ||
 			    npu_rd(ndev, NPU_QREG(i, NPU_Q_HEAD)) != heads[i])
 				uqs[i] = NULL;
@@ -207,35 +207,119 @@ static void npu_uqueue_forget(struct npu_device *ndev, u32 i)
 		dev_warn(&ndev->pdev->dev, "firmware did not destroy queue %u: %d\n", i, ret);
 }
 
+/* What a draining queue held, dropped outside uq_mutex (a context put frees BOs). */
+static void npu_uqueue_release_work(struct work_struct *work)
+{
+	struct npu_uqueue *uq = container_of(work, struct npu_uqueue, release_work);
+	struct npu_context *ctx = uq->drain_ctx;
+	struct npu_device *ndev = uq->ndev;
+
+	uq->drain_ctx = NULL;
+	npu_context_put(ctx);
+	/* The queue kept the device awake (npu_pm.c); its registers are done. */
+	npu_pm_put(ndev);
+	npu_uqueue_put(uq);
+}
+
 /*
- * Take @uq off its hardware queue: disable the queue, wait for its command,
- * zap the doorbell mapping and drop the table's reference. The queue
- * memory stays while the process maps it. Caller holds uq_mutex.
+ * The device runs no command of draining @uq any more (it stopped, or
+ * @reset: a device reset stopped everything and cleared the queue's
+ * registers): give the hardware queue back and let the context go.
+ * Caller holds uq_mutex.
  */
-static void npu_uqueue_detach(struct npu_uqueue *uq)
+static void npu_uqueue_drained(struct npu_uqueue *uq, bool reset)
 {
 	struct npu_device *ndev = uq->ndev;
 	u32 i = uq->index;
 
-	/* After an unbind the registers are gone, and the device was reset. */
-	if (!npu_unplugged(ndev)) {
-		npu_wr(ndev, NPU_QREG(i, NPU_Q_CONTROL), 0);
-		if (npu_hwq_quiesce(ndev, i)) {
-			/* The device may still write the ring: never free it. */
-			kref_get(&uq->ref);
-		}
+	lockdep_assert_held(&ndev->uq_mutex);
+	if (!reset && !npu_unplugged(ndev)) {
 		npu_wr(ndev, NPU_QREG(i, NPU_Q_MMU_L1_ENTRIES), 0);
 		npu_uqueue_forget(ndev, i);
 	}
-	npu_uqueue_zap(uq);
 	ndev->uq[i] = NULL;
 	atomic_dec(&uq->ctx->num_uqs);
-	uq->stopped = true;
+	uq->draining = false;
 	npu_uqueue_wake(uq);
+	uq->drain_ctx = uq->ctx;
 	uq->ctx = NULL;
-	npu_uqueue_put(uq);
-	/* The queue kept the device awake (npu_pm.c); its registers are done. */
-	npu_pm_put(ndev);
+	/* The table's reference goes with the rest, after uq_mutex. */
+	queue_work(npu_wq, &uq->release_work);
+}
+
+/*
+ * Take @uq back from its file (QUEUE_DESTROY, close): disable the
+ * hardware queue, which stops its command at the next control point, or a
+ * preempted one once the command in front of it ends (spec 5.2); zap the
+ * doorbell; wake the waiters (-EIO). The queue is draining from here on:
+ * out of the file's reach but still holding the hardware queue and the
+ * file's context, so nothing of the file's is freed under a command that
+ * has not stopped yet. The queue memory stays while the process maps it.
+ * Caller holds uq_mutex; npu_uqueue_drain() follows, without it.
+ */
+static void npu_uqueue_detach(struct npu_uqueue *uq)
+{
+	struct npu_device *ndev = uq->ndev;
+
+	lockdep_assert_held(&ndev->uq_mutex);
+	kref_get(&uq->ctx->ref);	/* dropped by npu_uqueue_release_work() */
+	uq->stopped = true;
+	uq->draining = true;
+	/* After an unbind the registers are gone, and the device was reset. */
+	if (!npu_unplugged(ndev))
+		npu_wr(ndev, NPU_QREG(uq->index, NPU_Q_CONTROL), 0);
+	npu_uqueue_zap(uq);
+	npu_uqueue_wake(uq);
+	if (npu_unplugged(ndev))
+		npu_uqueue_drained(uq, true);
+}
+
+/*
+ * Wait, without uq_mutex (every file's poll, WAIT and the watchdog go on),
+ * until detached @uq has drained. A command that does not stop within
+ * NPU_UQ_QUIESCE_US is stuck: the queue stays draining, its file's memory
+ * pinned, until the reset the watchdog does for it (npu_uqueue_reset_done()).
+ */
+static void npu_uqueue_drain(struct npu_uqueue *uq)
+{
+	struct npu_device *ndev = uq->ndev;
+	ktime_t deadline = ktime_add_us(ktime_get(), NPU_UQ_QUIESCE_US);
+	bool draining;
+
+	for (;;) {
+		mutex_lock(&ndev->uq_mutex);
+		draining = uq->draining;
+		if (draining && (npu_unplugged(ndev) ||
+				 !(npu_rd(ndev, NPU_QREG(uq->index, NPU_Q_STATUS)) &
+				   NPU_QSTAT_ACTIVE))) {
+			npu_uqueue_drained(uq, npu_unplugged(ndev));
+			draining = false;
+		}
+		mutex_unlock(&ndev->uq_mutex);
+		if (!draining)
+			return;
+		if (ktime_after(ktime_get(), deadline)) {
+			dev_err(&ndev->pdev->dev,
+				"queue %u: command did not stop; its file's memory stays until a reset\n",
+				uq->index);
+			return;
+		}
+		usleep_range(20, 100);
+	}
+}
+
+/*
+ * The device was reset (and stopped): every draining queue has drained.
+ * Caller holds uq_mutex.
+ */
+void npu_uqueue_reset_done(struct npu_device *ndev)
+{
+	u32 i;
+
+	lockdep_assert_held(&ndev->uq_mutex);
+	for (i = 1; i < ndev->hw_queues; i++)
+		if (ndev->uq[i] && ndev->uq[i]->draining)
+			npu_uqueue_drained(ndev->uq[i], true);
 }
 
 /*
@@ -320,6 +404,7 @@ int npu_ioctl_queue_create(struct npu_context *ctx, void *data)
 		return -ENOMEM;
 	kref_init(&uq->ref);
 	init_waitqueue_head(&uq->wq);
+	INIT_WORK(&uq->release_work, npu_uqueue_release_work);
 	uq->ndev = ndev;
 	npu_device_get(ndev);
 	uq->entries = args->entries;
@@ -376,18 +461,6 @@ err_put:
 	return ret;
 }
 
-/* The user queue @index of @ctx; caller holds uq_mutex. */
-static struct npu_uqueue *npu_uqueue_find(struct npu_context *ctx, u32 index)
-{
-	struct npu_device *ndev = ctx->ndev;
-
-	if (index == 0 || index >= ndev->hw_queues)
-		return NULL;
-	if (!ndev->uq[index] || ndev->uq[index]->ctx != ctx)
-		return NULL;
-	return ndev->uq[index];
-}
-
 int npu_ioctl_queue_destroy(struct npu_context *ctx, void *data)
 {
 	struct npu_device *ndev = ctx->ndev;
@@ -398,23 +471,40 @@ int npu_ioctl_queue_destroy(struct npu_context *ctx, void *data)
 		return -EINVAL;
 	mutex_lock(&ndev->uq_mutex);
 	uq = npu_uqueue_find(ctx, args->queue);
-	if (uq)
+	if (uq) {
+		kref_get(&uq->ref);
 		npu_uqueue_detach(uq);
+	}
 	mutex_unlock(&ndev->uq_mutex);
-	return uq ? 0 : -ENOENT;
+	if (!uq)
+		return -ENOENT;
+	npu_uqueue_drain(uq);
+	npu_uqueue_put(uq);
+	return 0;
 }
 
 /* The file is closing: take its queues back. */
 void npu_uqueue_release_all(struct npu_context *ctx)
 {
 	struct npu_device *ndev = ctx->ndev;
+	struct npu_uqueue *uqs[NPU_NUM_QUEUES] = {};
 	u32 i;
 
 	mutex_lock(&ndev->uq_mutex);
-	for (i = 1; i < ndev->hw_queues; i++)
-		if (ndev->uq[i] && ndev->uq[i]->ctx == ctx)
-			npu_uqueue_detach(ndev->uq[i]);
+	for (i = 1; i < ndev->hw_queues; i++) {
+		uqs[i] = npu_uqueue_find(ctx, i);
+		if (uqs[i]) {
+			kref_get(&uqs[i]->ref);
+			npu_uqueue_detach(uqs[i]);
+		}
+	}
 	mutex_unlock(&ndev->uq_mutex);
+	for (i = 1; i < NPU_NUM_QUEUES; i++) {
+		if (uqs[i]) {
+			npu_uqueue_drain(uqs[i]);
+			npu_uqueue_put(uqs[i]);
+		}
+	}
 }
 
 /*
@@ -677,6 +767,41 @@ static const struct vm_operations_struct npu_uqueue_vm_ops = {
 	.close = npu_uqueue_vm_close,
 };
 
+/*
+ * The doorbell page, inserted on first touch and only while the queue is
+ * still lent to the mapping's file: the check and the insert are under
+ * uq_mutex, which every zap of it holds (npu_uqueue_zap()), so a PTE is
+ * either zapped or never made. Inserting at mmap time instead, before the
+ * vma is linked into the address_space, would let a zap run in between
+ * and miss it. Inside drm_dev_enter(): an unplug's zap comes after.
+ */
+static vm_fault_t npu_uqueue_bell_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct npu_uqueue *uq = vma->vm_private_data;
+	struct npu_device *ndev = uq->ndev;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+	phys_addr_t bell;
+	int idx;
+
+	if (!npu_dev_enter(ndev, &idx))
+		return VM_FAULT_SIGBUS;
+	mutex_lock(&ndev->uq_mutex);
+	if (ndev->uq[uq->index] == uq && !uq->stopped) {
+		bell = pci_resource_start(ndev->pdev, NPU_BAR_REGS) + NPU_DOORBELL(uq->index);
+		ret = vmf_insert_pfn(vma, vma->vm_start, bell >> PAGE_SHIFT);
+	}
+	mutex_unlock(&ndev->uq_mutex);
+	npu_dev_exit(ndev, idx);
+	return ret;
+}
+
+static const struct vm_operations_struct npu_uqueue_bell_vm_ops = {
+	.fault = npu_uqueue_bell_fault,
+	.open = npu_uqueue_vm_open,
+	.close = npu_uqueue_vm_close,
+};
+
 /* mmap of a queue region (offset below 4 GiB), inside npu_dev_enter(). */
 int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 {
@@ -687,7 +812,6 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	u64 within = offset & (BIT_ULL(NPU_UQ_REGION_SHIFT) - 1);
 	struct npu_uqueue *uq;
 	unsigned long pgoff;
-	phys_addr_t bell;
 	int ret = -EINVAL;
 
 	mutex_lock(&ndev->uq_mutex);
@@ -695,22 +819,16 @@ int npu_uqueue_mmap(struct npu_context *ctx, struct vm_area_struct *vma)
 	if (!uq)
 		goto out;
 	if (within == 0) {
-		/* The doorbell: one uncached page of BAR0, no execute. */
+		/* The doorbell: one uncached page of BAR0, no execute, by fault. */
 		if (len != PAGE_SIZE || (vma->vm_flags & VM_EXEC))
 			goto out;
-		bell = pci_resource_start(ndev->pdev, NPU_BAR_REGS) + NPU_DOORBELL(index);
-		vm_flags_set(vma, VM_IO | VM_DONTEXPAND | VM_DONTDUMP);
+		vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
 		vm_flags_clear(vma, VM_MAYEXEC);
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
-		ret = io_remap_pfn_range(vma, vma->vm_start, bell >> PAGE_SHIFT,
-					 PAGE_SIZE, vma->vm_page_prot);
-		/*
-		 * remap_pfn_range() turns a failed memtype reservation (an
-		 * allocation) into -EINVAL; every argument it could find
-		 * invalid was checked above, so that can only be memory.
-		 */
-		if (ret == -EINVAL)
-			ret = -ENOMEM;
+		kref_get(&uq->ref);
+		vma->vm_private_data = uq;
+		vma->vm_ops = &npu_uqueue_bell_vm_ops;
+		ret = 0;
 		goto out;
 	}
 	if (within != NPU_UQ_MEM_OFFSET || len > uq->mem_size)

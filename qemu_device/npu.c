@@ -565,7 +565,11 @@ static void npu_process_one_locked(NpuState *s, int qi)
     }
     q->status |= NPU_QSTAT_ACTIVE;
     qatomic_set(&s->run_queue[s->depth], qi);
-    qatomic_inc(&q->progress);
+    qatomic_set(&s->run_gen[s->depth], gen);
+    if (!q->wait_timed || q->wait_idx != idx) {
+        /* A blocked WAIT looked at again is not progress: it is stuck. */
+        qatomic_inc(&q->progress);
+    }
     if (s->inject & NPU_INJECT_HANG) {
         /* The command processor stops here, ACTIVE, until a reset. */
         s->inject &= ~NPU_INJECT_HANG;
@@ -694,8 +698,14 @@ void npu_preempt(NpuState *s)
     qemu_mutex_lock(&s->lock);
     qatomic_set(&s->preempt, false);
     prio = s->cur_prio;
+    /*
+     * A preempted command whose queue was disabled meanwhile is dropped:
+     * it resumes only to stop at once (npu_engine_poll()), so nothing more
+     * is nested above it.
+     */
     while (!s->stop && !s->reset_pending && !s->paused && !s->hung &&
            s->depth + 1 < NPU_LEVELS &&
+           s->q[s->run_queue[s->depth]].gen == s->run_gen[s->depth] &&
            (qi = npu_pick_queue_locked(s, prio)) >= 0) {
         trace_npu_preempt(qi, s->q[qi].priority, prio, s->depth + 1);
         /* Preempted, not stuck: the watchdog's Q_PROGRESS moves. */
@@ -1171,6 +1181,7 @@ static void npu_qreg_write_locked(NpuState *s, int qi, hwaddr reg,
             q->restore = false;
             q->status &= NPU_QSTAT_ACTIVE;  /* an old command may still run */
             q->waiting = false;
+            q->wait_timed = false;
             q->error = NPU_ERR_NONE;
             q->done_fence = 0;
         }

@@ -71,7 +71,8 @@ static void npu_cores_pause(NpuState *s);
 
 /*
  * A control point of the running command (any engine thread, no lock):
- * NPU_ST_ABORTED after a reset or unplug request, NPU_ST_TIMEOUT once the
+ * NPU_ST_ABORTED after a reset or unplug request or once its queue was
+ * disabled (a new generation), NPU_ST_TIMEOUT once the
  * command ran past its budget; waits here while the VM is stopped. On the
  * command processor it is also a preemption point: there no job is
  * published (the cores are idle), so a nested command can use them, and
@@ -79,6 +80,9 @@ static void npu_cores_pause(NpuState *s);
  */
 uint32_t npu_engine_poll(NpuState *s)
 {
+    uint32_t depth;
+    NpuQueue *q;
+
     if (npu_preempt_wanted(s)) {
         if (qemu_thread_is_self(&s->thread)) {
             npu_preempt(s);
@@ -90,7 +94,11 @@ uint32_t npu_engine_poll(NpuState *s)
         npu_engine_idle(s);
         npu_engine_wake(s);
     }
-    if (qatomic_read(&s->abort)) {
+    depth = qatomic_read(&s->depth);
+    q = &s->q[qatomic_read(&s->run_queue[depth])];
+    /* A reset, or its queue disabled since it started (spec 5.2) */
+    if (qatomic_read(&s->abort) ||
+        qatomic_read(&q->gen) != qatomic_read(&s->run_gen[depth])) {
         return NPU_ST_ABORTED;
     }
     if (qemu_clock_get_ns(QEMU_CLOCK_REALTIME) >
@@ -98,8 +106,7 @@ uint32_t npu_engine_poll(NpuState *s)
         return NPU_ST_TIMEOUT;
     }
     /* The running command moves on (NPU_Q_PROGRESS of its queue) */
-    qatomic_inc(&s->q[qatomic_read(&s->run_queue[qatomic_read(&s->depth)])]
-                .progress);
+    qatomic_inc(&q->progress);
     return NPU_ST_OK;
 }
 

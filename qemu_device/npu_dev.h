@@ -369,6 +369,8 @@ struct NpuState {
     uint32_t depth;         /* written by it only; qatomic for the cores */
     /* The queue whose command runs at each level (qatomic, as depth) */
     uint32_t run_queue[NPU_LEVELS];
+    /* ... and that queue's generation when it started (qatomic) */
+    uint32_t run_gen[NPU_LEVELS];
     NpuLevel level[NPU_LEVELS];
     NpuCores cores;
     VMChangeStateEntry *vmstate_entry;

@@ -3,10 +3,10 @@
 docs/npu-spec.md (the queue registers): the counter moves when a command of
 the queue starts, at every control point it passes and for every command
 that runs while it is preempted; a command that is stuck (here: an injected
-hang, the only way the model has to stop its command processor) moves it no
-more. The driver's watchdog declares a hang only when HEAD and Q_PROGRESS
-both stood still for its timeout, so a preempted command is not taken for a
-hung one (issue 36, item 5).
+hang, the only way the model has to stop its command processor, or a WAIT
+whose value never comes) moves it no more. The driver's watchdog declares a
+hang only when HEAD and Q_PROGRESS both stood still for its timeout, so a
+preempted command is not taken for a hung one (issue 36, item 5).
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from qtest import Npu, hw, nop, queue_fence, queue_ring, setup_queue
+from qtest import DATA, Npu, hw, nop, queue_fence, queue_ring, setup_queue
 from test_device_qtest_engine import open_npu, runaway_pool, wait_active
+from test_device_qtest_sync import wait
+
+SYNC = DATA  # the 8-byte cell a WAIT looks at
 
 PREEMPTING_NOPS = 16
 
@@ -80,5 +83,29 @@ def test_progress_stands_still_while_a_command_is_stuck(tmp_path: Path) -> None:
         assert npu.qrd(hw.Q_STATUS) & hw.QSTAT_ACTIVE
         npu.soft_reset()
         npu.assert_alive()
+    finally:
+        npu.close()
+
+
+def test_a_blocked_wait_leaves_progress_still_until_its_value_comes(tmp_path: Path) -> None:
+    """A WAIT looked at again every 1 ms is not progress: a dependency that
+    never comes is a hang to the watchdog (the driver's dependency timeout)."""
+    npu = open_npu(tmp_path)
+    try:
+        npu.qt.memwrite(SYNC, bytes(8))
+        npu.submit(wait(SYNC, 1, fence=1))
+        deadline = time.monotonic() + 10
+        while progress(npu) == 0:
+            assert time.monotonic() < deadline, "the WAIT did not start"
+            time.sleep(0.001)
+        before = progress(npu)
+        time.sleep(0.2)  # some 200 looks again
+        assert progress(npu) == before
+        assert npu.qrd(hw.Q_HEAD) == 0
+        npu.qt.memwrite(SYNC, (1).to_bytes(8, "little"))
+        npu.wait_head(1)
+        npu.submit(nop(2))
+        npu.wait_head(2)
+        assert moved(before, progress(npu)) >= 1
     finally:
         npu.close()

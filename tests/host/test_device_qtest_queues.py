@@ -27,6 +27,7 @@ from qtest import (
 from qtest import QUEUE_ENTRIES as RING_ENTRIES
 from qtest import queue_cpl as cpl
 from qtest import queue_ring as ring
+from test_device_qtest_engine import runaway_pool
 
 FILL_BYTES = 1 << 20  # about 0.1 ms of device work per FILL
 
@@ -299,6 +300,10 @@ def test_address_space_registers_are_locked_while_the_queue_is_enabled(npu: Npu)
 # -- Q_STATUS.ACTIVE -----------------------------------------------------------------
 
 BIG_FILL = 256 << 20  # tens of ms of device work: long enough to watch
+# A higher-priority queue's flood: each FILL several ms, clear of POOL2D's operands.
+FLOOD = DATA + (64 << 20)
+FLOOD_BYTES = 128 << 20
+FLOOD_CMDS = 16
 
 
 def wait_active(npu: Npu, q: int) -> None:
@@ -329,29 +334,61 @@ def test_active_is_set_only_while_a_command_of_the_queue_runs(npu: Npu) -> None:
     assert completions(npu, 1, 1)[0].status == hw.ST_OK
 
 
-def test_a_disabled_queue_reads_active_until_its_running_command_ends(npu: Npu) -> None:
+def test_a_disabled_queues_running_command_stops_at_its_next_control_point(npu: Npu) -> None:
     setup_queue(npu, 1)
     post(npu, 1, [fill(DATA, BIG_FILL, 0x5A5A5A5A, 1), nop(2)])
     npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
     wait_active(npu, 1)
     npu.qwr(hw.Q_CONTROL, 0, 1)
-    assert npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_ACTIVE, "the FILL still runs: the ring is in use"
     wait_inactive(npu, 1)
+    # Stopped in its first few 4 MiB pieces, not run to the end of 256 MiB.
+    assert npu.qt.memread(DATA + BIG_FILL - 4, 4) == bytes(4), "the FILL ran to its end"
     assert npu.qrd(hw.Q_HEAD, 1) == 0, "the old generation does not advance Q_HEAD"
-    assert npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_ACTIVE == 0
     time.sleep(0.05)
+    assert completions(npu, 1, 2)[0].fence != 1, "a stopped command writes no completion"
     assert completions(npu, 1, 2)[1].fence != 2, "nothing runs on a disabled queue"
     npu.assert_alive()
 
 
-def test_re_enabling_a_queue_while_its_old_command_runs_keeps_active(npu: Npu) -> None:
+def test_a_disabled_preempted_command_stops_without_waiting_for_the_queues_in_front(
+    tmp_path: Path,
+) -> None:
+    """A preempted command of a disabled queue is not resumed into more work:
+    the command in front of it ends and it stops (a driver's QUEUE_DESTROY
+    does not wait for a flood of a higher priority)."""
+    dev = Npu(tmp_path / "qtest.log", device="npu,cmd-budget-ms=0")
+    try:
+        setup_queue(dev, 1, priority=0)
+        setup_queue(dev, 2, priority=3)
+        post(dev, 1, [runaway_pool(dev, 1)])  # hours of work
+        dev.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
+        wait_active(dev, 1)
+        flood = [fill(FLOOD, FLOOD_BYTES, 0x11111111, 0x200 + i) for i in range(FLOOD_CMDS)]
+        post(dev, 2, flood)
+        deadline = time.monotonic() + 10
+        while dev.qrd(hw.Q_HEAD, 2) == 0:  # queue 2 runs: queue 1 is preempted
+            assert time.monotonic() < deadline, "the higher priority did not preempt"
+            time.sleep(0.0005)
+        dev.qwr(hw.Q_CONTROL, 0, 1)
+        wait_inactive(dev, 1)
+        assert dev.qrd(hw.Q_HEAD, 2) < FLOOD_CMDS, "queue 1 waited for the whole flood"
+        wait_all(dev, {2: FLOOD_CMDS})
+        assert dev.qrd(hw.Q_HEAD, 1) == 0
+        dev.assert_alive()
+    finally:
+        dev.close()
+
+
+def test_re_enabling_a_queue_while_its_old_command_stops_starts_the_new_generation_at_slot_0(
+    npu: Npu,
+) -> None:
     setup_queue(npu, 1)
     post(npu, 1, [fill(DATA, BIG_FILL, 0x5A5A5A5A, 1)])
     npu.wr(hw.REG_CONTROL, hw.CONTROL_ENABLE)
     wait_active(npu, 1)
     npu.qwr(hw.Q_CONTROL, 0, 1)
     npu.qwr(hw.Q_CONTROL, hw.QCTL_ENABLE, 1)
-    assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE | hw.QSTAT_ACTIVE
+    assert npu.qrd(hw.Q_STATUS, 1) & hw.QSTAT_IDLE
     wait_inactive(npu, 1)
     assert npu.qrd(hw.Q_STATUS, 1) == hw.QSTAT_IDLE
     post(npu, 1, [nop(5)])  # the new generation runs from slot 0
