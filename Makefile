@@ -97,11 +97,11 @@ test-guest: $(GUEST_DEPS) resnet50
 	@$(PY) -m pytest tests --ignore=tests/host
 
 # The reliability suite at the issue's sizes and the guest suite with its
-# soak loops at full size (make test runs both short, with a fixed seed;
+# soak loops at full size on two vCPUs (make test runs both short, with a fixed seed;
 # here each run draws a new seed, printed), then 10 minutes of
 # coverage-guided fuzzing of the device (docs/fuzzing.md).
 stress: $(GUEST_DEPS) fuzz-build
-	@NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py tests/test_guest_suite.py
+	@NPU_SMP=2 NPU_STRESS_SCALE=full $(PY) -m pytest tests/test_stress_suite.py tests/test_guest_suite.py
 	@$(PY) tests/fuzz/run_fuzz.py --time 600
 
 lint: deps qemu module

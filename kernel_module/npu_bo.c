@@ -193,7 +193,7 @@ static void npu_bo_free(struct drm_gem_object *obj)
 /* drm_driver.gem_create_object: the shmem helper allocates an npu_bo. */
 struct drm_gem_object *npu_gem_create_object(struct drm_device *drm, size_t size)
 {
-	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL_ACCOUNT);
 
 	if (!bo)
 		return ERR_PTR(-ENOMEM);
@@ -205,7 +205,7 @@ struct drm_gem_object *npu_gem_create_object(struct drm_device *drm, size_t size
 static struct npu_bo *npu_bo_alloc_private(struct npu_device *ndev, size_t size,
 					   enum npu_bo_kind kind, struct dma_resv *resv)
 {
-	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	struct npu_bo *bo = kzalloc(sizeof(*bo), GFP_KERNEL_ACCOUNT);
 	struct drm_gem_object *obj;
 
 	if (!bo)

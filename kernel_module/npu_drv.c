@@ -35,7 +35,7 @@ static int npu_drm_open(struct drm_device *drm, struct drm_file *file)
 
 	if (!npu_dev_enter(ndev, &idx))
 		return -ENODEV;
-	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL_ACCOUNT);
 	if (!ctx) {
 		ret = -ENOMEM;
 		goto out_exit;

@@ -72,6 +72,7 @@ struct npu_vm {
 	struct gen_pool *va_pool;	/* free VA ranges; own lock */
 	struct mutex lock;		/* protects l1 and l2 contents */
 	__le64 **l2;			/* NPU_MMU_MAX_L1, allocated on first use, kept */
+	gfp_t gfp;			/* for its tables: accounted for a file's */
 };
 
 /* A failed op, kept until a WAIT covering its fence reports it. */
@@ -99,6 +100,12 @@ struct npu_context {
 	u64 last_fence;			/* of its last SUBMIT on queue 0 (poll) */
 	u32 hangs;			/* its commands that hung (watchdog) */
 	bool banned;			/* hung too often: submits fail with -EIO */
+	/*
+	 * Failed jobs of it taken off the queue (their fences done) whose
+	 * error is not in @errors yet: a WAIT that sees the fence done waits
+	 * for it, so another CPU's retirement cannot hide the error.
+	 */
+	atomic_t errors_pending;
 	atomic_t num_uqs;		/* user queues it holds (npu_device.uq[]) */
 	/*
 	 * poll() waits here for its user queues: their completions and stops
@@ -214,6 +221,7 @@ struct npu_job {
 	u64 err_fence;			/* first failed op, 0 if none */
 	u64 submit_ns;			/* ktime_get_ns() when it was queued */
 	u32 err_status;
+	bool err_pending;		/* counted in ctx->errors_pending until retired */
 	bool keep_memory;		/* the device may still write its BOs: leak them */
 	struct npu_device *pm;		/* holds a runtime PM reference on it */
 	struct dma_fence *done;		/* signalled at retire; NULL for internal jobs */
@@ -442,6 +450,7 @@ bool npu_fence_done(struct npu_queue *q, u64 fence);
 void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done);
 void npu_queue_retire(struct npu_queue *q, struct list_head *done);
 void npu_jobs_keep_memory(struct list_head *done);
+void npu_queue_collect_done(struct npu_queue *q, struct list_head *done);
 void npu_queue_process(struct npu_queue *q);
 
 /* npu_mmu.c */

@@ -129,7 +129,8 @@ u32 npu_queue_space(struct npu_queue *q)
 
 bool npu_fence_done(struct npu_queue *q, u64 fence)
 {
-	return READ_ONCE(q->completed) >= fence;
+	/* Pairs with the release in npu_queue_collect_done(). */
+	return smp_load_acquire(&q->completed) >= fence;
 }
 
 /* Write one descriptor at the tail; caller holds submit_lock and has space. */
@@ -199,15 +200,31 @@ static void npu_job_account(struct npu_queue *q, struct npu_job *job)
 	atomic64_add(ns, &job->ctx->busy_ns);
 }
 
-static void npu_queue_collect(struct npu_queue *q, struct list_head *done)
+/*
+ * Move @job, whose fences are done, to @done for retirement; a failure is
+ * pending for its file's WAITs until retired. Caller holds job_lock.
+ */
+static void npu_job_done_locked(struct npu_queue *q, struct npu_job *job,
+				struct list_head *done)
+{
+	lockdep_assert_held(&q->job_lock);
+	if (job->err_fence && job->ctx && !job->err_pending) {
+		job->err_pending = true;
+		atomic_inc(&job->ctx->errors_pending);
+	}
+	list_move_tail(&job->node, done);
+}
+
+/* Take the jobs done up to fence @last off the queue; caller holds job_lock. */
+static void npu_queue_collect(struct npu_queue *q, struct list_head *done, u64 last)
 {
 	struct npu_job *job, *tmp;
 
 	list_for_each_entry_safe(job, tmp, &q->jobs, node) {
-		if (job->last_fence > q->completed)
+		if (job->last_fence > last)
 			break;
 		npu_job_account(q, job);
-		list_move_tail(&job->node, done);
+		npu_job_done_locked(q, job, done);
 	}
 }
 
@@ -233,13 +250,13 @@ struct npu_job *npu_queue_find_job(struct npu_queue *q, u64 fence)
 }
 
 /*
- * Read completion records up to the device's fence write-back and retire
- * finished jobs. Called by the queue's IRQ thread and by waiters.
+ * Read completion records up to the device's fence write-back; move the
+ * finished jobs to @done, for the caller to retire once it holds no lock a
+ * buffer's release takes (npu_queue_retire()).
  */
-void npu_queue_process(struct npu_queue *q)
+void npu_queue_collect_done(struct npu_queue *q, struct list_head *done)
 {
 	struct npu_device *ndev = q->ndev;
-	LIST_HEAD(done);
 	u64 hw_fence, f;
 
 	spin_lock(&q->job_lock);
@@ -267,13 +284,28 @@ void npu_queue_process(struct npu_queue *q)
 			job->err_status = status;
 		}
 	}
+	hw_fence = max(hw_fence, q->completed);
+	npu_queue_collect(q, done, hw_fence);
 	if (hw_fence > q->completed) {
-		WRITE_ONCE(q->completed, hw_fence);
+		/*
+		 * Published once the failed jobs are pending: a WAIT that sees
+		 * its fence done also sees them (npu_ioctl_wait()).
+		 */
+		smp_store_release(&q->completed, hw_fence);
 		trace_npu_complete(q->index, hw_fence);
 	}
-	npu_queue_collect(q, &done);
 	spin_unlock(&q->job_lock);
+}
 
+/*
+ * Read completion records up to the device's fence write-back and retire
+ * finished jobs. Called by the queue's IRQ thread and by waiters.
+ */
+void npu_queue_process(struct npu_queue *q)
+{
+	LIST_HEAD(done);
+
+	npu_queue_collect_done(q, &done);
 	npu_retire_list(&done);
 	wake_up_all(&q->wq);
 }
@@ -287,7 +319,7 @@ void npu_queue_process(struct npu_queue *q)
  */
 void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done)
 {
-	struct npu_job *job;
+	struct npu_job *job, *tmp;
 
 	spin_lock(&q->job_lock);
 	list_for_each_entry(job, &q->jobs, node) {
@@ -296,8 +328,9 @@ void npu_queue_abort_all(struct npu_queue *q, u32 status, struct list_head *done
 			job->err_status = status;
 		}
 	}
-	WRITE_ONCE(q->completed, q->next_fence);
-	list_splice_tail_init(&q->jobs, done);
+	list_for_each_entry_safe(job, tmp, &q->jobs, node)
+		npu_job_done_locked(q, job, done);
+	smp_store_release(&q->completed, q->next_fence);	/* after, as above */
 	spin_unlock(&q->job_lock);
 }
 

@@ -65,6 +65,8 @@ void npu_job_retire(struct npu_job *job)
 	trace_npu_job_retire(job->first_fence, job->last_fence, job->err_status);
 	if (job->err_fence && job->ctx)
 		npu_context_add_error(job->ctx, job->err_fence, job->err_status);
+	if (job->err_pending)
+		atomic_dec(&job->ctx->errors_pending);	/* npu_queue_retire() wakes */
 	/* A device address outside the context's space: it is faulted. */
 	if (job->ctx && job->err_status == NPU_ST_MMU_FAULT)
 		WRITE_ONCE(job->ctx->faulted, true);
@@ -594,6 +596,12 @@ int npu_ioctl_wait(struct npu_context *ctx, void *data)
 			return ret;
 	}
 	trace_npu_wait_done(q->index, args->fence);
+	/*
+	 * The fence is done, but another CPU may still be retiring a failed
+	 * job of this file (recording its error): wait for that, a short
+	 * section with no lock held that wakes q->wq when done.
+	 */
+	wait_event(q->wq, !atomic_read(&ctx->errors_pending));
 
 	/* DRM copies the struct out on errors too: -EIO reports its status. */
 	if (npu_context_take_error(ctx, args->fence, args))

@@ -36,12 +36,14 @@ int npu_vm_init(struct npu_device *ndev, struct npu_vm *vm, u32 ctx)
 	BUILD_BUG_ON(PAGE_SIZE != NPU_PAGE_SIZE);
 	vm->ndev = ndev;
 	vm->ctx = ctx;
+	/* A file's tables are charged to its memory cgroup; the driver's are not. */
+	vm->gfp = ctx ? GFP_KERNEL_ACCOUNT : GFP_KERNEL;
 	mutex_init(&vm->lock);
-	vm->l2 = kvcalloc(NPU_MMU_MAX_L1, sizeof(*vm->l2), GFP_KERNEL);
+	vm->l2 = kvcalloc(NPU_MMU_MAX_L1, sizeof(*vm->l2), vm->gfp);
 	if (!vm->l2)
 		return -ENOMEM;
 	vm->l1 = dma_alloc_coherent(npu_vm_dev(vm), NPU_MMU_MAX_L1 * sizeof(u64),
-				    &vm->l1_dma, GFP_KERNEL);
+				    &vm->l1_dma, vm->gfp);
 	if (!vm->l1)
 		return -ENOMEM;
 	vm->va_pool = gen_pool_create(PAGE_SHIFT, -1);
@@ -153,7 +155,7 @@ static __le64 *npu_vm_l2(struct npu_vm *vm, u64 va)
 	if (!vm->l2[l1i]) {
 		vm->l2[l1i] = dma_alloc_coherent(npu_vm_dev(vm),
 						 NPU_MMU_L2_ENTRIES * sizeof(u64),
-						 &dma, GFP_KERNEL);
+						 &dma, vm->gfp);
 		if (!vm->l2[l1i])
 			return NULL;
 		WRITE_ONCE(vm->l1[l1i], cpu_to_le64(dma | NPU_PTE_VALID));

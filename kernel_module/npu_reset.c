@@ -197,6 +197,14 @@ static void npu_recover(struct npu_device *ndev, int qi, unsigned long since)
 		npu_uqueue_stop_all(ndev, 0);
 		goto out;
 	}
+	/*
+	 * The device is stopped: what it completed up to the reset (also
+	 * after the look above, e.g. before a lost firmware stopped it) is
+	 * final now and retires; only the rest is replayed, so no op runs
+	 * twice. Later completion interrupts find nothing new until the
+	 * restart below.
+	 */
+	npu_queue_collect_done(q, &done);
 	npu_uqueue_reset_done(ndev);
 	/* Only a hang of the driver's queue has a guilty op there. */
 	if (npu_queue_replay(q, qi > 0 || fw ? 0 : hung)) {

@@ -107,13 +107,12 @@ NUMERICS_FILES = [
 # coverage-debug-full: the figure the debug pass's coverage is held to).
 FULL = (os.environ.get("NPU_DEBUG_PASS", "").strip() or "driver") == "full"
 PASS_FILES = sorted(DEBUG_FILES + NUMERICS_FILES) if FULL else DEBUG_FILES
-# Guest CPUs of this pass (NPU_DEBUG_SMP). Two (MTTCG) let ioctls, the IRQ
-# thread, the watchdog and runtime PM really run at once; the first such
-# run found a use-after-free in SUBMIT that one vCPU never showed, and the
-# recovery tests of an injected hang fail there one run in two or three
-# (docs/decisions.md): make test keeps one until the driver issue's race
-# sweep makes two green; NPU_DEBUG_SMP=2 runs the pass on two.
-DEBUG_SMP = int(os.environ.get("NPU_DEBUG_SMP", "").strip() or 1)
+# Guest CPUs of this pass (NPU_DEBUG_SMP, default 2). Two (MTTCG) let
+# ioctls, the IRQ thread, the watchdog and runtime PM really run at once:
+# the first such runs found a use-after-free in SUBMIT and a failed op whose
+# WAIT returned 0 (another CPU was still retiring it) that one vCPU never
+# showed (docs/decisions.md). NPU_DEBUG_SMP=1 runs the pass on one.
+DEBUG_SMP = int(os.environ.get("NPU_DEBUG_SMP", "").strip() or 2)
 # Under TCG on a shared host, a vCPU can stall for seconds: the soft-lockup
 # watchdog fires at twice watchdog_thresh (60 s here, 20 s by default).
 DEBUG_CMDLINE = "watchdog_thresh=30"

@@ -237,6 +237,28 @@ def test_a_failed_op_signals_the_fence_with_an_error(fd):
         os.close(sync_file)
 
 
+FAILURE_ROUNDS = 50
+
+
+def test_every_failed_op_reaches_its_wait_even_when_another_cpu_retires_it(fd):
+    """The IRQ thread on one CPU takes the failed job off the queue (its
+    fence is done) while this WAIT, on the other, sees the fence done: the
+    WAIT must still report the failure, not 0 (with two vCPUs the old
+    driver lost it about one round in three)."""
+    src = filled(fd, PAGE, 1)
+    lost = 0
+    for _ in range(FAILURE_ROUNDS):
+        with open("/sys/kernel/debug/npu/npu0/inject", "w") as f:
+            f.write("hw_error")
+        fence = submit(fd, [ops.fill(src, 2, PAGE)])
+        try:
+            npu_wait(fd, fence)
+            lost += 1
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+    assert lost == 0, f"{lost} of {FAILURE_ROUNDS} failed ops completed without an error"
+
+
 # --------------------------------------------------------------------------
 # Dependencies
 # --------------------------------------------------------------------------
