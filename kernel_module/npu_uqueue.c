@@ -15,7 +15,6 @@
 #include <linux/capability.h>
 #include <linux/delay.h>
 #include <linux/dma-mapping.h>
-#include <linux/iopoll.h>
 #include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/poll.h>
