@@ -9,8 +9,8 @@ write is freed or unpinned under it. The doorbell is mapped by fault and
 checked under the lock its zap holds, so no mapping made while the queue
 is taken back survives it.
 
-These races need two vCPUs to show (``NPU_SMP=2``; the debug pass of
-``make test`` boots with two).
+These races need two vCPUs to show (``NPU_SMP=2``, or ``NPU_DEBUG_SMP=2``
+for the debug pass of ``make test``, which keeps one by default for now).
 """
 
 from __future__ import annotations
